@@ -1,0 +1,49 @@
+"""Settings of the write side, read from ``OUTBOXKIT_*`` environment variables."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class OutboxSettings(BaseSettings):
+    """Where the tables live and the bounds every write is checked against."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_", frozen=True, extra="ignore")
+
+    schema_name: str = Field(
+        default="outboxkit",
+        description="PostgreSQL schema holding the outboxkit tables (a lower-case identifier).",
+    )
+    max_message_bytes: int = Field(
+        default=1_048_576, gt=0,
+        description="Largest serialised message (key + payload + headers) accepted by emit; "
+        "Kafka's default max.message.bytes is 1 MiB.",
+    )
+    max_checkpoint_bytes: int = Field(
+        default=65_536, gt=0,
+        description="Largest serialised checkpoint; store bigger things as artifacts.",
+    )
+    lanes: int = Field(
+        default=64, gt=0, le=4096,
+        description="Number of relay lanes rows are hashed into by key. Changing it while rows "
+        "are pending can reorder a key across the change: drain the outbox first.",
+    )
+    notify_channel: str = Field(
+        default="outboxkit_outbox",
+        description="LISTEN/NOTIFY channel an idle relay waits on.",
+    )
+
+    @field_validator("schema_name", "notify_channel")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError(
+                f"{value!r} is not a plain lower-case PostgreSQL identifier "
+                "(letters, digits and _, not starting with a digit, at most 63 characters)"
+            )
+        return value

@@ -1,0 +1,234 @@
+"""A real Apache Kafka 4.x broker in KRaft combined mode, run from Maven Central's jars.
+
+No package ships the broker and these machines have no Docker engine, so the jars listed
+in ``kafka/pom.xml`` are fetched once with Maven into a cache folder and run on Java 17+.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from outbox.errors import ServiceError
+from outbox.testing.processes import ensure_port_free, pid_alive, port_open, stop_pid
+from outbox.testing.tools import java_executable, maven_executable
+
+LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+"""
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    home: Path
+    port: int
+    controller_port: int
+    pid: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def pom_path() -> Path:
+    return Path(str(resources.files("outbox.testing") / "kafka" / "pom.xml"))
+
+
+def libs_dir() -> Path:
+    """Where the broker's jars are cached, keyed by the pom's content."""
+    override = os.environ.get("OUTBOXKIT_KAFKA_LIBS")
+    if override:
+        return Path(override)
+    digest = hashlib.sha256(pom_path().read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "outboxkit" / f"kafka-jars-{digest}"
+
+
+def ensure_jars() -> Path:
+    """Fetch the broker's jars with Maven unless the cache already holds them."""
+    libs = libs_dir()
+    if any(libs.glob("kafka_2.13-*.jar")):
+        return libs
+    if os.environ.get("OUTBOXKIT_KAFKA_LIBS"):
+        raise ServiceError(f"OUTBOXKIT_KAFKA_LIBS={libs} holds no kafka_2.13-*.jar")
+    mvn = maven_executable()
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="jars-", dir=libs.parent))
+    try:
+        result = subprocess.run(
+            [str(mvn), "-q", "-B", "-f", str(pom_path()), "dependency:copy-dependencies",
+             "-DincludeScope=runtime", f"-DoutputDirectory={staging}"],
+            capture_output=True, text=True, timeout=900, check=False,
+        )
+        if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            output = (result.stdout + result.stderr).strip()[-3000:]
+            raise ServiceError(
+                "Maven could not download the Kafka broker's jars from Maven Central "
+                f"(is the network or a proxy blocking it?). mvn said: {output}"
+            )
+        # Publish the whole folder at once so a half-fetched cache is never used.
+        staging.rename(libs)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return libs
+
+
+def _cluster_id() -> str:
+    # URL-safe base64 of 16 random bytes, 22 characters; a leading '-' confuses the CLI.
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def _write_config(home: Path, port: int, controller_port: int) -> Path:
+    data = home / "data"
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "log.retention.hours": "24",
+    }
+    config = home / "server.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    (home / "log4j2.properties").write_text(LOG4J2.format(log=home / "server.log"))
+    return config
+
+
+def _java_argv(home: Path, libs: Path, main: str, *args: str) -> list[str]:
+    return [
+        str(java_executable()),
+        "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+        "-cp", f"{libs}/*", main, *args,
+    ]
+
+
+def running_broker(home: Path) -> KafkaBroker | None:
+    state = home / "broker.pid"
+    try:
+        pid_s, port_s, cport_s = state.read_text().split()
+    except (FileNotFoundError, ValueError):
+        return None
+    pid, port = int(pid_s), int(port_s)
+    if pid_alive(pid) and port_open(port):
+        return KafkaBroker(home, port, int(cport_s), pid)
+    return None
+
+
+def start(home: Path, port: int, controller_port: int, *, ready_timeout_s: float = 60) -> KafkaBroker:
+    existing = running_broker(home)
+    if existing:
+        return existing
+    java_executable()  # fail early, before fetching jars, when there is no Java
+    libs = ensure_jars()
+    ensure_port_free(port, "Kafka", "--kafka-port")
+    ensure_port_free(controller_port, "Kafka's controller", "--kafka-controller-port")
+    home.mkdir(parents=True, exist_ok=True)
+    config = _write_config(home, port, controller_port)
+    if not (home / "data" / "meta.properties").exists():
+        shutil.rmtree(home / "data", ignore_errors=True)
+        fmt = subprocess.run(
+            _java_argv(home, libs, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                       "-c", str(config), "--standalone"),
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        if fmt.returncode != 0:
+            raise ServiceError(f"formatting Kafka's storage failed: {fmt.stderr.strip()[-2000:]}")
+    out = (home / "stdout.log").open("ab")
+    # A session of its own: the broker outlives the command that started it.
+    proc = subprocess.Popen(
+        _java_argv(home, libs, "kafka.Kafka", str(config)),
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    out.close()
+    (home / "broker.pid").write_text(f"{proc.pid} {port} {controller_port}\n")
+    broker = KafkaBroker(home, port, controller_port, proc.pid)
+    try:
+        wait_ready(broker, timeout_s=ready_timeout_s)
+    except ServiceError:
+        stop_pid(proc.pid, grace_s=5)
+        raise
+    return broker
+
+
+def wait_ready(broker: KafkaBroker, *, timeout_s: float) -> None:
+    """Ready means an admin client can list topics, not that a log line appeared."""
+    from kafka import KafkaAdminClient  # noqa: PLC0415 - heavy import, only when needed
+
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if not pid_alive(broker.pid):
+            raise ServiceError(f"the Kafka broker exited during start-up; see {broker.home}/server.log "
+                               f"and {broker.home}/stdout.log:\n{_tail(broker.home)}")
+        if port_open(broker.port):
+            try:
+                admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap,
+                                         request_timeout_ms=5000, client_id="outboxkit-ready")
+                try:
+                    admin.list_topics()
+                    return
+                finally:
+                    admin.close()
+            except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+                last_error = exc
+        time.sleep(0.2)
+    raise ServiceError(
+        f"the Kafka broker on {broker.bootstrap} was not ready within {timeout_s:.0f} s "
+        f"(last error: {last_error!r}):\n{_tail(broker.home)}"
+    )
+
+
+def _tail(home: Path) -> str:
+    parts = []
+    for name in ("stdout.log", "server.log"):
+        path = home / name
+        if path.exists():
+            parts.append(path.read_text(errors="replace")[-1500:])
+    return "\n".join(parts)
+
+
+def stop(home: Path, *, grace_s: float = 20.0) -> bool:
+    broker = running_broker(home)
+    if broker is None:
+        return False
+    stop_pid(broker.pid, grace_s=grace_s)
+    return True
