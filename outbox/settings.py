@@ -20,16 +20,20 @@ class OutboxSettings(BaseSettings):
         description="PostgreSQL schema holding the outboxkit tables (a lower-case identifier).",
     )
     max_message_bytes: int = Field(
-        default=1_048_576, gt=0,
+        default=1_048_576,
+        gt=0,
         description="Largest serialised message (key + payload + headers) accepted by emit; "
         "Kafka's default max.message.bytes is 1 MiB.",
     )
     max_checkpoint_bytes: int = Field(
-        default=65_536, gt=0,
+        default=65_536,
+        gt=0,
         description="Largest serialised checkpoint; store bigger things as artifacts.",
     )
     lanes: int = Field(
-        default=64, gt=0, le=4096,
+        default=64,
+        gt=0,
+        le=4096,
         description="Number of relay lanes rows are hashed into by key. Changing it while rows "
         "are pending can reorder a key across the change: drain the outbox first.",
     )

@@ -9,7 +9,7 @@ def sqlalchemy_url(dsn: str) -> str:
     """``postgresql://…`` → ``postgresql+psycopg://…`` (psycopg 3), leaving others alone."""
     for prefix in ("postgresql://", "postgres://"):
         if dsn.startswith(prefix):
-            return "postgresql+psycopg://" + dsn[len(prefix):]
+            return "postgresql+psycopg://" + dsn[len(prefix) :]
     return dsn
 
 

@@ -38,6 +38,11 @@ logger.apache.level = WARN
 """
 
 
+# Brokers started by this process. Keeping the Popen objects alive stops Python from
+# warning that a child is "still running" when they are garbage collected, on purpose.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 @dataclass(frozen=True)
 class KafkaBroker:
     home: Path
@@ -74,11 +79,28 @@ def ensure_jars() -> Path:
     mvn = maven_executable()
     libs.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="jars-", dir=libs.parent))
+    argv = [
+        str(mvn),
+        "-q",
+        "-B",
+        "-f",
+        str(pom_path()),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
+    ]
+    # For mirrors/proxies (and for testing the error when Maven Central is unreachable).
+    if settings := os.environ.get("OUTBOXKIT_MAVEN_SETTINGS"):
+        argv += ["-s", settings]
+    if repo := os.environ.get("OUTBOXKIT_MAVEN_REPO_LOCAL"):
+        argv.append(f"-Dmaven.repo.local={repo}")
     try:
         result = subprocess.run(
-            [str(mvn), "-q", "-B", "-f", str(pom_path()), "dependency:copy-dependencies",
-             "-DincludeScope=runtime", f"-DoutputDirectory={staging}"],
-            capture_output=True, text=True, timeout=900, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
         )
         if result.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
             output = (result.stdout + result.stderr).strip()[-3000:]
@@ -135,9 +157,15 @@ def _write_config(home: Path, port: int, controller_port: int) -> Path:
 def _java_argv(home: Path, libs: Path, main: str, *args: str) -> list[str]:
     return [
         str(java_executable()),
-        "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        "-Xms256m",
+        "-Xmx768m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
-        "-cp", f"{libs}/*", main, *args,
+        "-cp",
+        f"{libs}/*",
+        main,
+        *args,
     ]
 
 
@@ -153,7 +181,9 @@ def running_broker(home: Path) -> KafkaBroker | None:
     return None
 
 
-def start(home: Path, port: int, controller_port: int, *, ready_timeout_s: float = 60) -> KafkaBroker:
+def start(
+    home: Path, port: int, controller_port: int, *, ready_timeout_s: float = 60
+) -> KafkaBroker:
     existing = running_broker(home)
     if existing:
         return existing
@@ -166,9 +196,21 @@ def start(home: Path, port: int, controller_port: int, *, ready_timeout_s: float
     if not (home / "data" / "meta.properties").exists():
         shutil.rmtree(home / "data", ignore_errors=True)
         fmt = subprocess.run(
-            _java_argv(home, libs, "kafka.tools.StorageTool", "format", "-t", _cluster_id(),
-                       "-c", str(config), "--standalone"),
-            capture_output=True, text=True, timeout=120, check=False,
+            _java_argv(
+                home,
+                libs,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                _cluster_id(),
+                "-c",
+                str(config),
+                "--standalone",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         if fmt.returncode != 0:
             raise ServiceError(f"formatting Kafka's storage failed: {fmt.stderr.strip()[-2000:]}")
@@ -176,15 +218,21 @@ def start(home: Path, port: int, controller_port: int, *, ready_timeout_s: float
     # A session of its own: the broker outlives the command that started it.
     proc = subprocess.Popen(
         _java_argv(home, libs, "kafka.Kafka", str(config)),
-        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     out.close()
+    _CHILDREN[proc.pid] = proc
     (home / "broker.pid").write_text(f"{proc.pid} {port} {controller_port}\n")
     broker = KafkaBroker(home, port, controller_port, proc.pid)
     try:
         wait_ready(broker, timeout_s=ready_timeout_s)
     except ServiceError:
         stop_pid(proc.pid, grace_s=5)
+        _CHILDREN.pop(proc.pid, None)
+        proc.wait(timeout=5)
         raise
     return broker
 
@@ -197,18 +245,23 @@ def wait_ready(broker: KafkaBroker, *, timeout_s: float) -> None:
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         if not pid_alive(broker.pid):
-            raise ServiceError(f"the Kafka broker exited during start-up; see {broker.home}/server.log "
-                               f"and {broker.home}/stdout.log:\n{_tail(broker.home)}")
+            raise ServiceError(
+                f"the Kafka broker exited during start-up; see {broker.home}/server.log "
+                f"and {broker.home}/stdout.log:\n{_tail(broker.home)}"
+            )
         if port_open(broker.port):
             try:
-                admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap,
-                                         request_timeout_ms=5000, client_id="outboxkit-ready")
+                admin = KafkaAdminClient(
+                    bootstrap_servers=broker.bootstrap,
+                    request_timeout_ms=5000,
+                    client_id="outboxkit-ready",
+                )
                 try:
                     admin.list_topics()
                     return
                 finally:
                     admin.close()
-            except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            except Exception as exc:
                 last_error = exc
         time.sleep(0.2)
     raise ServiceError(
@@ -231,4 +284,7 @@ def stop(home: Path, *, grace_s: float = 20.0) -> bool:
     if broker is None:
         return False
     stop_pid(broker.pid, grace_s=grace_s)
+    child = _CHILDREN.pop(broker.pid, None)
+    if child is not None:
+        child.wait(timeout=5)
     return True

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox.errors import ServiceError
+from outbox.errors import MissingToolError, ServiceError
 from outbox.testing.processes import ensure_port_free, pid_alive, port_open, stop_pid
 from outbox.testing.tools import postgres_bin_dir
 
@@ -42,9 +42,19 @@ class PostgresCluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
 
+def _runuser() -> str:
+    for candidate in (shutil.which("runuser"), "/usr/sbin/runuser", "/sbin/runuser"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise MissingToolError(
+        "runuser (needed to run PostgreSQL as an unprivileged user while we are root)",
+        "Install util-linux, or run as a non-root user.",
+    )
+
+
 def _run_as_owner(argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
     if os.geteuid() == 0:
-        argv = ["runuser", "-u", _owner(), "--", *argv]
+        argv = [_runuser(), "-u", _owner(), "--", *argv]
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -69,7 +79,7 @@ def data_dir_for(state_dir: Path) -> Path:
     if os.geteuid() != 0:
         return wanted
     probe = subprocess.run(
-        ["runuser", "-u", _owner(), "--", "test", "-x", str(state_dir)],
+        [_runuser(), "-u", _owner(), "--", "/usr/bin/test", "-x", str(state_dir)],
         capture_output=True,
         check=False,
     )
@@ -108,8 +118,19 @@ def start(data_dir: Path, port: int) -> PostgresCluster:
     if not (data / "PG_VERSION").exists():
         shutil.rmtree(data, ignore_errors=True)
         result = _run_as_owner(
-            [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "-E", "UTF8",
-             "--locale=C", "--auth-local=trust", "--auth-host=trust", "--no-sync"],
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--auth-local=trust",
+                "--auth-host=trust",
+                "--no-sync",
+            ],
             timeout=120,
         )
         if result.returncode != 0:
@@ -118,13 +139,22 @@ def start(data_dir: Path, port: int) -> PostgresCluster:
         with (data / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# outboxkit test cluster\n{settings}\n")
     # Only loopback; the socket goes in our own folder, not the system's /run/postgresql.
-    options = (
-        f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={data_dir}"
-    )
+    options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={data_dir}"
     log = data_dir / "postgres.log"
     result = _run_as_owner(
-        [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(log),
-         "-w", "-t", "60", "start"],
+        [
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(log),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ],
         timeout=90,
     )
     cluster = running_cluster(data_dir)

@@ -23,6 +23,7 @@ from pathlib import Path
 from outbox.errors import ServiceError
 from outbox.testing import kafka, postgres
 from outbox.testing.processes import free_port
+from outbox.testing.tools import postgres_bin_dir
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class LocalServices:
         self._ports_file.write_text(json.dumps({**self._ports(), **ports}))
 
     def start_postgres(self, port: int | None = None) -> postgres.PostgresCluster:
+        postgres_bin_dir()  # fail first, and clearly, when PostgreSQL is not installed
         self.state_dir.mkdir(parents=True, exist_ok=True)
         running = postgres.running_cluster(self.postgres_dir)
         if running:
@@ -74,7 +76,9 @@ class LocalServices:
         self._remember(postgres=cluster.port)
         return cluster
 
-    def start_kafka(self, port: int | None = None, controller_port: int | None = None) -> kafka.KafkaBroker:
+    def start_kafka(
+        self, port: int | None = None, controller_port: int | None = None
+    ) -> kafka.KafkaBroker:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         running = kafka.running_broker(self.kafka_home)
         if running:
@@ -86,8 +90,13 @@ class LocalServices:
         self._remember(kafka=broker.port, kafka_controller=broker.controller_port)
         return broker
 
-    def up(self, *, pg_port: int | None = None, kafka_port: int | None = None,
-           kafka_controller_port: int | None = None) -> Endpoints:
+    def up(
+        self,
+        *,
+        pg_port: int | None = None,
+        kafka_port: int | None = None,
+        kafka_controller_port: int | None = None,
+    ) -> Endpoints:
         cluster = self.start_postgres(pg_port)
         broker = self.start_kafka(kafka_port, kafka_controller_port)
         return Endpoints(cluster.dsn, broker.bootstrap, cluster.pid, broker.pid)
@@ -140,12 +149,17 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(services: LocalServices, args: argparse.Namespace) -> int:
     if args.command == "up":
         started = time.monotonic()
-        endpoints = services.up(pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                kafka_controller_port=args.kafka_controller_port)
-        print(f"PostgreSQL  {endpoints.database_url}  (pid {endpoints.postgres_pid})\n"
-              f"Kafka       {endpoints.kafka_bootstrap}  (pid {endpoints.kafka_pid})\n"
-              f"ready in {time.monotonic() - started:.1f} s; state in {services.state_dir}",
-              file=sys.stderr)
+        endpoints = services.up(
+            pg_port=args.pg_port,
+            kafka_port=args.kafka_port,
+            kafka_controller_port=args.kafka_controller_port,
+        )
+        print(
+            f"PostgreSQL  {endpoints.database_url}  (pid {endpoints.postgres_pid})\n"
+            f"Kafka       {endpoints.kafka_bootstrap}  (pid {endpoints.kafka_pid})\n"
+            f"ready in {time.monotonic() - started:.1f} s; state in {services.state_dir}",
+            file=sys.stderr,
+        )
         sys.stdout.write(endpoints.exports())
     elif args.command == "down":
         stopped = services.down()

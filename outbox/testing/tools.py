@@ -50,7 +50,9 @@ def java_executable() -> Path:
     if java_home:
         java = Path(java_home) / "bin" / "java"
         if not java.is_file():
-            raise MissingToolError(f"java in JAVA_HOME={java_home} (no bin/java there)", JAVA_INSTALL_HINT)
+            raise MissingToolError(
+                f"java in JAVA_HOME={java_home} (no bin/java there)", JAVA_INSTALL_HINT
+            )
     else:
         found = shutil.which("java")
         if not found:
@@ -58,7 +60,9 @@ def java_executable() -> Path:
         java = Path(found)
     major = java_major_version(java)
     if major < 17:
-        raise MissingToolError(f"Java 17 or newer (found Java {major} at {java})", JAVA_INSTALL_HINT)
+        raise MissingToolError(
+            f"Java 17 or newer (found Java {major} at {java})", JAVA_INSTALL_HINT
+        )
     return java
 
 
@@ -71,7 +75,9 @@ def java_major_version(java: Path) -> int:
         raise MissingToolError(f"a working java at {java} ({exc})", JAVA_INSTALL_HINT) from exc
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
     if not match:
-        raise ServiceError(f"could not read the Java version from `{java} -version`: {out.stderr!r}")
+        raise ServiceError(
+            f"could not read the Java version from `{java} -version`: {out.stderr!r}"
+        )
     major = int(match.group(1))
     # Java 8 and older report "1.8.0_...".
     return int(match.group(2) or 0) if major == 1 else major

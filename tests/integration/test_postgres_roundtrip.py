@@ -21,7 +21,8 @@ def test_round_trip_through_real_postgres(database_url: str) -> None:
         conn.execute("INSERT INTO roundtrip VALUES (gen_random_uuid(), %s)", ['{"a": [1, 2]}'])
         conn.commit()
         assert conn.execute("SELECT body->'a'->>1 FROM roundtrip").fetchone() == ("2",)
-    assert version is not None and int(version[0]) >= 140000
+    assert version is not None
+    assert int(version[0]) >= 140000
 
 
 def test_first_test_writes_row_id_1(database_url: str) -> None:

@@ -1,0 +1,3 @@
+"""outboxkit's `dedup` package (its contents land with its own issue)."""
+
+__all__: list[str] = []
