@@ -1,5 +1,112 @@
 """outboxkit's write side: durable agent runs and the transactional outbox."""
 
-from outbox.errors import ConfigurationError, MissingToolError, OutboxError, SchemaError, ServiceError
+from outbox.approvals import Approval, ApprovalCheck, grant, request_approval, revalidate, revoke
+from outbox.artifacts import ArtifactRef, load_artifact, store_artifact
+from outbox.confirm import apply_confirmation, apply_confirmation_async
+from outbox.emit import emit, emit_async
+from outbox.envelope import Envelope
+from outbox.errors import (
+    ApprovalInvalid,
+    ArtifactNotFound,
+    CheckpointTooLarge,
+    ConfigurationError,
+    EvidenceRequired,
+    IllegalTransition,
+    InvalidMessage,
+    LeaseLost,
+    MissingToolError,
+    OutboxError,
+    RunError,
+    RunNotFound,
+    SchemaError,
+    ServiceError,
+    StepAlreadyRecorded,
+    WorkflowRetired,
+)
+from outbox.leases import Lease
+from outbox.migrate import check_schema, migrate, pending_sql
+from outbox.retention import purge, purge_batch
+from outbox.retry import Failure, RetryPolicy, handle_failure
+from outbox.runs import (
+    Claim,
+    Run,
+    Transition,
+    claim,
+    get_run,
+    history,
+    move,
+    release,
+    renew,
+    save_checkpoint,
+    start_run,
+    transition,
+    wake,
+)
+from outbox.states import RunState
+from outbox.steps import StepRecord, StepRun, record, recorded, run_step
+from outbox.workflows import VersionPolicy, Workflow, register, retire
 
-__all__ = ["ConfigurationError", "MissingToolError", "OutboxError", "SchemaError", "ServiceError"]
+__all__ = [
+    "Approval",
+    "ApprovalCheck",
+    "ApprovalInvalid",
+    "ArtifactNotFound",
+    "ArtifactRef",
+    "CheckpointTooLarge",
+    "Claim",
+    "ConfigurationError",
+    "Envelope",
+    "EvidenceRequired",
+    "Failure",
+    "IllegalTransition",
+    "InvalidMessage",
+    "Lease",
+    "LeaseLost",
+    "MissingToolError",
+    "OutboxError",
+    "RetryPolicy",
+    "Run",
+    "RunError",
+    "RunNotFound",
+    "RunState",
+    "SchemaError",
+    "ServiceError",
+    "StepAlreadyRecorded",
+    "StepRecord",
+    "StepRun",
+    "Transition",
+    "VersionPolicy",
+    "Workflow",
+    "WorkflowRetired",
+    "apply_confirmation",
+    "apply_confirmation_async",
+    "check_schema",
+    "claim",
+    "emit",
+    "emit_async",
+    "get_run",
+    "grant",
+    "handle_failure",
+    "history",
+    "load_artifact",
+    "migrate",
+    "move",
+    "pending_sql",
+    "purge",
+    "purge_batch",
+    "record",
+    "recorded",
+    "register",
+    "release",
+    "renew",
+    "request_approval",
+    "retire",
+    "revalidate",
+    "revoke",
+    "run_step",
+    "save_checkpoint",
+    "start_run",
+    "store_artifact",
+    "transition",
+    "wake",
+]

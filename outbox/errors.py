@@ -17,8 +17,10 @@ stays attached::
     │   ├── LeaseLost             another worker holds the run now; stop writing for it
     │   ├── EvidenceRequired      ``done`` needs evidence
     │   ├── CheckpointTooLarge    the checkpoint exceeds the configured bound
+    │   ├── StepAlreadyRecorded   the step has a recorded result; read it, don't redo it
     │   ├── ApprovalInvalid       an approval expired, was revoked or is out of scope
-    │   └── WorkflowRetired       the run's workflow no longer accepts work
+    │   ├── WorkflowRetired       the run's workflow no longer accepts work
+    │   └── ArtifactNotFound      no artifact has this digest
     └── (more branches are added by relay, consumers and dedup)
 
 Handler control flow (retry later, dead-letter, skip) deliberately lives outside this
@@ -26,6 +28,8 @@ tree, so that ``except OutboxError`` never swallows it.
 """
 
 from __future__ import annotations
+
+from uuid import UUID
 
 
 class OutboxError(Exception):
@@ -51,3 +55,121 @@ class MissingToolError(ServiceError):
 
 class SchemaError(OutboxError):
     """The outboxkit schema is missing or at another version: run `outbox migrate`."""
+
+
+class InvalidMessage(OutboxError):
+    """An envelope failed validation before anything was written; fix *field* and emit again."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"invalid message: {field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class RunError(OutboxError):
+    """Base of the agent-run state machine errors."""
+
+
+class LeaseLost(RunError):
+    """The run's lease was taken over; this worker must stop writing for it."""
+
+    def __init__(self, run_id: UUID, held_token: int) -> None:
+        super().__init__(
+            f"lease on run {run_id} lost (held token {held_token}): another worker owns the run "
+            "now; stop working on it and roll back this transaction"
+        )
+        self.run_id, self.held_token = run_id, held_token
+
+    @property
+    def expected_token(self) -> int:
+        """The token this worker held (the name the style guide uses)."""
+        return self.held_token
+
+
+class RunNotFound(RunError):
+    """No run has this id (or it was never committed); check the id you were given."""
+
+    def __init__(self, run_id: UUID) -> None:
+        super().__init__(f"run {run_id} does not exist; check the id (was its start committed?)")
+        self.run_id = run_id
+
+
+class IllegalTransition(RunError):
+    """The move is not allowed from the run's current state; nothing was written."""
+
+    def __init__(
+        self, run_id: UUID | None, from_state: str, to_state: str, detail: str = ""
+    ) -> None:
+        where = f"run {run_id}" if run_id is not None else "a run"
+        super().__init__(
+            f"{where} cannot move from {from_state!r} to {to_state!r}"
+            + (f": {detail}" if detail else "")
+            + "; nothing was written (see outbox.states.ALLOWED for the moves that are)"
+        )
+        self.run_id, self.from_state, self.to_state, self.detail = (
+            run_id, from_state, to_state, detail)
+
+
+class EvidenceRequired(RunError):
+    """``done`` needs evidence of what was done; pass ``evidence=`` to the transition."""
+
+    def __init__(self, run_id: UUID | None, to_state: str) -> None:
+        super().__init__(
+            f"moving run {run_id} to {to_state!r} needs evidence (what confirms the work was "
+            "done, e.g. the tool's response id); pass evidence={...}; nothing was written"
+        )
+        self.run_id, self.to_state = run_id, to_state
+
+
+class CheckpointTooLarge(RunError):
+    """The serialised checkpoint exceeds ``max_checkpoint_bytes``; store big parts as artifacts."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"checkpoint is {size} bytes, over the {limit}-byte limit (max_checkpoint_bytes): "
+            "store large content with outbox.store_artifact and keep only its reference in the "
+            "checkpoint; nothing was written. Retrying will not help."
+        )
+        self.size, self.limit = size, limit
+
+
+class StepAlreadyRecorded(RunError):
+    """The step's result was recorded before; read it with ``recorded`` instead of redoing it."""
+
+    def __init__(self, run_id: UUID, step_key: str) -> None:
+        super().__init__(
+            f"step {step_key!r} of run {run_id} already has a recorded result: read it with "
+            "outbox.recorded() (or use run_step, which does); nothing was written"
+        )
+        self.run_id, self.step_key = run_id, step_key
+
+
+class ApprovalInvalid(RunError):
+    """An approval expired, was revoked, is out of scope or does not exist."""
+
+    def __init__(self, approval_id: UUID, reason: str) -> None:
+        super().__init__(
+            f"approval {approval_id} is not usable: {reason}; request a new approval"
+        )
+        self.approval_id, self.reason = approval_id, reason
+
+
+class WorkflowRetired(RunError):
+    """The run's workflow was retired: its runs cannot be started, claimed or requeued."""
+
+    def __init__(self, workflow: str, reason: str | None) -> None:
+        super().__init__(
+            f"workflow {workflow!r} is retired ({reason or 'no reason recorded'}): its runs are "
+            "not started, claimed or requeued; register a new version or move the run to failed"
+        )
+        self.workflow, self.reason = workflow, reason
+
+
+class ArtifactNotFound(RunError):
+    """No artifact has this digest (never stored, or stored in an uncommitted transaction)."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(
+            f"no artifact with digest {digest}: was the transaction that stored it committed?"
+        )
+        self.digest = digest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from pydantic import Field, field_validator
@@ -41,6 +42,17 @@ class OutboxSettings(BaseSettings):
         default="outboxkit_outbox",
         description="LISTEN/NOTIFY channel an idle relay waits on.",
     )
+    relay_idle_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="An idle relay whose heartbeat is older than this is presumed dead: emits "
+        "stop paying for NOTIFY to wake it (a live relay heartbeats more often than this).",
+    )
+    ordered_topics: frozenset[str] = Field(
+        default=frozenset(),
+        description="Topics whose messages must carry a key (per-key order is the contract); "
+        'emit refuses a keyless message to them. From the environment as a JSON list: \'["a"]\'.',
+    )
 
     @field_validator("schema_name", "notify_channel")
     @classmethod
@@ -51,3 +63,9 @@ class OutboxSettings(BaseSettings):
                 "(letters, digits and _, not starting with a digit, at most 63 characters)"
             )
         return value
+
+
+@functools.cache
+def default_settings() -> OutboxSettings:
+    """The settings from the environment, read once per process (functions default to these)."""
+    return OutboxSettings()

@@ -42,7 +42,8 @@ def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Colum
 schema_versions = Table(
     "schema_versions",
     metadata,
-    Column("version", Integer, primary_key=True),
+    # Numbered by the migration file, never by a sequence.
+    Column("version", Integer, primary_key=True, autoincrement=False),
     Column("name", Text, nullable=False),
     _ts("applied_at", nullable=False, default_now=True),
 )
@@ -91,9 +92,11 @@ Index(
     "agent_runs_runnable_idx",
     agent_runs.c.state,
     agent_runs.c.not_before,
-    postgresql_where=text("state IN ('queued', 'running')"),
+    postgresql_where=text("state IN ('queued', 'running', 'waiting')"),
 )
-Index("agent_runs_finished_idx", agent_runs.c.finished_at, postgresql_where=text("purged_at IS NULL"))
+Index(
+    "agent_runs_finished_idx", agent_runs.c.finished_at, postgresql_where=text("purged_at IS NULL")
+)
 
 run_transitions = Table(
     "run_transitions",
@@ -118,6 +121,16 @@ step_results = Table(
     Column("step_key", Text, primary_key=True),
     Column("result", JSONB),
     _ts("recorded_at", nullable=False, default_now=True),
+)
+
+# What retention removed from a run, when it was asked to keep a copy.
+run_archive = Table(
+    "run_archive",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("agent_runs.id"), primary_key=True),
+    Column("checkpoint", JSONB),
+    Column("step_results", JSONB),
+    _ts("archived_at", nullable=False, default_now=True),
 )
 
 artifacts = Table(
@@ -146,6 +159,16 @@ approvals = Table(
 )
 Index("approvals_run_idx", approvals.c.run_id)
 
+OUTBOX_AUTOVACUUM = {
+    "autovacuum_vacuum_scale_factor": "0",
+    "autovacuum_vacuum_threshold": "1000",
+    "autovacuum_vacuum_insert_scale_factor": "0",
+    "autovacuum_vacuum_insert_threshold": "10000",
+    "autovacuum_analyze_scale_factor": "0",
+    "autovacuum_analyze_threshold": "10000",
+    "autovacuum_vacuum_cost_delay": "0",
+}
+
 outbox_messages = Table(
     "outbox_messages",
     metadata,
@@ -169,6 +192,10 @@ outbox_messages = Table(
     CheckConstraint(
         "status IN ('pending', 'published', 'failed')", name="outbox_messages_status_check"
     ),
+    # The table churns (insert, mark published, delete): vacuum on a fixed number of dead rows,
+    # not a fraction of the table, and unthrottled, so dead index entries at the head of the
+    # pending index do not pile up and slow every claim.
+    postgresql_with=OUTBOX_AUTOVACUUM,
 )
 # The relay claims pending rows per lane in id order; the partial index holds only the backlog.
 Index(
@@ -188,4 +215,50 @@ relays = Table(
     Column("idle", Boolean, nullable=False, server_default=text("false")),
     _ts("started_at", nullable=False, default_now=True),
     _ts("heartbeat_at", nullable=False, default_now=True),
+)
+
+# A consumer confirms a waiting run's effect inside its own transaction; the primary key makes
+# a redelivered confirmation (same id) a no-op instead of a second move.
+confirmations = Table(
+    "confirmations",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("agent_runs.id"), primary_key=True),
+    Column("confirmation_id", Text, primary_key=True),
+    Column("outcome", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    _ts("applied_at", nullable=False, default_now=True),
+    CheckConstraint("outcome IN ('running', 'done', 'failed')", name="confirmations_outcome_check"),
+)
+
+# --- relay coordination (migration 0002) ---------------------------------------------------
+
+# Which relay publishes which lane. Acquiring a lane bumps its token; a relay claims rows only
+# while (owner, token) still match and the lease has not run out (see relay/lanes.py).
+relay_lanes = Table(
+    "relay_lanes",
+    metadata,
+    Column("lane", Integer, primary_key=True, autoincrement=False),
+    Column("owner", Text),
+    Column("token", BigInteger, nullable=False, server_default=text("0")),
+    _ts("expires_at"),
+)
+
+# A refused message either went to the dead-letter topic, or (blocking) holds back the later
+# messages of its key until an operator retries it.
+outbox_messages.append_column(
+    Column("blocking", Boolean, nullable=False, server_default=text("false"))
+)
+outbox_messages.append_column(_ts("failed_at"))
+Index(
+    "outbox_messages_failed_idx",
+    outbox_messages.c.lane,
+    outbox_messages.c.topic,
+    outbox_messages.c.key,
+    postgresql_where=text("status = 'failed'"),
+)
+# Retention deletes published rows oldest first without scanning the whole table.
+Index(
+    "outbox_messages_published_idx",
+    outbox_messages.c.published_at,
+    postgresql_where=text("status = 'published'"),
 )

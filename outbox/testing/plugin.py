@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from outbox.testing.dsn import sqlalchemy_url, with_database
+from outbox.dsn import sqlalchemy_url, with_database
 
 TEMPLATE_DB = "outboxkit_template"
 
@@ -159,12 +159,9 @@ def outboxkit_template(postgres_dsn: str) -> Iterator[str]:
     _admin_execute(postgres_dsn, f'CREATE DATABASE "{name}"')
     engine = create_engine(sqlalchemy_url(with_database(postgres_dsn, name)))
     try:
-        try:
-            from outbox.migrate import migrate  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-        except ImportError:  # TEMPORARY while outbox.migrate is being written
-            pass
-        else:
-            migrate(engine)
+        from outbox.migrate import migrate  # noqa: PLC0415
+
+        migrate(engine)
     finally:
         engine.dispose()
     _admin_execute(postgres_dsn, f'ALTER DATABASE "{name}" WITH IS_TEMPLATE true')

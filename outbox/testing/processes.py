@@ -22,6 +22,9 @@ def free_port() -> int:
 def ensure_port_free(port: int, what: str, flag: str) -> None:
     """Fail fast, naming the port and the flag to change it, instead of hanging later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like the servers themselves: connections in TIME_WAIT from a previous run of the
+        # same service must not count as "in use", only a live listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:

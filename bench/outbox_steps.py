@@ -1,0 +1,549 @@
+"""What an outbox message costs an agent step, on durable PostgreSQL.
+
+One step = one transaction: the fenced checkpoint write of the run row (lease token and
+version checked in the UPDATE, ``outbox.runs.save_checkpoint``) and, in the "+msg"
+variant, one message emitted with the same lease (``outbox.emit.emit``), then COMMIT.
+Measured for the sync API, the async API, and raw psycopg (the same UPDATE, and UPDATE +
+plain INSERT) in the same run, with 4 and 16 concurrent workers; each worker is its own
+process with its own connection and its own run (processes, because two cores and the GIL
+make Python threads the bottleneck; one threads row shows it). Medians of the rounds.
+
+The server is made durable for the run (``ALTER SYSTEM SET fsync, synchronous_commit,
+full_page_writes = on`` + reload) and restored afterwards. If that does not take effect
+(e.g. fsync was set on the server's command line, which ALTER SYSTEM cannot override) the
+benchmark refuses to run. It works in a database of its own, created and dropped here.
+
+    python bench/outbox_steps.py --database-url postgresql://postgres@host/postgres \\
+        [--quick] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
+PATHS = ("sync", "async", "raw-sql")
+TOPIC = "bench.steps"
+
+
+# --- durability ---------------------------------------------------------------------------
+
+
+def _settings(dsn: str) -> dict[str, tuple[str, str, str]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, setting, source, coalesce(sourcefile, '') FROM pg_settings "
+            "WHERE name = ANY(%s)",
+            [list(DURABLE)],
+        ).fetchall()
+    return {name: (setting, source, sourcefile) for name, setting, source, sourcefile in rows}
+
+
+def _reload_and_wait(dsn: str, want: Callable[[dict[str, str]], bool]) -> dict[str, str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 5
+    while True:
+        now = {name: value[0] for name, value in _settings(dsn).items()}  # fresh session
+        if want(now) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.1)
+
+
+def make_durable(dsn: str) -> tuple[str, Callable[[], None]]:
+    """Turn durability on; return a description and the function that restores the server."""
+    before = _settings(dsn)
+    if all(before[name][0] == "on" for name in DURABLE):
+        return "already durable (fsync, synchronous_commit, full_page_writes on)", lambda: None
+
+    def restore() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name, (setting, _source, sourcefile) in before.items():
+                if sourcefile.endswith("postgresql.auto.conf"):
+                    conn.execute(f"ALTER SYSTEM SET {name} = '{setting}'")
+                else:
+                    conn.execute(f"ALTER SYSTEM RESET {name}")
+        _reload_and_wait(dsn, lambda now: all(now[n] == before[n][0] for n in DURABLE))
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in DURABLE:
+                conn.execute(f"ALTER SYSTEM SET {name} = 'on'")
+    except psycopg.Error as exc:
+        raise SystemExit(
+            f"REFUSED: durability is off ({_describe(before)}) and cannot be turned on: {exc}"
+        ) from exc
+    now = _reload_and_wait(dsn, lambda now: all(now[n] == "on" for n in DURABLE))
+    if not all(now[name] == "on" for name in DURABLE):
+        restore()
+        raise SystemExit(
+            f"REFUSED: the server is not durable and ALTER SYSTEM did not change that "
+            f"({_describe(before)}; a setting from the command line wins over ALTER SYSTEM). "
+            "Start the server without -c fsync=off or give another server."
+        )
+    was = _describe(before)
+    return f"turned on by ALTER SYSTEM for this run (was: {was}); restored afterwards", restore
+
+
+def _describe(values: dict[str, tuple[str, str, str]]) -> str:
+    return ", ".join(f"{name}={v[0]} [{v[1]}]" for name, v in sorted(values.items()))
+
+
+# --- workers ------------------------------------------------------------------------------
+
+
+def _lease(url: str, run_id: uuid.UUID) -> Any:
+    from outbox.leases import Lease  # noqa: PLC0415
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT lease_token, version FROM outboxkit.agent_runs WHERE id = %s", [run_id]
+        ).fetchone()
+    assert row is not None
+    return Lease(run_id, "bench", row[0], row[1], datetime.now(UTC) + timedelta(hours=1))
+
+
+def _envelope(run_id: uuid.UUID, n: int) -> Any:
+    from outbox.envelope import Envelope  # noqa: PLC0415
+
+    return Envelope(
+        topic=TOPIC,
+        type="step.done",
+        key=str(run_id),
+        payload={"run": str(run_id), "step": n, "result": "ok " * 30},
+    )
+
+
+def _checkpoint(n: int) -> dict[str, Any]:
+    return {"step": n, "notes": "x" * 100}
+
+
+def _run_sync(
+    url: str, run_id: uuid.UUID, with_message: bool, seconds: float, go: Callable[[], float]
+) -> int:
+    from sqlalchemy import create_engine  # noqa: PLC0415
+
+    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.emit import emit  # noqa: PLC0415
+    from outbox.runs import save_checkpoint  # noqa: PLC0415
+
+    engine = create_engine(sqlalchemy_url(url), pool_size=1)
+    lease = _lease(url, run_id)
+    steps = 0
+    try:
+        with engine.connect() as conn:
+
+            def step(n: int) -> None:
+                nonlocal lease
+                lease = save_checkpoint(conn, lease, _checkpoint(n), step=f"s{n}")
+                if with_message:
+                    emit(conn, _envelope(run_id, n), lease=lease)
+                conn.commit()
+
+            for n in range(20):  # warm up: prepared statements, caches
+                step(n)
+            end = go() + seconds
+            while time.time() < end:
+                step(steps)
+                steps += 1
+    finally:
+        engine.dispose()
+    return steps
+
+
+def _run_async(
+    url: str, run_id: uuid.UUID, with_message: bool, seconds: float, go: Callable[[], float]
+) -> int:
+    from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415
+
+    from outbox import aio  # noqa: PLC0415
+    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.emit import emit_async  # noqa: PLC0415
+
+    async def main() -> int:
+        engine = create_async_engine(sqlalchemy_url(url), pool_size=1)
+        lease = _lease(url, run_id)
+        steps = 0
+        try:
+            async with engine.connect() as conn:
+
+                async def step(n: int) -> None:
+                    nonlocal lease
+                    lease = await aio.save_checkpoint(conn, lease, _checkpoint(n), step=f"s{n}")
+                    if with_message:
+                        await emit_async(conn, _envelope(run_id, n), lease=lease)
+                    await conn.commit()
+
+                for n in range(20):
+                    await step(n)
+                end = go() + seconds  # blocks the loop on purpose: nothing else runs in it
+                while time.time() < end:
+                    await step(steps)
+                    steps += 1
+        finally:
+            await engine.dispose()
+        return steps
+
+    return asyncio.run(main())
+
+
+_RAW_UPDATE = """
+    UPDATE outboxkit.agent_runs
+    SET checkpoint = %s, step = %s, version = version + 1, updated_at = now()
+    WHERE id = %s AND lease_token = %s AND version = %s AND state = 'running'
+    RETURNING version"""
+_RAW_INSERT = """
+    INSERT INTO outboxkit.outbox_messages
+        (message_id, topic, key, lane, message_type, payload, headers, run_id)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"""
+
+
+def _run_raw(
+    url: str, run_id: uuid.UUID, with_message: bool, seconds: float, go: Callable[[], float]
+) -> int:
+    lease = _lease(url, run_id)
+    token, version = lease.token, lease.version
+    payload = json.dumps({"run": str(run_id), "result": "ok " * 30}).encode()
+    headers = Jsonb({"message-type": "step.done"})
+    steps = 0
+    with psycopg.connect(url) as conn:
+
+        def step(n: int) -> None:
+            nonlocal version
+            row = conn.execute(
+                _RAW_UPDATE, [Jsonb(_checkpoint(n)), f"s{n}", run_id, token, version]
+            ).fetchone()
+            assert row is not None, "lease lost"
+            version = row[0]
+            if with_message:
+                conn.execute(
+                    _RAW_INSERT,
+                    [
+                        uuid.uuid4(),
+                        TOPIC,
+                        str(run_id).encode(),
+                        0,
+                        "step.done",
+                        payload,
+                        headers,
+                        run_id,
+                    ],
+                )
+            conn.commit()
+
+        for n in range(20):
+            step(n)
+        end = go() + seconds
+        while time.time() < end:
+            step(steps)
+            steps += 1
+    return steps
+
+
+# A runner warms up (connects, prepares statements), then calls go(), which returns once every
+# worker of the measurement is warm: the start time they all count from.
+Runner = Callable[[str, uuid.UUID, bool, float, Callable[[], float]], int]
+RUNNERS: dict[str, Runner] = {"sync": _run_sync, "async": _run_async, "raw-sql": _run_raw}
+
+
+def _worker(tasks: Any, results: Any) -> None:
+    """A long-lived worker process: run each task it is given, report its step count."""
+    import outbox.aio  # noqa: PLC0415  # pay for imports once, before any measurement
+    import outbox.emit  # noqa: F401, PLC0415
+
+    results.put(("up", 0))
+
+    def go() -> float:
+        results.put(("ready", 0))
+        start: float = tasks.get()
+        time.sleep(max(0.0, start - time.time()))
+        return start
+
+    while (task := tasks.get()) is not None:
+        path, url, run_id, with_message, seconds = task
+        try:
+            results.put(("ok", RUNNERS[path](url, run_id, with_message, seconds, go)))
+        except BaseException as exc:  # reported to the parent, which stops the benchmark
+            results.put(("error", repr(exc)))
+
+
+class Pool:
+    """Worker processes started once (spawning per measurement would cost seconds)."""
+
+    def __init__(self, size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.results = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(size)]
+        self.procs = [
+            ctx.Process(target=_worker, args=(q, self.results), daemon=True) for q in self.tasks
+        ]
+        for proc in self.procs:
+            proc.start()
+        self._expect("up", size)
+
+    def _expect(self, status: str, count: int) -> list[int]:
+        values = []
+        for _ in range(count):
+            got, value = self.results.get(timeout=600)
+            if got != status:
+                raise RuntimeError(f"a worker failed: {value}")
+            values.append(value)
+        return values
+
+    def run(self, tasks: list[tuple[Any, ...]]) -> list[int]:
+        for queue, task in zip(self.tasks, tasks, strict=False):
+            queue.put(task)
+        self._expect("ready", len(tasks))
+        start = time.time() + 0.05
+        for queue in self.tasks[: len(tasks)]:
+            queue.put(start)
+        return self._expect("ok", len(tasks))
+
+    def close(self) -> None:
+        for queue in self.tasks:
+            queue.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+
+
+def measure(
+    pool: Pool,
+    url: str,
+    runs: list[uuid.UUID],
+    *,
+    path: str,
+    mode: str,
+    clients: int,
+    with_message: bool,
+    seconds: float,
+) -> float:
+    """Steps per second of *clients* workers over *seconds*, all counting from one start."""
+    tasks = [(path, url, runs[i], with_message, seconds) for i in range(clients)]
+    if mode == "processes":
+        return sum(pool.run(tasks)) / seconds
+    counts = [0] * clients
+    start = [0.0]
+    barrier = threading.Barrier(clients, action=lambda: start.__setitem__(0, time.time()))
+
+    def go() -> float:
+        barrier.wait()
+        return start[0]
+
+    def work(i: int) -> None:
+        counts[i] = RUNNERS[path](url, runs[i], with_message, seconds, go)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / seconds
+
+
+# --- setup ----------------------------------------------------------------------------------
+
+
+def create_database(admin_dsn: str) -> tuple[str, str]:
+    from outbox.dsn import with_database  # noqa: PLC0415
+
+    name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name, with_database(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def prepare(url: str, workers: int) -> list[uuid.UUID]:
+    """Migrate, and give every worker a running run it holds the lease of."""
+    from sqlalchemy import create_engine  # noqa: PLC0415
+
+    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.migrate import migrate  # noqa: PLC0415
+
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+    runs = [uuid.uuid4() for _ in range(workers)]
+    with psycopg.connect(url) as conn:
+        for run_id in runs:
+            conn.execute(
+                "INSERT INTO outboxkit.agent_runs (id, workflow, workflow_version, state, "
+                "idempotency_key, lease_owner, lease_token, lease_expires_at, version) "
+                "VALUES (%s, 'bench', '1', 'running', %s, 'bench', 1, "
+                "now() + interval '1 day', 0)",
+                [run_id, str(run_id)],
+            )
+    return runs
+
+
+def reset_outbox(url: str) -> None:
+    """Start each round with an empty outbox, as a relay keeping up would leave it."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE outboxkit.outbox_messages")
+        conn.execute("VACUUM ANALYZE outboxkit.agent_runs")
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def run_rounds(
+    admin_dsn: str,
+    *,
+    clients: list[int],
+    modes: list[tuple[str, str]],
+    seconds: float,
+    rounds: int,
+) -> dict[str, list[float]]:
+    """Every (path, mode, clients, variant) measured once per round, in a throwaway database."""
+    name, url = create_database(admin_dsn)
+    pool = Pool(max(clients))
+    samples: dict[str, list[float]] = {}
+    try:
+        print(
+            f"database {name} | {seconds:g} s x {rounds} rounds | cores {os.cpu_count()} | "
+            f"fsync={_settings(url)['fsync'][0]}",
+            flush=True,
+        )
+        runs = prepare(url, max(clients))
+        for round_no in range(rounds):
+            reset_outbox(url)
+            # Alternate which variant goes first, so drift does not favour one.
+            order = (False, True) if round_no % 2 == 0 else (True, False)
+            for count in clients:
+                for mode, path in modes:
+                    for with_message in order:
+                        rate = measure(
+                            pool,
+                            url,
+                            runs,
+                            path=path,
+                            mode=mode,
+                            clients=count,
+                            with_message=with_message,
+                            seconds=seconds,
+                        )
+                        key = f"{path}|{mode}|{count}|{'msg' if with_message else 'plain'}"
+                        samples.setdefault(key, []).append(rate)
+            print(f"round {round_no + 1}/{rounds} done", flush=True)
+    finally:
+        pool.close()
+        drop_database(admin_dsn, name)
+    return samples
+
+
+def summarise(
+    samples: dict[str, list[float]], clients: list[int], modes: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    rows = []
+    for count in clients:
+        for mode, path in modes:
+            base = f"{path}|{mode}|{count}"
+            plain, msg = samples[f"{base}|plain"], samples[f"{base}|msg"]
+            rows.append(
+                {
+                    "path": path,
+                    "mode": mode,
+                    "clients": count,
+                    "steps_per_s_plain": round(statistics.median(plain), 1),
+                    "steps_per_s_with_message": round(statistics.median(msg), 1),
+                    "ratio": round(statistics.median(msg) / statistics.median(plain), 3),
+                    "ratio_per_round": [round(m / p, 3) for m, p in zip(msg, plain, strict=True)],
+                }
+            )
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> bool:
+    """Print the results; True when outboxkit's ratio reached 0.8 at every client count."""
+    header = (
+        f"{'path':8} {'mode':9} {'clients':>7} {'step/s':>9} {'+msg/s':>9} {'ratio':>6}  "
+        "per-round ratios"
+    )
+    print(f"\n{header}\n{'-' * len(header)}")
+    for row in rows:
+        print(
+            f"{row['path']:8} {row['mode']:9} {row['clients']:>7} "
+            f"{row['steps_per_s_plain']:>9.0f} {row['steps_per_s_with_message']:>9.0f} "
+            f"{row['ratio']:>6.2f}  {row['ratio_per_round']}"
+        )
+    met = all(
+        float(r["ratio"]) >= 0.8
+        for r in rows
+        if r["mode"] == "processes" and r["path"] != "raw-sql"
+    )
+    print(f"\ngoal (outboxkit ratio >= 0.8 at every client count): {'met' if met else 'NOT met'}")
+    return met
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOXKIT_DATABASE_URL"))
+    parser.add_argument("--json", help="write the results as JSON to this path")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--seconds", type=float, help="length of one measurement")
+    parser.add_argument("--rounds", type=int, help="rounds (the median is reported; >= 3)")
+    parser.add_argument("--clients", default="4,16", help="comma-separated worker counts")
+    parser.add_argument("--no-threads", action="store_true", help="skip the threads row")
+    args = parser.parse_args(argv)
+    if not args.database_url:
+        parser.error("give --database-url or set OUTBOXKIT_DATABASE_URL")
+    seconds = args.seconds or (0.5 if args.quick else 2.0)
+    rounds = max(3, args.rounds or 3)
+    clients = [int(c) for c in args.clients.split(",")]
+    modes = [("processes", path) for path in PATHS]
+    if not args.no_threads:
+        modes.append(("threads", "sync"))
+
+    durability, restore = make_durable(args.database_url)
+    print(f"durability: {durability}", flush=True)
+    try:
+        samples = run_rounds(
+            args.database_url, clients=clients, modes=modes, seconds=seconds, rounds=rounds
+        )
+    finally:
+        restore()
+    print(f"server settings restored: {_describe(_settings(args.database_url))}")
+    rows = summarise(samples, clients, modes)
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(
+                {
+                    "durability": durability,
+                    "seconds": seconds,
+                    "rounds": rounds,
+                    "cores": os.cpu_count(),
+                    "python": sys.version.split()[0],
+                    "rows": rows,
+                    "samples": samples,
+                },
+                out,
+                indent=2,
+            )
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

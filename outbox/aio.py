@@ -1,0 +1,234 @@
+"""The asyncio twin of the run API: same plans, same SQL, awaited on your connection.
+
+Every function takes the caller's ``AsyncConnection`` or ``AsyncSession`` and **never
+commits**; see the sync functions in :mod:`outbox.runs`, :mod:`outbox.steps`,
+:mod:`outbox.retry`, :mod:`outbox.approvals`, :mod:`outbox.artifacts` and
+:mod:`outbox.workflows` for what each one does.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from outbox import approvals, artifacts, retry, runs, steps, workflows
+from outbox.checkpoints import KEEP, bounded
+from outbox.execution import AsyncConn, run_plan_async
+from outbox.leases import Lease
+from outbox.retention import purge_async, purge_batch_plan
+from outbox.settings import OutboxSettings
+from outbox.states import RunState
+from outbox.workflows import Workflow
+
+T = TypeVar("T")
+
+__all__ = [
+    "claim",
+    "get_run",
+    "grant",
+    "handle_failure",
+    "history",
+    "load_artifact",
+    "move",
+    "purge_async",
+    "purge_batch",
+    "record",
+    "recorded",
+    "register",
+    "release",
+    "renew",
+    "request_approval",
+    "retire",
+    "revalidate",
+    "revoke",
+    "run_step",
+    "save_checkpoint",
+    "start_run",
+    "store_artifact",
+    "transition",
+    "wake",
+]
+
+
+async def start_run(conn: AsyncConn, *, workflow: str, workflow_version: str,
+                    idempotency_key: str, checkpoint: Any = None,
+                    prompt_version: str | None = None, tool_schema_version: str | None = None,
+                    settings: OutboxSettings | None = None) -> runs.Run:
+    """Async :func:`outbox.runs.start_run`."""
+    return await run_plan_async(conn, runs.start_run_plan(
+        workflow=workflow, workflow_version=workflow_version, idempotency_key=idempotency_key,
+        checkpoint=checkpoint, prompt_version=prompt_version,
+        tool_schema_version=tool_schema_version, settings=settings), settings)
+
+
+async def claim(conn: AsyncConn, *, worker: str, lease_seconds: float,
+                workflows: Sequence[str | Workflow] | None = None,
+                settings: OutboxSettings | None = None) -> runs.Claim | None:
+    """Async :func:`outbox.runs.claim`."""
+    return await run_plan_async(conn, runs.claim_plan(
+        worker=worker, lease_seconds=lease_seconds, workflows=workflows, settings=settings),
+        settings)
+
+
+async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
+                     step: str | None = None, reason: str | None = None, evidence: Any = None,
+                     actor: str | None = None, checkpoint: Any = KEEP,
+                     wake_at: datetime | timedelta | None = None,
+                     settings: OutboxSettings | None = None) -> Lease:
+    """Async :func:`outbox.runs.transition`."""
+    return await run_plan_async(conn, runs.transition_plan(
+        lease, to, step=step, reason=reason, evidence=evidence, actor=actor,
+        checkpoint=checkpoint, wake_at=wake_at, settings=settings), settings)
+
+
+async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
+                          step: str | None = None,
+                          settings: OutboxSettings | None = None) -> Lease:
+    """Async :func:`outbox.runs.save_checkpoint`."""
+    bounded(checkpoint, settings)
+    return await run_plan_async(
+        conn, runs.save_checkpoint_plan(lease, checkpoint, step, settings), settings)
+
+
+async def renew(conn: AsyncConn, lease: Lease, lease_seconds: float, *,
+                settings: OutboxSettings | None = None) -> Lease:
+    """Async :func:`outbox.runs.renew`."""
+    return await run_plan_async(conn, runs.renew_plan(lease, lease_seconds), settings)
+
+
+async def release(conn: AsyncConn, lease: Lease, *, reason: str | None = None,
+                  settings: OutboxSettings | None = None) -> None:
+    """Async :func:`outbox.runs.release`."""
+    await run_plan_async(conn, runs.release_plan(lease, reason), settings)
+
+
+async def move(conn: AsyncConn, run_id: uuid.UUID, to: RunState | str, *, actor: str,
+               reason: str | None = None, evidence: Any = None,
+               not_before: datetime | timedelta | None = None,
+               settings: OutboxSettings | None = None) -> runs.Run:
+    """Async :func:`outbox.runs.move`."""
+    return await run_plan_async(conn, runs.move_plan(
+        run_id, to, actor=actor, reason=reason, evidence=evidence, not_before=not_before),
+        settings)
+
+
+async def wake(conn: AsyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
+               settings: OutboxSettings | None = None) -> runs.Run:
+    """Async :func:`outbox.runs.wake`."""
+    return await run_plan_async(conn, runs.wake_plan(run_id, at), settings)
+
+
+async def get_run(conn: AsyncConn, run_id: uuid.UUID, *,
+                  settings: OutboxSettings | None = None) -> runs.Run:
+    """Async :func:`outbox.runs.get_run`."""
+    return await run_plan_async(conn, runs.get_run_plan(run_id), settings)
+
+
+async def history(conn: AsyncConn, run_id: uuid.UUID, *,
+                  settings: OutboxSettings | None = None) -> list[runs.Transition]:
+    """Async :func:`outbox.runs.history`."""
+    return await run_plan_async(conn, runs.history_plan(run_id), settings)
+
+
+async def recorded(conn: AsyncConn, run_id: uuid.UUID, step_key: str, *,
+                   settings: OutboxSettings | None = None) -> steps.StepRecord | None:
+    """Async :func:`outbox.steps.recorded`."""
+    return await run_plan_async(conn, steps.recorded_plan(run_id, step_key), settings)
+
+
+async def record(conn: AsyncConn, lease: Lease, step_key: str, result: Any, *,
+                 checkpoint: Any = KEEP, settings: OutboxSettings | None = None) -> Lease:
+    """Async :func:`outbox.steps.record`."""
+    return await run_plan_async(
+        conn, steps.record_plan(lease, step_key, result, checkpoint, settings), settings)
+
+
+async def run_step(conn: AsyncConn, lease: Lease, step_key: str,
+                   fn: Callable[[], Awaitable[T]], *, regenerable: bool = False,
+                   checkpoint: Any = KEEP,
+                   settings: OutboxSettings | None = None) -> steps.StepRun[T]:
+    """Async :func:`outbox.steps.run_step`: *fn* is a coroutine function."""
+    if regenerable:
+        return steps.StepRun(await fn(), lease, replayed=False)
+    found = await run_plan_async(conn, steps.lookup_plan(lease, step_key), settings)
+    if found is not None:
+        value: T = found.result
+        return steps.StepRun(value, lease, replayed=True)
+    value = await fn()
+    lease = await record(conn, lease, step_key, value, checkpoint=checkpoint, settings=settings)
+    return steps.StepRun(value, lease, replayed=False)
+
+
+async def handle_failure(conn: AsyncConn, lease: Lease, error: BaseException, *,
+                         policy: retry.RetryPolicy, step: str | None = None,
+                         rng: random.Random | None = None,
+                         settings: OutboxSettings | None = None) -> retry.Failure:
+    """Async :func:`outbox.retry.handle_failure`."""
+    return await run_plan_async(
+        conn, retry.handle_failure_plan(lease, error, policy, step, rng), settings)
+
+
+async def store_artifact(conn: AsyncConn, content: bytes, *,
+                         media_type: str = "application/octet-stream",
+                         settings: OutboxSettings | None = None) -> artifacts.ArtifactRef:
+    """Async :func:`outbox.artifacts.store_artifact`."""
+    return await run_plan_async(conn, artifacts.store_plan(content, media_type), settings)
+
+
+async def load_artifact(conn: AsyncConn, ref: artifacts.ArtifactRef | str, *,
+                        settings: OutboxSettings | None = None) -> bytes:
+    """Async :func:`outbox.artifacts.load_artifact`."""
+    return await run_plan_async(conn, artifacts.load_plan(ref), settings)
+
+
+async def request_approval(conn: AsyncConn, run_id: uuid.UUID, *, scope: Mapping[str, Any],
+                           expires_at: datetime | timedelta, reason: str | None = None,
+                           settings: OutboxSettings | None = None) -> approvals.Approval:
+    """Async :func:`outbox.approvals.request_approval`."""
+    return await run_plan_async(
+        conn, approvals.request_plan(run_id, scope, expires_at, reason), settings)
+
+
+async def grant(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
+                settings: OutboxSettings | None = None) -> approvals.Approval:
+    """Async :func:`outbox.approvals.grant`."""
+    return await run_plan_async(conn, approvals.grant_plan(approval_id, by), settings)
+
+
+async def revoke(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
+                 reason: str | None = None,
+                 settings: OutboxSettings | None = None) -> approvals.Approval:
+    """Async :func:`outbox.approvals.revoke`."""
+    return await run_plan_async(conn, approvals.revoke_plan(approval_id, by, reason), settings)
+
+
+async def revalidate(conn: AsyncConn, lease: Lease, approval_id: uuid.UUID, *,
+                     scope: Mapping[str, Any],
+                     settings: OutboxSettings | None = None) -> approvals.ApprovalCheck:
+    """Async :func:`outbox.approvals.revalidate`."""
+    return await run_plan_async(
+        conn, approvals.revalidate_plan(lease, approval_id, scope, settings), settings)
+
+
+async def register(conn: AsyncConn, workflow: Workflow, *,
+                   settings: OutboxSettings | None = None) -> None:
+    """Async :func:`outbox.workflows.register`."""
+    await run_plan_async(conn, workflows.register_plan(workflow), settings)
+
+
+async def retire(conn: AsyncConn, name: str, *, reason: str,
+                 settings: OutboxSettings | None = None) -> None:
+    """Async :func:`outbox.workflows.retire`."""
+    await run_plan_async(conn, workflows.retire_plan(name, reason), settings)
+
+
+async def purge_batch(conn: AsyncConn, *, older_than: timedelta, batch_size: int = 100,
+                      archive: bool = False,
+                      states: Sequence[RunState | str] = (RunState.DONE, RunState.FAILED),
+                      settings: OutboxSettings | None = None) -> int:
+    """Async :func:`outbox.retention.purge_batch`."""
+    return await run_plan_async(
+        conn, purge_batch_plan(older_than, batch_size, archive, states), settings)

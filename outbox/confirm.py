@@ -1,0 +1,151 @@
+"""Confirmations: a consumer moves a *waiting* run on, with evidence, in its own transaction.
+
+The consumer that performed (or observed) an effect a run waits for is not the run's worker
+and holds no lease; it calls :func:`apply_confirmation` inside the transaction in which it
+handles the message. The move is fenced by the run's state instead (it must be ``waiting``)
+and is idempotent by ``confirmation_id``: a redelivered confirmation changes nothing.
+
+Outcomes and the moves they make (see :data:`outbox.states.ALLOWED`):
+
+* ``running`` — waiting → running, without a lease: the next :func:`outbox.runs.claim`
+  picks the run up at once;
+* ``done`` — waiting → running → done (done is reachable only from running), two history
+  rows, one statement; needs evidence;
+* ``failed`` — waiting → failed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from sqlalchemy import CTE, Insert, exists, func, insert, literal, select
+
+from outbox import fencing
+from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition
+from outbox.execution import AsyncConn, Plan, SyncConn, run_plan, run_plan_async
+from outbox.settings import OutboxSettings
+from outbox.states import RunState
+from outbox.tables import agent_runs, confirmations
+
+Outcome = Literal["running", "done", "failed"]
+OUTCOMES: frozenset[str] = frozenset({"running", "done", "failed"})
+_WAITING = frozenset({RunState.WAITING.value})
+
+
+def apply_confirmation(
+    conn: SyncConn,
+    *,
+    run_id: uuid.UUID,
+    confirmation_id: str | uuid.UUID,
+    outcome: Outcome,
+    evidence: Any,
+    actor: str,
+    reason: str | None = None,
+    settings: OutboxSettings | None = None,
+) -> bool:
+    """Move the waiting run *run_id* to *outcome*; True if applied, False if already applied.
+
+    Never commits: the move takes effect with the caller's transaction (typically together
+    with the consumer's own dedup record). *confirmation_id* identifies the confirmation
+    (e.g. the message id the consumer handled); applying it again returns False and writes
+    nothing.
+
+    Raises:
+        EvidenceRequired: ``done`` without evidence (checked before anything is sent).
+        RunNotFound: no such run.
+        IllegalTransition: the run is not waiting (and this confirmation was not applied).
+    """
+    plan = _plan(
+        run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
+    )
+    return run_plan(conn, plan, settings)
+
+
+async def apply_confirmation_async(
+    conn: AsyncConn,
+    *,
+    run_id: uuid.UUID,
+    confirmation_id: str | uuid.UUID,
+    outcome: Outcome,
+    evidence: Any,
+    actor: str,
+    reason: str | None = None,
+    settings: OutboxSettings | None = None,
+) -> bool:
+    """:func:`apply_confirmation` on an ``AsyncConnection`` / ``AsyncSession``; never commits."""
+    plan = _plan(
+        run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
+    )
+    return await run_plan_async(conn, plan, settings)
+
+
+def _plan(
+    run_id: uuid.UUID,
+    confirmation_id: str,
+    *,
+    outcome: str,
+    evidence: Any,
+    actor: str,
+    reason: str | None,
+) -> Plan[bool]:
+    if outcome not in OUTCOMES:
+        raise ConfigurationError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}")
+    if not actor:
+        raise ConfigurationError("actor must name who confirms (e.g. the consumer group)")
+    if outcome == RunState.DONE and evidence in (None, "", {}, []):
+        raise EvidenceRequired(run_id, outcome)
+    note = reason or f"confirmed {outcome} by {actor} ({confirmation_id})"
+    history = [fencing.HistoryRow(RunState.RUNNING, reason=note, evidence=evidence, actor=actor)]
+    values: dict[str, Any] = {"state": outcome, "reason": note, "not_before": None}
+    if evidence is not None:
+        values["last_evidence"] = evidence
+    if outcome != RunState.RUNNING:
+        values["finished_at"] = func.now()
+    if outcome == RunState.DONE:
+        # done is reached from running only: record both moves, as the state table demands.
+        history.append(
+            fencing.HistoryRow(
+                RunState.DONE,
+                from_state=RunState.RUNNING,
+                reason=note,
+                evidence=evidence,
+                actor=actor,
+            )
+        )
+    elif outcome == RunState.FAILED:
+        history = [fencing.HistoryRow(RunState.FAILED, reason=note, evidence=evidence, actor=actor)]
+
+    def record(moved: CTE) -> Insert:
+        return insert(confirmations).from_select(
+            ["run_id", "confirmation_id", "outcome", "actor"],
+            select(moved.c.id, literal(confirmation_id), literal(outcome), literal(actor)),
+        )
+
+    already = exists(
+        select(confirmations.c.run_id).where(
+            confirmations.c.run_id == agent_runs.c.id,
+            confirmations.c.confirmation_id == confirmation_id,
+        )
+    )
+    stmt = fencing.statement(
+        run_id,
+        lease=None,
+        sources=_WAITING,
+        values=values,
+        history=history,
+        where=[~already],
+        also=record,
+    )
+    rows = yield stmt
+    if rows:
+        return True
+    # A fresh statement (fresh snapshot): sees a duplicate that committed while we waited
+    # for the run's row lock, after which the run was no longer waiting.
+    duplicate = yield select(confirmations.c.outcome).where(
+        confirmations.c.run_id == run_id, confirmations.c.confirmation_id == confirmation_id
+    )
+    if duplicate:
+        return False
+    yield from fencing.explain(run_id, None, outcome, _WAITING)
+    raise IllegalTransition(run_id, RunState.WAITING.value, outcome)  # not reached in practice

@@ -1,0 +1,180 @@
+"""Writing a message to the outbox inside the caller's transaction: :func:`emit`.
+
+One statement does everything, so emitting costs one round trip:
+
+* **fence** — with a lease, the row is inserted only while the run's ``lease_token`` and
+  ``version`` still match (and the run row is share-locked until commit, so a takeover
+  waits for this transaction instead of racing it);
+* **order** — a transaction-scoped advisory lock on ``(topic, key)`` is taken before the
+  row's id is drawn and held until commit, so for one key id order *is* commit order and the
+  relay, which publishes in id order, keeps Kafka in commit order. Emitting several keys in
+  one transaction in different orders from concurrent transactions can deadlock (PostgreSQL
+  then aborts one): emit a transaction's keys in a consistent order;
+* **wake** — ``pg_notify`` fires only while some relay has declared itself idle (and is
+  heartbeating): a transaction that NOTIFYs takes a database-wide lock at commit, so a busy
+  system, whose relays poll anyway, never pays for it.
+
+Emitting the same ``message_id`` twice writes one row: the second emit is a no-op.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from typing import Any
+
+from sqlalchemy import Row
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from outbox.envelope import EncodedMessage, Envelope, encode
+from outbox.errors import InvalidMessage, LeaseLost, SchemaError
+from outbox.execution import AsyncConn, SyncConn
+from outbox.lanes import lane_for, ordering_lock_key
+from outbox.leases import Lease
+from outbox.settings import OutboxSettings, default_settings
+
+
+def emit(
+    conn: SyncConn,
+    envelope: Envelope,
+    *,
+    lease: Lease | None = None,
+    settings: OutboxSettings | None = None,
+) -> uuid.UUID:
+    """Add *envelope* to the outbox inside the caller's transaction; return its message id.
+
+    Never commits: the relay sees the row only when the caller's transaction commits,
+    together with the state change that decided it; a rollback leaves no trace.
+
+    Raises:
+        InvalidMessage: the envelope broke a rule; no statement was sent.
+        LeaseLost: *lease* no longer holds the run; nothing was written.
+    """
+    sql, params = _prepare(envelope, lease, settings or default_settings())
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    try:
+        row = connection.exec_driver_sql(sql, params).one()
+    except ProgrammingError as exc:
+        raise _translated(exc, settings) from exc
+    return _outcome(row, params, lease)
+
+
+async def emit_async(
+    conn: AsyncConn,
+    envelope: Envelope,
+    *,
+    lease: Lease | None = None,
+    settings: OutboxSettings | None = None,
+) -> uuid.UUID:
+    """:func:`emit` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
+    sql, params = _prepare(envelope, lease, settings or default_settings())
+    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    try:
+        row = (await connection.exec_driver_sql(sql, params)).one()
+    except ProgrammingError as exc:
+        raise _translated(exc, settings) from exc
+    return _outcome(row, params, lease)
+
+
+def _prepare(
+    envelope: Envelope, lease: Lease | None, settings: OutboxSettings
+) -> tuple[str, dict[str, Any]]:
+    """The statement and its parameters; every check that can reject the message runs here,
+    before anything reaches the caller's transaction."""
+    if lease is not None:
+        if envelope.run_id is None:
+            envelope = envelope.model_copy(update={"run_id": lease.run_id})
+        elif envelope.run_id != lease.run_id:
+            raise InvalidMessage(
+                "run_id",
+                f"is {envelope.run_id} but the lease is on run {lease.run_id}: emit with the "
+                "lease of the run the message belongs to",
+            )
+    message = encode(envelope, settings)
+    return _statement(settings.schema_name, fenced=lease is not None), _params(
+        message, lease, settings
+    )
+
+
+def _outcome(row: Row[Any], params: dict[str, Any], lease: Lease | None) -> uuid.UUID:
+    if lease is not None and not row.fenced:
+        raise LeaseLost(lease.run_id, lease.token)
+    message_id: uuid.UUID = params["message_id"]
+    return message_id
+
+
+def _translated(exc: ProgrammingError, settings: OutboxSettings | None) -> Exception:
+    if getattr(exc.orig, "sqlstate", None) not in {"42P01", "3F000"}:  # undefined table/schema
+        return exc
+    schema = (settings or default_settings()).schema_name
+    return SchemaError(
+        f"the outbox table is missing from schema {schema!r}: run `outbox migrate` "
+        "(outbox.migrate.migrate(engine)) against this database first"
+    )
+
+
+def _params(
+    message: EncodedMessage, lease: Lease | None, settings: OutboxSettings
+) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "lock_key": ordering_lock_key(message.topic, message.key),
+        "message_id": message.message_id,
+        "topic": message.topic,
+        "key": message.key,
+        "lane": lane_for(message.key, message.message_id, settings.lanes),
+        "type": message.type,
+        "payload": message.payload,
+        "headers": json.dumps(message.headers, ensure_ascii=False, separators=(",", ":")),
+        "run_id": message.run_id,
+        "channel": settings.notify_channel,
+        "idle_seconds": settings.relay_idle_seconds,
+    }
+    if lease is not None:
+        params |= {"lease_token": lease.token, "lease_version": lease.version}
+    return params
+
+
+@functools.cache
+def _statement(schema: str, *, fenced: bool) -> str:
+    """The one INSERT statement (see the module docstring); *schema* was validated."""
+    fence_cte = f"""
+    fence AS MATERIALIZED (
+        SELECT 1 FROM {schema}.agent_runs
+        WHERE id = CAST(%(run_id)s AS uuid)
+          AND lease_token = CAST(%(lease_token)s AS bigint)
+          AND version = CAST(%(lease_version)s AS bigint)
+        FOR SHARE
+    ),"""
+    # Executed as driver SQL (psycopg placeholders): it skips SQLAlchemy's statement
+    # compilation and result adaptation, which cost more than the round trip itself.
+    return f"""
+    WITH{fence_cte if fenced else ""}
+    ordered AS MATERIALIZED (
+        -- NULL key: pg_advisory_xact_lock is strict, so no lock is taken.
+        SELECT pg_advisory_xact_lock(CAST(%(lock_key)s AS bigint))
+    ),
+    inserted AS (
+        INSERT INTO {schema}.outbox_messages
+            (message_id, topic, key, lane, message_type, payload, headers, run_id)
+        SELECT CAST(%(message_id)s AS uuid), CAST(%(topic)s AS text), CAST(%(key)s AS bytea),
+               CAST(%(lane)s AS integer), CAST(%(type)s AS text), CAST(%(payload)s AS bytea),
+               CAST(%(headers)s AS jsonb), CAST(%(run_id)s AS uuid)
+        FROM ordered  -- the lock is held before the row's id is drawn
+        {"WHERE EXISTS (SELECT 1 FROM fence)" if fenced else ""}
+        ON CONFLICT (message_id) DO NOTHING
+        RETURNING id, lane
+    ),
+    woken AS (
+        SELECT pg_notify(CAST(%(channel)s AS text), CAST(inserted.lane AS text)) FROM inserted
+        WHERE EXISTS (
+            SELECT 1 FROM {schema}.relays
+            WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
+        )
+    )
+    SELECT {"EXISTS (SELECT 1 FROM fence)" if fenced else "true"} AS fenced,
+           (SELECT id FROM inserted) AS id,
+           (SELECT count(*) FROM woken) AS woken
+    """

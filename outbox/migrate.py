@@ -1,0 +1,190 @@
+"""Apply the numbered SQL files in ``outbox/migrations`` to a database, once each, in order.
+
+Each file runs in its own transaction together with its ``schema_versions`` row, under a
+transaction-level advisory lock: two migrators started together apply each file once (the
+second waits, then finds it applied). Running ``migrate`` again is harmless.
+
+Command line: ``python -m outbox.migrate [--database-url URL] [--dry-run]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib.resources
+import os
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, create_engine, text
+
+from outbox.dsn import sqlalchemy_url
+from outbox.errors import ConfigurationError, SchemaError
+from outbox.hashing import stable_hash64
+from outbox.settings import OutboxSettings, default_settings
+
+_FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One numbered SQL file; ``{schema}`` in it stands for the configured schema name."""
+
+    version: int
+    name: str
+    template: str
+
+    def sql(self, schema: str) -> str:
+        # Plain replacement, not str.format: SQL is full of braces ('{}'::jsonb).
+        return self.template.replace("{schema}", schema)
+
+
+@functools.cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration shipped with this outboxkit, in version order."""
+    found = []
+    for entry in importlib.resources.files("outbox").joinpath("migrations").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match["version"]), match["name"], entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    if [m.version for m in found] != list(range(1, len(found) + 1)):
+        raise SchemaError(f"migration files are not numbered 1..n: {[m.version for m in found]}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    """The schema version this outboxkit expects."""
+    return migrations()[-1].version
+
+
+def migrate(bind: Engine | Connection, *, settings: OutboxSettings | None = None) -> list[int]:
+    """Apply the pending migrations; return the versions applied (empty if none were pending).
+
+    Given an ``Engine`` or a ``Connection`` outside a transaction, each file commits on its
+    own. Given a ``Connection`` already in a transaction (e.g. Alembic's), everything runs in
+    that transaction and the caller commits.
+    """
+    schema = (settings or default_settings()).schema_name
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            return _migrate(conn, schema)
+    return _migrate(bind, schema)
+
+
+def pending_sql(bind: Engine | Connection, settings: OutboxSettings | None = None) -> str:
+    """The SQL ``migrate`` would run now, as a psql-runnable script (for ``--dry-run``)."""
+    schema = (settings or default_settings()).schema_name
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            done = applied_versions(conn, schema)
+    else:
+        done = applied_versions(bind, schema)
+    parts = [
+        f"-- {m.version:04d}_{m.name}\nBEGIN;\nSELECT pg_advisory_xact_lock({_lock_key(schema)});\n"
+        f"{m.sql(schema).strip()}\n{_record_sql(schema, m)};\nCOMMIT;\n"
+        for m in migrations()
+        if m.version not in done
+    ]
+    return "\n".join(parts) if parts else f"-- schema {schema} is up to date\n"
+
+
+def applied_versions(conn: Connection, schema: str) -> set[int]:
+    """Versions recorded in ``schema_versions``; empty when the schema does not exist yet."""
+    exists = conn.execute(
+        text("SELECT to_regclass(:name)"), {"name": f"{schema}.schema_versions"}
+    ).scalar()
+    if exists is None:
+        return set()
+    return set(conn.execute(text(f"SELECT version FROM {schema}.schema_versions")).scalars())
+
+
+def check_schema(conn: Connection, settings: OutboxSettings | None = None) -> None:
+    """Raise :class:`SchemaError` unless the schema is at exactly this outboxkit's version."""
+    schema = (settings or default_settings()).schema_name
+    done = applied_versions(conn, schema)
+    wanted = latest_version()
+    if not done:
+        raise SchemaError(
+            f"the outboxkit schema {schema!r} does not exist in this database: "
+            "run `outbox migrate` (python -m outbox.migrate)"
+        )
+    if max(done) > wanted:
+        raise SchemaError(
+            f"the outboxkit schema {schema!r} is at version {max(done)}, newer than this "
+            f"outboxkit ({wanted}): upgrade the outboxkit package"
+        )
+    missing = sorted(set(range(1, wanted + 1)) - done)
+    if missing:
+        raise SchemaError(
+            f"the outboxkit schema {schema!r} lacks migrations {missing}: "
+            "run `outbox migrate` (python -m outbox.migrate)"
+        )
+
+
+def _migrate(conn: Connection, schema: str) -> list[int]:
+    applied = []
+    for migration in migrations():
+        with _transaction(conn):
+            # Held until this transaction ends, so a concurrent migrator re-reads after us.
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(schema)})
+            if migration.version in applied_versions(conn, schema):
+                continue
+            # The driver's own cursor: a file holds many statements and must not be parsed
+            # for bind parameters.
+            conn.connection.dbapi_connection.cursor().execute(migration.sql(schema))  # type: ignore[union-attr]
+            conn.execute(text(_record_sql(schema, migration)))
+        applied.append(migration.version)
+    return applied
+
+
+@contextlib.contextmanager
+def _transaction(conn: Connection) -> Iterator[None]:
+    if conn.in_transaction():
+        yield  # the caller's transaction: they commit
+        return
+    with conn.begin():
+        yield
+
+
+def _lock_key(schema: str) -> int:
+    return stable_hash64(b"outboxkit.migrate", schema.encode())
+
+
+def _record_sql(schema: str, migration: Migration) -> str:
+    # Both values come from our own file names (matched by _FILE_NAME), never from users.
+    return (
+        f"INSERT INTO {schema}.schema_versions (version, name) "
+        f"VALUES ({migration.version}, '{migration.name}')"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m outbox.migrate``: migrate the database, or print what would run."""
+    parser = argparse.ArgumentParser(prog="outbox migrate", description=main.__doc__)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("OUTBOXKIT_DATABASE_URL"),
+        help="postgresql:// URL (default: $OUTBOXKIT_DATABASE_URL)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the pending SQL only")
+    args = parser.parse_args(argv)
+    if not args.database_url:
+        raise ConfigurationError("give --database-url or set OUTBOXKIT_DATABASE_URL")
+    engine = create_engine(sqlalchemy_url(args.database_url))
+    try:
+        if args.dry_run:
+            sys.stdout.write(pending_sql(engine))
+        else:
+            versions = migrate(engine)
+            sys.stdout.write(f"applied {versions}\n" if versions else "up to date\n")
+    finally:
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

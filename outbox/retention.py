@@ -1,0 +1,111 @@
+"""Retention: drop the checkpoints and step results of long-finished runs, in small batches.
+
+What stays: the run row (state, evidence, the idempotency key as a tombstone with
+``purged_at`` set) and its whole history. A purged run is never claimed or requeued, and
+:func:`outbox.runs.start_run` with its key returns it (purged) instead of starting again.
+Each batch is one short statement over at most *batch_size* rows locked with
+``FOR UPDATE SKIP LOCKED``, so retention never waits on, or blocks, live workers for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import timedelta
+
+from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.errors import ConfigurationError
+from outbox.execution import Plan, SyncConn, run_plan, run_plan_async
+from outbox.settings import OutboxSettings
+from outbox.states import FINISHED, RunState
+from outbox.tables import agent_runs, run_archive, step_results
+
+DEFAULT_STATES = frozenset(FINISHED)
+
+
+def purge_batch_plan(older_than: timedelta, batch_size: int, archive: bool,
+                     states: Collection[RunState | str]) -> Plan[int]:
+    if batch_size <= 0 or older_than < timedelta(0):
+        raise ConfigurationError("batch_size must be > 0 and older_than >= 0")
+    wanted = sorted(RunState(s).value for s in states)
+    if not set(wanted) <= {s.value for s in FINISHED}:
+        raise ConfigurationError(f"only finished runs ({sorted(FINISHED)}) can be purged")
+    r, s = agent_runs, step_results
+    victims = (
+        select(r.c.id, r.c.checkpoint)
+        .where(r.c.state.in_(wanted), r.c.purged_at.is_(None),
+               r.c.finished_at < func.now() - older_than)
+        .order_by(r.c.finished_at)
+        .limit(batch_size)
+        .with_for_update(skip_locked=True)
+        .cte("victims")
+    )
+    dropped = delete(s).where(s.c.run_id.in_(select(victims.c.id))).cte("dropped")
+    purged = (
+        update(r).where(r.c.id == victims.c.id)
+        .values(checkpoint=cast(null(), JSONB), purged_at=func.now(), updated_at=func.now())
+        .returning(r.c.id)
+        .cte("purged")
+    )
+    stmt = select(func.count()).select_from(purged).add_cte(dropped)
+    if archive:
+        steps = (
+            select(func.jsonb_object_agg(s.c.step_key, s.c.result))
+            .where(s.c.run_id == victims.c.id)
+            .scalar_subquery()
+        )
+        archived = insert(run_archive).from_select(
+            ["run_id", "checkpoint", "step_results"],
+            select(victims.c.id, victims.c.checkpoint, steps),
+        )
+        stmt = stmt.add_cte(archived.cte("archived"))
+    rows = yield stmt
+    count: int = rows[0]["count"] if rows else 0
+    return count
+
+
+def purge_batch(conn: SyncConn, *, older_than: timedelta, batch_size: int = 100,
+                archive: bool = False, states: Collection[RunState | str] = DEFAULT_STATES,
+                settings: OutboxSettings | None = None) -> int:
+    """Purge one batch in the caller's transaction (never commits); returns how many runs."""
+    return run_plan(conn, purge_batch_plan(older_than, batch_size, archive, states), settings)
+
+
+def purge(engine: Engine, *, older_than: timedelta, batch_size: int = 100,
+          max_batches: int = 1000, archive: bool = False,
+          states: Collection[RunState | str] = DEFAULT_STATES,
+          settings: OutboxSettings | None = None) -> int:
+    """Purge finished runs older than *older_than*, each batch in its own short transaction.
+
+    Commits (one transaction per batch): this is a maintenance job, not part of a caller's
+    unit of work. Stops after a short batch or *max_batches*; returns the runs purged.
+    """
+    total = 0
+    for _ in range(max_batches):
+        with engine.begin() as conn:
+            done = purge_batch(conn, older_than=older_than, batch_size=batch_size,
+                               archive=archive, states=states, settings=settings)
+        total += done
+        if done < batch_size:
+            break
+    return total
+
+
+async def purge_async(engine: AsyncEngine, *, older_than: timedelta, batch_size: int = 100,
+                      max_batches: int = 1000, archive: bool = False,
+                      states: Collection[RunState | str] = DEFAULT_STATES,
+                      settings: OutboxSettings | None = None) -> int:
+    """Async twin of :func:`purge` (commits one transaction per batch)."""
+    total = 0
+    for _ in range(max_batches):
+        async with engine.begin() as conn:
+            plan = purge_batch_plan(older_than, batch_size, archive, states)
+            done = await run_plan_async(conn, plan, settings)
+        total += done
+        if done < batch_size:
+            break
+    return total
+
+

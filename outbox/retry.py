@@ -1,0 +1,164 @@
+"""Retry policy, decided outside the model: how often, how long to wait, where to give up.
+
+The model never chooses to retry. :func:`handle_failure` classifies the exception with the
+step's :class:`RetryPolicy` and, in one fenced statement, either requeues the run
+(``running → failed → queued``, two history rows, ``attempts + 1``,
+``not_before = now() + backoff``) or moves it to the policy's terminal state with the error
+as evidence. Attempts are bounded by ``max_attempts``; nothing loops.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+
+from outbox import fencing
+from outbox.errors import ConfigurationError, LeaseLost, RunError, RunNotFound
+from outbox.execution import Plan, SyncConn, run_plan
+from outbox.leases import Lease
+from outbox.settings import OutboxSettings
+from outbox.states import RunState
+from outbox.tables import agent_runs
+
+_TERMINAL = (RunState.FAILED, RunState.NEEDS_HUMAN)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How a failing step is retried. Errors that are neither *final* nor *retryable* are
+    treated as final; outboxkit's own :class:`RunError`s are always final."""
+
+    max_attempts: int = 3
+    initial_backoff: float = 1.0
+    multiplier: float = 2.0
+    max_backoff: float = 300.0
+    jitter: float = 0.1
+    """Fraction (0..1) taken off the delay at random, so retries of many runs spread out."""
+    retryable: tuple[type[BaseException], ...] = (Exception,)
+    final: tuple[type[BaseException], ...] = ()
+    give_up_state: RunState = RunState.FAILED
+    """Where the run goes when attempts are exhausted or the error is final."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
+            raise ConfigurationError(
+                "backoff needs initial_backoff >= 0, max_backoff >= 0 and multiplier >= 1"
+            )
+        if not 0 <= self.jitter <= 1:
+            raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
+        if RunState(self.give_up_state) not in _TERMINAL:
+            raise ConfigurationError(
+                f"give_up_state must be 'failed' or 'needs-human', got {self.give_up_state!r}"
+            )
+
+    def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number *attempt* (1-based)."""
+        base = min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
+        return base * (1 - self.jitter * (rng or random).random())  # jitter, not crypto
+
+    def is_retryable(self, error: BaseException) -> bool:
+        """True when *error* may be retried (final types win over retryable ones)."""
+        if isinstance(error, (RunError, *self.final)):
+            return False
+        return isinstance(error, self.retryable)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What :func:`handle_failure` did: the run's new state, the attempt it counted and,
+    when requeued, the backoff delay. ``lease`` is spent either way: stop working."""
+
+    state: RunState
+    attempts: int
+    delay: float | None
+    lease: Lease
+
+
+def _evidence(error: BaseException, attempt: int, retryable: bool) -> dict[str, Any]:
+    return {"error": type(error).__name__, "message": str(error)[:2000], "attempt": attempt,
+            "retryable": retryable}
+
+
+def handle_failure_plan(
+    lease: Lease, error: BaseException, policy: RetryPolicy, step: str | None,
+    rng: random.Random | None,
+) -> Plan[Failure]:
+    runs = agent_runs
+    rows = yield select(runs.c.attempts, runs.c.lease_token, runs.c.version,
+                        fencing.retired_clause().label("retired")).where(runs.c.id == lease.run_id)
+    if not rows:
+        raise RunNotFound(lease.run_id)
+    row = rows[0]
+    if (row["lease_token"], row["version"]) != (lease.token, lease.version):
+        raise LeaseLost(lease.run_id, lease.token)
+    attempt = row["attempts"] + 1
+    retryable = policy.is_retryable(error)
+    evidence = _evidence(error, attempt, retryable)
+    described = f"{type(error).__name__}: {error}"[:500]
+    sources: Collection[str] = {RunState.RUNNING}
+    if retryable and attempt < policy.max_attempts and not row["retired"]:
+        delay = policy.backoff(attempt, rng)
+        history = [
+            fencing.HistoryRow(RunState.FAILED, reason=f"attempt {attempt} of "
+                               f"{policy.max_attempts} failed: {described}",
+                               evidence=evidence, step=step, actor=lease.owner),
+            fencing.HistoryRow(RunState.QUEUED, from_state=RunState.FAILED,
+                               reason=f"retry {attempt + 1} of {policy.max_attempts} after "
+                               f"{delay:.3f}s backoff",
+                               evidence={"attempt": attempt + 1, "delay_seconds": delay},
+                               step=step, actor="retry-policy"),
+        ]
+        values = {"state": RunState.QUEUED.value, "attempts": attempt,
+                  "not_before": func.now() + timedelta(seconds=delay),
+                  "reason": history[0].reason, "last_evidence": evidence,
+                  "finished_at": None, **fencing.lease_values(clear=True)}
+        stmt = fencing.statement(lease.run_id, lease=lease, sources=sources, values=values,
+                                 history=history)
+        moved = yield from fencing.write(stmt, lease.run_id, lease, RunState.QUEUED, sources)
+        assert moved is not None
+        return Failure(RunState.QUEUED, attempt, delay, fencing.next_lease(lease, moved))
+    target = RunState(policy.give_up_state)
+    if not retryable:
+        reason = f"final error on attempt {attempt}: {described}"
+    elif row["retired"]:
+        reason = f"attempt {attempt} failed and the workflow is retired: {described}"
+    else:
+        reason = f"gave up after {attempt} of {policy.max_attempts} attempts: {described}"
+    values = {"state": target.value, "attempts": attempt, "reason": reason,
+              "last_evidence": evidence, **fencing.lease_values(clear=True)}
+    if target is RunState.FAILED:
+        values["finished_at"] = func.now()
+    stmt = fencing.statement(
+        lease.run_id, lease=lease, sources=sources, values=values,
+        history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, step=step,
+                                    actor=lease.owner)],
+    )
+    moved = yield from fencing.write(stmt, lease.run_id, lease, target, sources)
+    assert moved is not None
+    return Failure(target, attempt, None, fencing.next_lease(lease, moved))
+
+
+def handle_failure(
+    conn: SyncConn,
+    lease: Lease,
+    error: BaseException,
+    *,
+    policy: RetryPolicy,
+    step: str | None = None,
+    rng: random.Random | None = None,
+    settings: OutboxSettings | None = None,
+) -> Failure:
+    """Requeue the run with backoff, or move it to ``policy.give_up_state``; never commits.
+
+    Call it from the ``except`` block of a failed step, in a *fresh* transaction (the
+    failed one may be aborted), then commit. Raises :class:`LeaseLost` if another worker
+    owns the run: then nothing was written.
+    """
+    return run_plan(conn, handle_failure_plan(lease, error, policy, step, rng), settings)

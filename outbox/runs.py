@@ -1,0 +1,543 @@
+"""Agent runs as explicit state machines in PostgreSQL: start, claim, move, checkpoint.
+
+Every function takes the caller's ``Connection`` or ``Session`` and **never commits**: the
+run's change becomes visible, together with whatever else the caller wrote (an outbox
+message, a step result), only when the caller commits. Writes by a lease holder are fenced
+(see :mod:`outbox.fencing`): after another worker claimed the run they raise
+:class:`~outbox.errors.LeaseLost` and write nothing. The async twins live in :mod:`outbox.aio`.
+
+History rows whose ``from_state`` equals ``to_state`` are annotations (a lease taken over, a
+release, a version policy applied), not moves: the moves are exactly :data:`outbox.states.ALLOWED`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    RowMapping,
+    case,
+    exists,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from outbox import fencing
+from outbox.checkpoints import KEEP, Keep, bounded, checkpoint_value
+from outbox.errors import (
+    ConfigurationError,
+    EvidenceRequired,
+    IllegalTransition,
+    RunNotFound,
+    WorkflowRetired,
+)
+from outbox.execution import Plan, SyncConn, run_plan
+from outbox.leases import Lease
+from outbox.settings import OutboxSettings
+from outbox.states import ALLOWED, FINISHED, RunState, sources
+from outbox.tables import agent_runs, run_transitions, workflows
+from outbox.workflows import VersionPolicy, Workflow
+
+runs = agent_runs
+MAX_POLICY_SKIPS = 16
+"""A claim moves at most this many runs to needs-human (version review) before giving up."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as stored. ``step`` / ``checkpoint`` are the last confirmed progress."""
+
+    id: uuid.UUID
+    workflow: str
+    workflow_version: str
+    prompt_version: str | None
+    tool_schema_version: str | None
+    state: RunState
+    step: str | None
+    checkpoint: Any
+    last_evidence: Any
+    idempotency_key: str
+    attempts: int
+    not_before: datetime | None
+    reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    purged_at: datetime | None
+
+    @property
+    def purged(self) -> bool:
+        """True when retention removed the checkpoint: the run is a tombstone for its key."""
+        return self.purged_at is not None
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Run:
+        return cls(
+            id=row["id"], workflow=row["workflow"], workflow_version=row["workflow_version"],
+            prompt_version=row["prompt_version"], tool_schema_version=row["tool_schema_version"],
+            state=RunState(row["state"]), step=row["step"], checkpoint=row["checkpoint"],
+            last_evidence=row["last_evidence"], idempotency_key=row["idempotency_key"],
+            attempts=row["attempts"], not_before=row["not_before"], reason=row["reason"],
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            finished_at=row["finished_at"], purged_at=row["purged_at"],
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed run and the lease to write with; resume from ``run.step`` / ``run.checkpoint``."""
+
+    run: Run
+    lease: Lease
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One ``run_transitions`` row."""
+
+    id: int
+    run_id: uuid.UUID
+    from_state: str | None
+    to_state: str
+    step: str | None
+    reason: str | None
+    evidence: Any
+    actor: str | None
+    lease_token: int | None
+    at: datetime
+
+
+def _lease_from(row: RowMapping) -> Lease:
+    return Lease(run_id=row["id"], owner=row["lease_owner"], token=row["lease_token"],
+                 version=row["version"], expires_at=row["lease_expires_at"])
+
+
+# --- plans (shared by the sync functions below and outbox.aio) -------------------------
+
+
+def start_run_plan(
+    *, workflow: str, workflow_version: str, idempotency_key: str, checkpoint: Any,
+    prompt_version: str | None, tool_schema_version: str | None,
+    settings: OutboxSettings | None,
+) -> Plan[Run]:
+    if not idempotency_key:
+        raise ConfigurationError("idempotency_key must be a non-empty string")
+    values = select(
+        literal(uuid.uuid4()), literal(workflow), literal(workflow_version),
+        literal(prompt_version), literal(tool_schema_version),
+        literal(RunState.QUEUED.value), checkpoint_value(checkpoint, settings),
+        literal(idempotency_key),
+    ).where(~exists(
+        select(workflows.c.name).where(workflows.c.name == workflow,
+                                       workflows.c.retired_at.is_not(None))))
+    inserted = (
+        pg_insert(runs)
+        .from_select(["id", "workflow", "workflow_version", "prompt_version",
+                      "tool_schema_version", "state", "checkpoint", "idempotency_key"], values)
+        .on_conflict_do_nothing(index_elements=[runs.c.idempotency_key])
+        .returning(*runs.c, literal(None).label("from_state"))
+        .cte("inserted")
+    )
+    history = fencing.history_insert(
+        inserted, [fencing.HistoryRow(RunState.QUEUED, reason="started", actor="start_run")]
+    )
+    rows = yield select(inserted).add_cte(history.cte("hist"))
+    if rows:
+        return Run.from_row(rows[0])
+    rows = yield select(runs).where(runs.c.idempotency_key == idempotency_key)
+    if rows:
+        existing = Run.from_row(rows[0])
+        if existing.workflow != workflow:
+            raise ConfigurationError(
+                f"idempotency key {idempotency_key!r} already started run {existing.id} of "
+                f"workflow {existing.workflow!r}, not {workflow!r}: use a key unique per workflow"
+            )
+        return existing
+    rows = yield select(workflows.c.retired_reason).where(workflows.c.name == workflow)
+    raise WorkflowRetired(workflow, rows[0]["retired_reason"] if rows else None)
+
+
+def _claim_once(
+    worker: str, lease_seconds: float, names: Sequence[str] | None
+) -> Plan[Claim | None]:
+    now = func.now()
+    runnable = (
+        ((runs.c.state == RunState.QUEUED) & (func.coalesce(runs.c.not_before, now) <= now))
+        | ((runs.c.state == RunState.RUNNING)
+           & (func.coalesce(runs.c.lease_expires_at, now) <= now))
+        | ((runs.c.state == RunState.WAITING) & (runs.c.not_before <= now))
+    )
+    candidate = select(runs.c.id, runs.c.state).where(
+        runnable, runs.c.purged_at.is_(None), ~fencing.retired_clause()
+    )
+    if names is not None:
+        candidate = candidate.where(runs.c.workflow.in_(list(names)))
+    candidate_cte = (
+        candidate.order_by(runs.c.created_at).limit(1)
+        .with_for_update(skip_locked=True, of=runs).cte("candidate")
+    )
+    claimed = (
+        update(runs)
+        .where(runs.c.id == candidate_cte.c.id)
+        .values(state=RunState.RUNNING.value, lease_owner=worker,
+                lease_token=runs.c.lease_token + 1,
+                lease_expires_at=now + timedelta(seconds=lease_seconds),
+                version=runs.c.version + 1, not_before=None, updated_at=now)
+        .returning(*runs.c, candidate_cte.c.state.label("from_state"))
+        .cte("claimed")
+    )
+    reason = case(
+        (claimed.c.from_state == RunState.RUNNING, f"lease expired, resumed by {worker}"),
+        (claimed.c.from_state == RunState.WAITING, f"woken, resumed by {worker}"),
+        else_=f"claimed by {worker}",
+    )
+    history = insert(run_transitions).from_select(
+        ["run_id", "from_state", "to_state", "step", "reason", "actor", "lease_token"],
+        select(claimed.c.id, claimed.c.from_state, literal(RunState.RUNNING.value),
+               claimed.c.step, reason, literal(worker), claimed.c.lease_token),
+    )
+    rows = yield select(claimed).add_cte(history.cte("hist"))
+    if not rows:
+        return None
+    return Claim(Run.from_row(rows[0]), _lease_from(rows[0]))
+
+
+def _apply_version_policy(claim: Claim, workflow: Workflow,
+                          settings: OutboxSettings | None) -> Plan[Claim | None]:
+    run, lease = claim.run, claim.lease
+    change = workflow.version_change(
+        {"workflow_version": run.workflow_version, "prompt_version": run.prompt_version,
+         "tool_schema_version": run.tool_schema_version})
+    if change is None:
+        return claim
+    policy = VersionPolicy(workflow.on_version_change)
+    running = {RunState.RUNNING.value}
+    if policy is VersionPolicy.NEEDS_REVIEW:
+        reason = f"pinned version differs from the running code ({change}); review it"
+        yield from transition_plan(lease, RunState.NEEDS_HUMAN, step=None, reason=reason,
+                                   evidence={"version_change": change}, actor=lease.owner,
+                                   checkpoint=KEEP, wake_at=None, settings=settings)
+        return None
+    values: dict[str, Any] = {}
+    if policy is VersionPolicy.MIGRATE:
+        assert workflow.migrate is not None
+        values["checkpoint"] = checkpoint_value(
+            workflow.migrate(run.checkpoint, run.workflow_version), settings)
+        values.update(workflow_version=workflow.version)
+        if workflow.prompt_version is not None:
+            values["prompt_version"] = workflow.prompt_version
+        if workflow.tool_schema_version is not None:
+            values["tool_schema_version"] = workflow.tool_schema_version
+        note = f"checkpoint migrated ({change})"
+    else:
+        note = f"continuing under the running code ({change})"
+    stmt = fencing.statement(
+        run.id, lease=lease, sources=running, values=values,
+        history=[fencing.HistoryRow(RunState.RUNNING, reason=note, actor=lease.owner,
+                                    evidence={"version_change": change, "policy": policy.value})],
+    )
+    row = yield from fencing.write(stmt, run.id, lease, RunState.RUNNING, running)
+    assert row is not None
+    return Claim(Run.from_row(row), fencing.next_lease(lease, row))
+
+
+def claim_plan(
+    *, worker: str, lease_seconds: float, workflows: Sequence[str | Workflow] | None,
+    settings: OutboxSettings | None,
+) -> Plan[Claim | None]:
+    if lease_seconds <= 0:
+        raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
+    if not worker:
+        raise ConfigurationError("worker must name the claiming worker (non-empty)")
+    names = None if workflows is None else [w if isinstance(w, str) else w.name for w in workflows]
+    code = {w.name: w for w in workflows or () if isinstance(w, Workflow)}
+    for _ in range(MAX_POLICY_SKIPS):
+        claim = yield from _claim_once(worker, lease_seconds, names)
+        if claim is None:
+            return None
+        if (workflow := code.get(claim.run.workflow)) is None:
+            return claim
+        resumed = yield from _apply_version_policy(claim, workflow, settings)
+        if resumed is not None:
+            return resumed
+    return None
+
+
+def _target_values(to: RunState) -> dict[str, Any]:
+    values: dict[str, Any] = {"state": to.value}
+    if to is not RunState.RUNNING:
+        values.update(fencing.lease_values(clear=True))
+    if to in FINISHED:
+        values["finished_at"] = func.now()
+    return values
+
+
+def _wake_value(wake_at: datetime | timedelta | None) -> Any:
+    if isinstance(wake_at, timedelta):
+        return func.now() + wake_at
+    return wake_at
+
+
+def transition_plan(
+    lease: Lease, to: RunState | str, *, step: str | None, reason: str | None, evidence: Any,
+    actor: str | None, checkpoint: Any, wake_at: datetime | timedelta | None,
+    settings: OutboxSettings | None,
+) -> Plan[Lease]:
+    target = RunState(to)
+    if target not in ALLOWED[RunState.RUNNING]:
+        raise IllegalTransition(lease.run_id, RunState.RUNNING.value, target.value,
+                                "a lease is only held while the run is running")
+    if target is RunState.DONE and evidence is None:
+        raise EvidenceRequired(lease.run_id, target.value)
+    values = _target_values(target)
+    values["reason"] = reason
+    if step is not None:
+        values["step"] = step
+    if evidence is not None:
+        values["last_evidence"] = evidence
+    if not isinstance(checkpoint, Keep):
+        values["checkpoint"] = checkpoint_value(checkpoint, settings)
+    if target is RunState.WAITING:
+        values["not_before"] = _wake_value(wake_at)
+    running = {RunState.RUNNING.value}
+    stmt = fencing.statement(
+        lease.run_id, lease=lease, sources=running, values=values,
+        history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, step=step,
+                                    actor=actor or lease.owner)],
+    )
+    row = yield from fencing.write(stmt, lease.run_id, lease, target, running)
+    assert row is not None
+    return fencing.next_lease(lease, row)
+
+
+def save_checkpoint_plan(lease: Lease, checkpoint: Any, step: str | None,
+                         settings: OutboxSettings | None) -> Plan[Lease]:
+    values: dict[str, Any] = {"checkpoint": checkpoint_value(checkpoint, settings)}
+    if step is not None:
+        values["step"] = step
+    running = {RunState.RUNNING.value}
+    stmt = fencing.statement(lease.run_id, lease=lease, sources=running, values=values)
+    row = yield from fencing.write(stmt, lease.run_id, lease, RunState.RUNNING, running)
+    assert row is not None
+    return fencing.next_lease(lease, row)
+
+
+def renew_plan(lease: Lease, lease_seconds: float) -> Plan[Lease]:
+    if lease_seconds <= 0:
+        raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
+    running = {RunState.RUNNING.value}
+    stmt = fencing.statement(
+        lease.run_id, lease=lease, sources=running,
+        values={"lease_expires_at": func.now() + timedelta(seconds=lease_seconds)},
+    )
+    row = yield from fencing.write(stmt, lease.run_id, lease, RunState.RUNNING, running)
+    assert row is not None
+    return fencing.next_lease(lease, row)
+
+
+def release_plan(lease: Lease, reason: str | None) -> Plan[None]:
+    running = {RunState.RUNNING.value}
+    note = reason or f"released by {lease.owner}"
+    stmt = fencing.statement(
+        lease.run_id, lease=lease, sources=running,
+        values={"lease_owner": None, "lease_expires_at": func.now()},
+        history=[fencing.HistoryRow(RunState.RUNNING, reason=note, actor=lease.owner)],
+    )
+    yield from fencing.write(stmt, lease.run_id, lease, RunState.RUNNING, running)
+    return None
+
+
+def move_plan(
+    run_id: uuid.UUID, to: RunState | str, *, actor: str, reason: str | None, evidence: Any,
+    not_before: datetime | timedelta | None,
+) -> Plan[Run]:
+    target = RunState(to)
+    if target is RunState.RUNNING:
+        raise IllegalTransition(run_id, "?", target.value,
+                                "a run becomes running only by claim(), which gives a lease")
+    if target is RunState.DONE and evidence is None:
+        raise EvidenceRequired(run_id, target.value)
+    allowed = {s.value for s in sources(target)}
+    values = _target_values(target)
+    values["reason"] = reason
+    if evidence is not None:
+        values["last_evidence"] = evidence
+    where: list[ColumnElement[bool]] = [
+        # a live lease belongs to a worker: only it moves the run (or wait until it expires)
+        (runs.c.state != RunState.RUNNING)
+        | (func.coalesce(runs.c.lease_expires_at, func.now()) <= func.now()),
+    ]
+    if target is RunState.QUEUED:
+        values.update(attempts=0, finished_at=None, not_before=_wake_value(not_before))
+        where.append(~fencing.retired_clause())
+    stmt = fencing.statement(
+        run_id, lease=None, sources=allowed, values=values, where=where,
+        history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, actor=actor)],
+    )
+    row = yield from fencing.write(stmt, run_id, None, target, allowed)
+    if row is None:  # only the live-lease condition is left to explain the miss
+        raise IllegalTransition(run_id, RunState.RUNNING.value, target.value,
+                                "a worker holds its lease; let it move the run, or wait until "
+                                "the lease expires")
+    return Run.from_row(row)
+
+
+def wake_plan(run_id: uuid.UUID, at: datetime | timedelta | None) -> Plan[Run]:
+    waiting = {RunState.WAITING.value}
+    when = func.now() if at is None else _wake_value(at)
+    stmt = fencing.statement(run_id, lease=None, sources=waiting, values={"not_before": when})
+    row = yield from fencing.write(stmt, run_id, None, RunState.RUNNING, waiting)
+    assert row is not None
+    return Run.from_row(row)
+
+
+def get_run_plan(run_id: uuid.UUID) -> Plan[Run]:
+    rows = yield select(runs).where(runs.c.id == run_id)
+    if not rows:
+        raise RunNotFound(run_id)
+    return Run.from_row(rows[0])
+
+
+def history_plan(run_id: uuid.UUID) -> Plan[list[Transition]]:
+    t = run_transitions
+    rows = yield select(t).where(t.c.run_id == run_id).order_by(t.c.id)
+    return [Transition(**dict(row)) for row in rows]
+
+
+# --- the sync API ---------------------------------------------------------------------
+
+
+def start_run(
+    conn: SyncConn,
+    *,
+    workflow: str,
+    workflow_version: str,
+    idempotency_key: str,
+    checkpoint: Any = None,
+    prompt_version: str | None = None,
+    tool_schema_version: str | None = None,
+    settings: OutboxSettings | None = None,
+) -> Run:
+    """Queue a run of *workflow*, or return the run *idempotency_key* already started.
+
+    Never commits. The key is kept forever, even after retention purged the run (then
+    ``run.purged`` is true): a reused key never starts the work again. Raises
+    :class:`WorkflowRetired` for a retired workflow and :class:`CheckpointTooLarge`.
+    """
+    return run_plan(conn, start_run_plan(
+        workflow=workflow, workflow_version=workflow_version, idempotency_key=idempotency_key,
+        checkpoint=checkpoint, prompt_version=prompt_version,
+        tool_schema_version=tool_schema_version, settings=settings), settings)
+
+
+def claim(
+    conn: SyncConn,
+    *,
+    worker: str,
+    lease_seconds: float,
+    workflows: Sequence[str | Workflow] | None = None,
+    settings: OutboxSettings | None = None,
+) -> Claim | None:
+    """Lease one runnable run to *worker*, or return ``None``; never commits.
+
+    Runnable: ``queued`` whose ``not_before`` passed, ``waiting`` whose wake-up time
+    passed, or ``running`` whose lease expired (it stays running; the history says who
+    took it over). Rows locked by other claimers are skipped (``FOR UPDATE SKIP LOCKED``),
+    the lease token grows by one, times come from the database clock. Runs of retired
+    workflows are never claimed. Pass :class:`Workflow` objects to apply their version
+    policy to runs pinned to other versions. Commit promptly: the row stays locked until then.
+    """
+    return run_plan(conn, claim_plan(worker=worker, lease_seconds=lease_seconds,
+                                     workflows=workflows, settings=settings), settings)
+
+
+def transition(
+    conn: SyncConn,
+    lease: Lease,
+    to: RunState | str,
+    *,
+    step: str | None = None,
+    reason: str | None = None,
+    evidence: Any = None,
+    actor: str | None = None,
+    checkpoint: Any = KEEP,
+    wake_at: datetime | timedelta | None = None,
+    settings: OutboxSettings | None = None,
+) -> Lease:
+    """Move the leased run to *to* and append its history row, in one statement; never commits.
+
+    ``done`` needs *evidence*. Leaving ``running`` ends the lease (the returned lease only
+    proves the move). ``waiting`` runs are claimable again after *wake_at* (or after
+    :func:`wake`). Raises :class:`LeaseLost`, :class:`IllegalTransition`,
+    :class:`EvidenceRequired`, :class:`CheckpointTooLarge`; then nothing was written.
+    """
+    return run_plan(conn, transition_plan(
+        lease, to, step=step, reason=reason, evidence=evidence, actor=actor,
+        checkpoint=checkpoint, wake_at=wake_at, settings=settings), settings)
+
+
+def save_checkpoint(conn: SyncConn, lease: Lease, checkpoint: Any, *, step: str | None = None,
+                    settings: OutboxSettings | None = None) -> Lease:
+    """Store *checkpoint* (and *step*) for the leased run; never commits."""
+    bounded(checkpoint, settings)
+    return run_plan(conn, save_checkpoint_plan(lease, checkpoint, step, settings), settings)
+
+
+def renew(conn: SyncConn, lease: Lease, lease_seconds: float, *,
+          settings: OutboxSettings | None = None) -> Lease:
+    """Heartbeat: extend the lease to ``now() + lease_seconds``; never commits."""
+    return run_plan(conn, renew_plan(lease, lease_seconds), settings)
+
+
+def release(conn: SyncConn, lease: Lease, *, reason: str | None = None,
+            settings: OutboxSettings | None = None) -> None:
+    """Give the run back (it stays ``running`` with an expired lease, claimable at once);
+    never commits."""
+    run_plan(conn, release_plan(lease, reason), settings)
+
+
+def move(
+    conn: SyncConn,
+    run_id: uuid.UUID,
+    to: RunState | str,
+    *,
+    actor: str,
+    reason: str | None = None,
+    evidence: Any = None,
+    not_before: datetime | timedelta | None = None,
+    settings: OutboxSettings | None = None,
+) -> Run:
+    """Move a run nobody holds a lease on (an operator's action, e.g. requeue a failed run).
+
+    Never commits. Refuses runs whose worker's lease is still live, moves not in the table,
+    purged runs, and requeues of retired workflows (:class:`WorkflowRetired`).
+    """
+    return run_plan(conn, move_plan(run_id, to, actor=actor, reason=reason, evidence=evidence,
+                                    not_before=not_before), settings)
+
+
+def wake(conn: SyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
+         settings: OutboxSettings | None = None) -> Run:
+    """Make a ``waiting`` run claimable at *at* (default: now); never commits."""
+    return run_plan(conn, wake_plan(run_id, at), settings)
+
+
+def get_run(conn: SyncConn, run_id: uuid.UUID, *,
+            settings: OutboxSettings | None = None) -> Run:
+    """The run as stored (:class:`RunNotFound` if there is none)."""
+    return run_plan(conn, get_run_plan(run_id), settings)
+
+
+def history(conn: SyncConn, run_id: uuid.UUID, *,
+            settings: OutboxSettings | None = None) -> list[Transition]:
+    """The run's history rows, oldest first."""
+    return run_plan(conn, history_plan(run_id), settings)

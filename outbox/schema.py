@@ -1,0 +1,12 @@
+"""Placing the Core tables in the configured PostgreSQL schema."""
+
+from __future__ import annotations
+
+from outbox.settings import OutboxSettings
+from outbox.tables import SCHEMA
+
+
+def translate(settings: OutboxSettings) -> dict[str | None, str | None]:
+    """The ``schema_translate_map`` execution option that puts :mod:`outbox.tables` in
+    ``settings.schema_name``: ``conn.execution_options(schema_translate_map=translate(s))``."""
+    return {SCHEMA: settings.schema_name}

@@ -1,0 +1,46 @@
+"""Fixtures shared by the agent-run integration tests (real PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import Engine, inspect
+
+from outbox.tables import metadata, run_archive
+
+
+@pytest.fixture
+def runs_engine(engine: Engine) -> Engine:
+    """The per-test engine on the migrated template database.
+
+    Until the migrations include ``run_archive`` (outbox/migrations/NOTES-runs.txt) the
+    table is created here from the metadata; once they do, this adds nothing.
+    """
+    if not inspect(engine).has_table(run_archive.name, schema=run_archive.schema):
+        metadata.create_all(engine, tables=[run_archive])
+    return engine
+
+
+RUN_TABLES = ("agent_runs", "run_transitions", "step_results", "approvals", "artifacts")
+
+
+Snapshot = Callable[[], dict[str, list[tuple[object, ...]]]]
+
+
+@pytest.fixture
+def snapshot(runs_engine: Engine) -> Snapshot:
+    """Every row of the run tables, in a stable order: compare two to prove nothing changed."""
+
+    def take() -> dict[str, list[tuple[object, ...]]]:
+        with runs_engine.connect() as conn:
+            return {
+                name: sorted(
+                    (tuple(row) for row in conn.execute(metadata.tables[f"outboxkit.{name}"]
+                                                        .select())),
+                    key=repr,
+                )
+                for name in RUN_TABLES
+            }
+
+    return take

@@ -1,0 +1,34 @@
+"""The run-side names outbox exports (other components add theirs; this pins ours)."""
+
+from __future__ import annotations
+
+import outbox
+from outbox import aio, runs
+
+RUN_API = {
+    "Approval", "ApprovalCheck", "ApprovalInvalid", "ArtifactNotFound", "ArtifactRef",
+    "CheckpointTooLarge", "Claim", "EvidenceRequired", "Failure", "IllegalTransition", "Lease",
+    "LeaseLost", "RetryPolicy", "Run", "RunError", "RunNotFound", "RunState",
+    "StepAlreadyRecorded", "StepRecord", "StepRun", "Transition", "VersionPolicy", "Workflow",
+    "WorkflowRetired", "claim", "get_run", "grant", "handle_failure", "history",
+    "load_artifact", "move", "purge", "purge_batch", "record", "recorded", "register",
+    "release", "renew", "request_approval", "retire", "revalidate", "revoke", "run_step",
+    "save_checkpoint", "start_run", "store_artifact", "transition", "wake",
+}
+
+
+def test_outbox_exports_the_run_api_sorted_and_importable() -> None:
+    assert set(outbox.__all__) >= RUN_API
+    assert outbox.__all__ == sorted(outbox.__all__)
+    assert all(hasattr(outbox, name) for name in outbox.__all__)
+
+
+def test_every_sync_writer_has_an_async_twin() -> None:
+    sync_writers = {"start_run", "claim", "transition", "save_checkpoint", "renew", "release",
+                    "move", "wake", "get_run", "history", "record", "recorded", "run_step",
+                    "handle_failure", "store_artifact", "load_artifact", "request_approval",
+                    "grant", "revoke", "revalidate", "register", "retire", "purge_batch"}
+    assert sync_writers <= set(aio.__all__)
+    assert all(callable(getattr(aio, name)) for name in aio.__all__)
+    assert runs.claim.__doc__ is not None
+    assert "never commits" in runs.claim.__doc__.lower()
