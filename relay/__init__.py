@@ -1,3 +1,9 @@
-"""outboxkit's `relay` package (its contents land with its own issue)."""
+"""outboxkit's relay: publishes committed outbox rows to Kafka, per key in order, at least once.
 
-__all__: list[str] = []
+Run it with ``python -m relay`` (or ``outbox relay``); embed it with :class:`Relay`.
+"""
+
+from relay.daemon import Relay
+from relay.settings import RelaySettings
+
+__all__ = ["Relay", "RelaySettings"]

@@ -1,0 +1,179 @@
+"""Reading the backlog of owned lanes and recording what Kafka acknowledged.
+
+Rows are claimed by state (``pending``), never by a high-water mark: a row committed late
+with a lower id than rows already published is still pending, so the next claim finds it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from relay.sql import sql
+
+# One index range scan per lane (lane, id) over the partial index of pending rows: the cost
+# depends on the batch size, not on how many rows are pending. The join on relay_lanes
+# fences the claim: a relay whose lane was taken over (token moved on) claims nothing there.
+CLAIM = """
+SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+       m.created_at, m.lane, m.attempts
+FROM unnest(CAST(:lanes AS int[]), CAST(:tokens AS bigint[])) WITH ORDINALITY AS o(lane, token, pos)
+JOIN {schema}.relay_lanes AS l
+  ON l.lane = o.lane AND l.token = o.token AND l.owner = :relay_id AND l.expires_at > now()
+CROSS JOIN LATERAL (
+    SELECT * FROM {schema}.outbox_messages AS m
+    WHERE m.lane = o.lane AND m.status = 'pending'
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.outbox_messages AS f
+          WHERE f.status = 'failed' AND f.blocking AND f.lane = m.lane
+            AND f.topic = m.topic AND f.key = m.key AND f.id < m.id)
+    ORDER BY m.id
+    LIMIT :limit
+) AS m
+ORDER BY o.pos, m.id
+LIMIT :limit
+"""
+
+MARK_PUBLISHED = """
+UPDATE {schema}.outbox_messages AS m
+SET status = 'published', published_at = now(), attempts = m.attempts + 1,
+    kafka_partition = v.partition, kafka_offset = v.kafka_offset, last_error = NULL
+FROM unnest(CAST(:ids AS bigint[]), CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
+     AS v(id, partition, kafka_offset)
+WHERE m.id = v.id AND m.status = 'pending'
+"""
+
+MARK_FAILED = """
+UPDATE {schema}.outbox_messages AS m
+SET status = 'failed', attempts = m.attempts + 1, last_error = v.error, failed_at = now(),
+    blocking = v.blocking, kafka_partition = v.partition, kafka_offset = v.kafka_offset
+FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]), CAST(:blocking AS bool[]),
+            CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
+     AS v(id, error, blocking, partition, kafka_offset)
+WHERE m.id = v.id AND m.status = 'pending'
+"""
+
+NOTE_TRANSIENT = """
+UPDATE {schema}.outbox_messages SET attempts = attempts + 1, last_error = :error
+WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'pending'
+"""
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    id: int
+    message_id: uuid.UUID
+    topic: str
+    key: bytes | None
+    message_type: str
+    payload: bytes
+    headers: dict[str, Any]
+    created_at: datetime
+    lane: int
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Published:
+    row: OutboxRow
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    row: OutboxRow
+    error: str
+    permanent: bool
+    # Where the dead-letter copy landed, when there is one.
+    partition: int | None = None
+    offset: int | None = None
+
+
+def claim(
+    conn: Connection,
+    schema: str,
+    *,
+    relay_id: str,
+    lanes: dict[int, int],
+    limit: int,
+    rotate: int = 0,
+) -> list[OutboxRow]:
+    """Up to *limit* pending rows of the owned *lanes*, each lane's rows in id order.
+
+    *rotate* shifts which lane is read first, so a busy lane cannot starve the others.
+    """
+    if not lanes:
+        return []
+    order = sorted(lanes)
+    shift = rotate % len(order)
+    order = order[shift:] + order[:shift]
+    result = conn.execute(
+        sql(CLAIM, schema),
+        {
+            "lanes": order,
+            "tokens": [lanes[lane] for lane in order],
+            "relay_id": relay_id,
+            "limit": limit,
+        },
+    )
+    return [
+        OutboxRow(
+            r.id,
+            r.message_id,
+            r.topic,
+            bytes(r.key) if r.key is not None else None,
+            r.message_type,
+            bytes(r.payload),
+            dict(r.headers or {}),
+            r.created_at,
+            r.lane,
+            r.attempts,
+        )
+        for r in result
+    ]
+
+
+def record(
+    conn: Connection,
+    schema: str,
+    published: list[Published],
+    failed: list[Failed],
+    *,
+    blocking: bool,
+) -> None:
+    """Mark acknowledged rows published (with partition and offset) and refused rows failed."""
+    if published:
+        conn.execute(
+            sql(MARK_PUBLISHED, schema),
+            {
+                "ids": [p.row.id for p in published],
+                "partitions": [p.partition for p in published],
+                "offsets": [p.offset for p in published],
+            },
+        )
+    permanent = [f for f in failed if f.permanent]
+    if permanent:
+        conn.execute(
+            sql(MARK_FAILED, schema),
+            {
+                "ids": [f.row.id for f in permanent],
+                "errors": [f.error[:2000] for f in permanent],
+                "blocking": [blocking and f.offset is None for f in permanent],
+                "partitions": [f.partition for f in permanent],
+                "offsets": [f.offset for f in permanent],
+            },
+        )
+    transient = [f for f in failed if not f.permanent]
+    if transient:
+        conn.execute(
+            sql(NOTE_TRANSIENT, schema),
+            {
+                "ids": [f.row.id for f in transient],
+                "error": transient[0].error[:2000],
+            },
+        )

@@ -1,0 +1,432 @@
+"""The relay daemon: claim a batch of owned lanes, send it, wait for the acks, mark it.
+
+The loop is single-threaded on purpose: one batch in flight at a time keeps the order of
+each lane obvious. Background work (lane heartbeats, the fallback poll, sweeping dead
+relays, retention, metrics) runs as APScheduler jobs whose bodies are plain functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from outbox.dsn import libpq_url, redact, sqlalchemy_url
+from outbox.errors import ConfigurationError
+from outbox.settings import OutboxSettings
+from relay.claims import Failed, OutboxRow, Published, claim, record
+from relay.http import HealthServer
+from relay.lanes import LaneManager
+from relay.metrics import RelayMetrics
+from relay.publisher import Publisher, describe
+from relay.retention import purge_published
+from relay.settings import RelaySettings
+from relay.sql import sql
+from relay.wakeup import SET_IDLE, Listener
+
+log = logging.getLogger(__name__)
+
+BACKLOG = """
+SELECT count(*) AS backlog, extract(epoch FROM now() - min(created_at)) AS oldest_age,
+       (SELECT count(*) FROM {schema}.outbox_messages WHERE status = 'failed') AS failed
+FROM {schema}.outbox_messages WHERE status = 'pending'
+"""
+
+
+class Relay:
+    """One relay process. ``run()`` blocks until ``stop()`` (e.g. from a signal handler)."""
+
+    def __init__(
+        self, settings: RelaySettings, outbox_settings: OutboxSettings | None = None
+    ) -> None:
+        self.settings = settings
+        self.outbox = outbox_settings or OutboxSettings()
+        url = settings.resolved_database_url()
+        if not url:
+            raise ConfigurationError(
+                "no database URL: set OUTBOXKIT_RELAY_DATABASE_URL (or OUTBOXKIT_DATABASE_URL) "
+                "or pass --database-url"
+            )
+        if not settings.resolved_bootstrap():
+            raise ConfigurationError(
+                "no Kafka bootstrap servers: set OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP (or "
+                "OUTBOXKIT_KAFKA_BOOTSTRAP) or pass --kafka-bootstrap"
+            )
+        self._url = url
+        self.schema = self.outbox.schema_name
+        self.engine: Engine = create_engine(
+            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
+        )
+        self.metrics = RelayMetrics()
+        self.lanes = LaneManager(
+            self.engine,
+            schema=self.schema,
+            relay_id=settings.relay_id,
+            lanes=self.outbox.lanes,
+            lease_seconds=settings.lane_lease_seconds,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+        self.wake = threading.Event()
+        self._stop = threading.Event()
+        self._ready = False
+        self._last_loop = time.monotonic()
+        self._idle = False
+        self._rotate = 0
+        self._failures = 0
+        self.publisher: Publisher | None = None
+        self.http: HealthServer | None = None
+        self._scheduler: BackgroundScheduler | None = None
+        self._listener: Listener | None = None
+
+    # --- probes -------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return self._ready and not self._stop.is_set()
+
+    def healthy(self) -> bool:
+        # A loop stuck longer than one delivery timeout plus slack is not healthy.
+        bound = self.settings.delivery_timeout_ms / 1000 + 60
+        return time.monotonic() - self._last_loop < bound
+
+    def _set_ready(self, value: bool) -> None:
+        if value != self._ready:
+            log.info(
+                "relay %s is %s",
+                self.settings.relay_id,
+                "ready" if value else "not ready",
+                extra={"event": "relay.ready" if value else "relay.not_ready"},
+            )
+        self._ready = value
+        self.metrics.ready.set(1 if value else 0)
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the loop to finish its batch, hand back its lanes and return."""
+        self._stop.set()
+        self.wake.set()
+
+    def run(self) -> int:
+        s = self.settings
+        log.info(
+            "relay %s starting (database %s, kafka %s, %d lanes)",
+            s.relay_id,
+            redact(self._url),
+            s.resolved_bootstrap(),
+            self.outbox.lanes,
+            extra={"event": "relay.start"},
+        )
+        if s.http_port:
+            self.http = HealthServer(
+                s.http_host, s.http_port, self.metrics.registry, self.healthy, self.ready
+            )
+            self.http.start()
+        self._listener = Listener(libpq_url(self._url), self.outbox.notify_channel, self.wake)
+        self._listener.start()
+        try:
+            self._connect()
+            self._start_scheduler()
+            self._loop()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _connect(self) -> None:
+        """Create the producer and take lanes, retrying transient failures with backoff."""
+        while not self._stop.is_set():
+            try:
+                if self.publisher is None:
+                    self.publisher = self._make_publisher()
+                self.lanes.heartbeat()
+                self._failures = 0
+                self._set_ready(True)
+                return
+            except ConfigurationError:
+                raise
+            except Exception as exc:
+                self._set_ready(False)
+                self._backoff(f"start-up failed: {describe(exc)}")
+
+    def _make_publisher(self) -> Publisher:
+        try:
+            return Publisher(self.settings)
+        except (ValueError, TypeError) as exc:  # kafka-python's word for a bad config
+            raise ConfigurationError(f"the Kafka producer refused its settings: {exc}") from exc
+
+    def _start_scheduler(self) -> None:
+        s = self.settings
+        sched = BackgroundScheduler(
+            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        )
+        now = datetime.now(UTC)
+        sched.add_job(
+            self._heartbeat_job,
+            "interval",
+            seconds=s.lane_lease_seconds / 3,
+            id="lanes",
+            next_run_time=now,
+        )
+        sched.add_job(self.wake.set, "interval", seconds=s.poll_interval_seconds, id="poll")
+        sched.add_job(
+            self._job(self.lanes.forget_dead_relays),
+            "interval",
+            seconds=max(30.0, s.lane_lease_seconds * 5),
+            id="sweep",
+        )
+        if s.published_retention_seconds > 0:
+            sched.add_job(
+                self._job(self._retention),
+                "interval",
+                seconds=30,
+                id="retention",
+                next_run_time=now,
+            )
+        sched.add_job(
+            self._job(self._refresh_metrics), "interval", seconds=5, id="metrics", next_run_time=now
+        )
+        sched.start()
+        self._scheduler = sched
+
+    def _job(self, fn: object) -> object:
+        def run() -> None:
+            try:
+                fn()  # type: ignore[operator]
+            except Exception as exc:
+                log.warning(
+                    "relay job %s failed: %s",
+                    getattr(fn, "__name__", fn),
+                    describe(exc),
+                    extra={"event": "relay.job_failed"},
+                )
+
+        return run
+
+    def _heartbeat_job(self) -> None:
+        try:
+            owned = self.lanes.heartbeat()
+            self.metrics.lanes_owned.set(len(owned.tokens))
+        except SQLAlchemyError as exc:
+            self._set_ready(False)
+            log.warning(
+                "lane heartbeat failed: %s",
+                describe(exc),
+                extra={"event": "relay.heartbeat_failed"},
+            )
+
+    def _retention(self) -> None:
+        deleted = purge_published(
+            self.engine,
+            self.schema,
+            older_than_s=self.settings.published_retention_seconds,
+            batch=self.settings.retention_batch,
+        )
+        if deleted:
+            log.info("deleted %d published rows", deleted, extra={"event": "relay.retention"})
+
+    def _refresh_metrics(self) -> None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sql(BACKLOG, self.schema)).one()
+        self.metrics.backlog.set(row.backlog)
+        self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
+        self.metrics.failed_rows.set(row.failed)
+
+    def _shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+        try:
+            self.lanes.leave()
+        except Exception as exc:
+            log.warning(
+                "could not release lanes: %s", describe(exc), extra={"event": "relay.leave_failed"}
+            )
+        if self.publisher is not None:
+            self.publisher.close(timeout_s=5)
+        if self._listener is not None:
+            self._listener.stop()
+        if self.http is not None:
+            self.http.stop()
+        self.engine.dispose()
+        log.info("relay %s stopped", self.settings.relay_id, extra={"event": "relay.stop"})
+
+    # --- the loop -----------------------------------------------------------------------
+    def _backoff(self, reason: str) -> None:
+        s = self.settings
+        delay = min(s.backoff_max_seconds, s.backoff_initial_seconds * 2**self._failures)
+        delay *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
+        self._failures += 1
+        log.warning("%s; retrying in %.2f s", reason, delay, extra={"event": "relay.backoff"})
+        self._stop.wait(delay)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._last_loop = time.monotonic()
+            self.lanes.release_pending()
+            owned = self.lanes.owned()
+            if not owned:
+                self._wait()
+                continue
+            try:
+                rows = self._claim(owned)
+                if not rows and not self._idle:
+                    self._declare_idle(True)
+                    rows = self._claim(owned)  # a commit may have slipped in before we said so
+            except SQLAlchemyError as exc:
+                self._set_ready(False)
+                self._backoff(f"claiming failed: {describe(exc)}")
+                continue
+            if not rows:
+                self._wait()
+                continue
+            try:
+                if self._idle:
+                    self._declare_idle(False)
+                self._process(rows)
+            except Exception as exc:
+                # The batch's rows stay pending (or were marked); the next claim retries them.
+                log.exception(
+                    "publishing a batch failed unexpectedly", extra={"event": "relay.batch_crashed"}
+                )
+                self._set_ready(False)
+                self._backoff(f"batch failed: {describe(exc)}")
+
+    def _wait(self) -> None:
+        self.wake.wait(self.settings.poll_interval_seconds)
+        self.wake.clear()
+
+    def _claim(self, owned: dict[int, int]) -> list[OutboxRow]:
+        self._rotate += 1
+        with self.engine.begin() as conn:
+            return claim(
+                conn,
+                self.schema,
+                relay_id=self.settings.relay_id,
+                lanes=owned,
+                limit=self.settings.batch_size,
+                rotate=self._rotate,
+            )
+
+    def _declare_idle(self, idle: bool) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                sql(SET_IDLE, self.schema), {"idle": idle, "relay_id": self.settings.relay_id}
+            )
+        self._idle = idle
+
+    def _process(self, rows: list[OutboxRow]) -> None:
+        assert self.publisher is not None
+        published, failed = self._publish(rows)
+        self._record(published, failed)
+        now = time.time()
+        for p in published:
+            self.metrics.latency.observe(max(0.0, now - p.row.created_at.timestamp()))
+        self.metrics.published.inc(len(published))
+        permanent = [f for f in failed if f.permanent]
+        self.metrics.failed.inc(len(permanent))
+        self.metrics.dead_lettered.inc(sum(1 for f in permanent if f.offset is not None))
+        if any(not f.permanent for f in failed):
+            self.metrics.transient_errors.inc()
+            self._set_ready(False)
+            self._backoff(
+                f"{sum(not f.permanent for f in failed)} messages not acknowledged "
+                f"({next(f.error for f in failed if not f.permanent)})"
+            )
+        else:
+            self._failures = 0
+            self._set_ready(True)
+        if published or permanent:
+            log.debug(
+                "published %d, failed %d",
+                len(published),
+                len(permanent),
+                extra={"event": "relay.batch"},
+            )
+
+    def _publish(self, rows: list[OutboxRow]) -> tuple[list[Published], list[Failed]]:
+        assert self.publisher is not None
+        s = self.settings
+        problems = self.publisher.missing_topics({r.topic for r in rows})
+        failed: list[Failed] = []
+        sendable: list[OutboxRow] = []
+        held_keys: set[tuple[str, bytes]] = set()
+        for row in rows:
+            if row.topic in problems:
+                failed.append(Failed(row, problems[row.topic], True))
+                continue
+            key = (row.topic, row.key or b"")
+            if row.key is not None and key in held_keys:
+                continue  # behind a refused message of its key: stays pending, order kept
+            size = (
+                len(row.payload)
+                + len(row.key or b"")
+                + sum(len(k) + len(str(v)) for k, v in row.headers.items())
+            )
+            if size > s.max_request_bytes:
+                failed.append(
+                    Failed(
+                        row,
+                        f"MessageSizeTooLargeError: {size} bytes is over the "
+                        f"producer's max request size of {s.max_request_bytes}",
+                        True,
+                    )
+                )
+                if s.on_permanent_failure == "block" and row.key is not None:
+                    held_keys.add(key)
+                continue
+            sendable.append(row)
+        published, send_failed = (
+            self.publisher.send(sendable, self._slow_acks) if sendable else ([], [])
+        )
+        if any(f.permanent for f in send_failed):
+            ok, refused, left = self.publisher.isolate(
+                send_failed, block=s.on_permanent_failure == "block"
+            )
+            published += ok
+            failed += refused
+            failed += [
+                Failed(row, "not retried yet: a transient error came first", False) for row in left
+            ]
+        elif send_failed:
+            self.publisher.reset()
+            failed += send_failed
+        if s.on_permanent_failure == "dead-letter":
+            failed = [
+                self.publisher.dead_letter(f) if f.permanent and f.row.topic not in problems else f
+                for f in failed
+            ]
+        return published, failed
+
+    def _slow_acks(self, waited: float) -> None:
+        self._last_loop = time.monotonic()  # waiting on Kafka is not being stuck
+        if waited > 5 and self._ready:
+            self._set_ready(False)  # Kafka does not acknowledge: not ready until it does
+
+    def _record(self, published: list[Published], failed: list[Failed]) -> None:
+        """Mark what Kafka acknowledged; keep trying, since giving up means re-sending."""
+        blocking = self.settings.on_permanent_failure == "block"
+        attempt = 0
+        while True:
+            try:
+                with self.engine.begin() as conn:
+                    record(conn, self.schema, published, failed, blocking=blocking)
+                return
+            except SQLAlchemyError as exc:
+                attempt += 1
+                self._set_ready(False)
+                if self._stop.is_set() and attempt >= 3:
+                    # Unmarked rows are published again after restart: duplicates with the
+                    # same message id, which consumers drop. Nothing is lost.
+                    log.error(
+                        "could not mark %d published rows before shutdown: %s",
+                        len(published),
+                        describe(exc),
+                        extra={"event": "relay.mark_failed"},
+                    )
+                    return
+                self._backoff(f"marking published rows failed: {describe(exc)}")

@@ -1,0 +1,177 @@
+"""Lane ownership: how several relays share the outbox without breaking per-key order.
+
+Rows are hashed by key into a fixed number of lanes when they are emitted, so every message
+of one key is in one lane. Each lane is owned by at most one relay at a time through a
+lease row in ``relay_lanes``; acquiring a lane bumps its fencing token, and a relay claims
+rows only for lanes whose (owner, token) still match and whose lease has not run out — in
+the same SQL statement as the claim. A relay takes its fair share (lanes / live relays),
+gives back the excess when others join (between batches, never with a batch in flight),
+and a dead relay's lanes move to the others once its lease expires. Within a lane the
+owner publishes in id order, and ids of one key are in commit order (emit serialises them),
+so per-key order holds across relays, restarts and rebalances.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from relay.sql import sql
+
+log = logging.getLogger(__name__)
+
+ENSURE_LANES = """
+INSERT INTO {schema}.relay_lanes (lane)
+SELECT generate_series(0, :lanes - 1)
+ON CONFLICT (lane) DO NOTHING
+"""
+
+UPSERT_RELAY = """
+INSERT INTO {schema}.relays (relay_id, host, pid, started_at, heartbeat_at, idle)
+VALUES (:relay_id, :host, :pid, now(), now(), false)
+ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
+    pid = EXCLUDED.pid
+RETURNING (SELECT count(*) FROM {schema}.relays
+           WHERE heartbeat_at > now() - make_interval(secs => :lease)
+             AND relay_id <> :relay_id) + 1 AS live
+"""
+
+RENEW = """
+UPDATE {schema}.relay_lanes SET expires_at = now() + make_interval(secs => :lease)
+WHERE owner = :relay_id AND expires_at > now()
+RETURNING lane, token
+"""
+
+ACQUIRE = """
+UPDATE {schema}.relay_lanes AS l
+SET owner = :relay_id, token = l.token + 1,
+    expires_at = now() + make_interval(secs => :lease)
+FROM (SELECT lane FROM {schema}.relay_lanes
+      WHERE lane < :lanes AND (owner IS NULL OR expires_at <= now())
+      ORDER BY lane LIMIT :wanted FOR UPDATE SKIP LOCKED) AS free
+WHERE l.lane = free.lane
+RETURNING l.lane, l.token
+"""
+
+RELEASE = """
+UPDATE {schema}.relay_lanes SET owner = NULL, expires_at = NULL
+WHERE owner = :relay_id AND lane = ANY(:lanes)
+"""
+
+LEAVE = "DELETE FROM {schema}.relays WHERE relay_id = :relay_id"
+
+FORGET_DEAD = """
+DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => :horizon)
+"""
+
+
+@dataclass(frozen=True)
+class OwnedLanes:
+    """A snapshot of lanes and their fencing tokens, trusted only until *valid_until*."""
+
+    tokens: dict[int, int]
+    valid_until: float  # time.monotonic()
+
+    def usable(self) -> dict[int, int]:
+        return self.tokens if time.monotonic() < self.valid_until else {}
+
+
+class LaneManager:
+    """Owns this relay's lanes; ``heartbeat`` runs on a scheduler thread, the rest in the loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        schema: str,
+        relay_id: str,
+        lanes: int,
+        lease_seconds: float,
+        host: str,
+        pid: int,
+    ) -> None:
+        self._engine = engine
+        self._schema = schema
+        self.relay_id = relay_id
+        self.lanes = lanes
+        self.lease = lease_seconds
+        self._host, self._pid = host, pid
+        self._lock = threading.Lock()
+        self._owned = OwnedLanes({}, 0.0)
+        self._to_release: set[int] = set()
+        self.live_relays = 1
+
+    def heartbeat(self) -> OwnedLanes:
+        """Renew, then rebalance toward a fair share. Safe to call from any thread."""
+        started = time.monotonic()
+        params = {"relay_id": self.relay_id, "lease": self.lease, "lanes": self.lanes}
+        with self._engine.begin() as conn:
+            conn.execute(sql(ENSURE_LANES, self._schema), params)
+            live = conn.execute(
+                sql(UPSERT_RELAY, self._schema), {**params, "host": self._host, "pid": self._pid}
+            ).scalar_one()
+            tokens = {r.lane: r.token for r in conn.execute(sql(RENEW, self._schema), params)}
+            fair = math.ceil(self.lanes / max(1, int(live)))
+            if len(tokens) < fair:
+                acquired = conn.execute(
+                    sql(ACQUIRE, self._schema), {**params, "wanted": fair - len(tokens)}
+                )
+                for row in acquired:
+                    tokens[row.lane] = row.token
+        # Our clock started before the database's now(): a conservative deadline, with a
+        # margin so a batch never runs up to the very end of the lease.
+        valid_until = started + self.lease * 2 / 3
+        excess = sorted(tokens)[fair:] if len(tokens) > fair else []
+        with self._lock:
+            self._owned = OwnedLanes(tokens, valid_until)
+            self._to_release = set(excess)
+            self.live_relays = int(live)
+        if excess:
+            log.info(
+                "relay %s gives back %d lanes (%d live relays)",
+                self.relay_id,
+                len(excess),
+                live,
+                extra={"event": "relay.lanes_rebalance"},
+            )
+        return self._owned
+
+    def owned(self) -> dict[int, int]:
+        """Lanes this relay may publish now, minus those it is about to give back."""
+        with self._lock:
+            usable = self._owned.usable()
+            return {lane: tok for lane, tok in usable.items() if lane not in self._to_release}
+
+    def release_pending(self) -> None:
+        """Give back the lanes marked excess; call only between batches."""
+        with self._lock:
+            lanes = sorted(self._to_release)
+            self._to_release = set()
+            if not lanes:
+                return
+            self._owned = OwnedLanes(
+                {k: v for k, v in self._owned.tokens.items() if k not in lanes},
+                self._owned.valid_until,
+            )
+        with self._engine.begin() as conn:
+            conn.execute(sql(RELEASE, self._schema), {"relay_id": self.relay_id, "lanes": lanes})
+
+    def leave(self) -> None:
+        """Give back every lane and drop out of the relays table (graceful shutdown)."""
+        with self._lock:
+            lanes = list(range(self.lanes))
+            self._owned = OwnedLanes({}, 0.0)
+            self._to_release = set()
+        with self._engine.begin() as conn:
+            conn.execute(sql(RELEASE, self._schema), {"relay_id": self.relay_id, "lanes": lanes})
+            conn.execute(sql(LEAVE, self._schema), {"relay_id": self.relay_id})
+
+    def forget_dead_relays(self) -> None:
+        """Remove relays rows silent for ten leases (their lanes expired long before)."""
+        with self._engine.begin() as conn:
+            conn.execute(sql(FORGET_DEAD, self._schema), {"horizon": self.lease * 10})

@@ -1,0 +1,60 @@
+"""The relay's Prometheus metrics, in a registry of its own (never the global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class RelayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.backlog = Gauge(
+            "outboxkit_relay_backlog_messages",
+            "Outbox rows waiting to be published (all lanes).",
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "outboxkit_relay_oldest_pending_age_seconds",
+            "Age of the oldest pending outbox row (0 when none).",
+            registry=r,
+        )
+        self.failed_rows = Gauge(
+            "outboxkit_relay_failed_messages",
+            "Outbox rows marked failed, waiting for an operator.",
+            registry=r,
+        )
+        self.published = Counter(
+            "outboxkit_relay_published_total",
+            "Messages acknowledged by Kafka and marked published.",
+            registry=r,
+        )
+        self.failed = Counter(
+            "outboxkit_relay_failed_total",
+            "Messages Kafka refused for good (dead-lettered or blocking).",
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "outboxkit_relay_dead_lettered_total",
+            "Messages copied to a dead-letter topic.",
+            registry=r,
+        )
+        self.transient_errors = Counter(
+            "outboxkit_relay_transient_errors_total",
+            "Batches that hit a transient error and will retry.",
+            registry=r,
+        )
+        self.latency = Histogram(
+            "outboxkit_relay_publish_latency_seconds",
+            "From the row's creation to Kafka's acknowledgement.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.lanes_owned = Gauge(
+            "outboxkit_relay_lanes_owned", "Lanes this relay publishes.", registry=r
+        )
+        self.ready = Gauge(
+            "outboxkit_relay_ready", "1 while the relay can reach PostgreSQL and Kafka.", registry=r
+        )

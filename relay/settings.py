@@ -1,0 +1,108 @@
+"""Settings of the relay daemon, read from ``OUTBOXKIT_RELAY_*`` (CLI flags override)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_relay_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class RelaySettings(BaseSettings):
+    """Everything an operator tunes on a relay; every field has a safe default."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_RELAY_", frozen=True, extra="ignore")
+
+    database_url: SecretStr = Field(
+        default=SecretStr(""),
+        description="PostgreSQL URL of the database holding the outbox (falls back to "
+        "OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
+    )
+    kafka_bootstrap: str = Field(
+        default="",
+        description="Kafka bootstrap servers, comma separated (falls back to "
+        "OUTBOXKIT_KAFKA_BOOTSTRAP).",
+    )
+    relay_id: str = Field(
+        default_factory=_default_relay_id,
+        min_length=1,
+        description="Name of this relay instance in the relays table (default host-pid).",
+    )
+    batch_size: int = Field(default=1000, gt=0, le=50_000, description="Rows claimed per batch.")
+    lane_lease_seconds: float = Field(
+        default=10.0,
+        ge=1.0,
+        description="How long a relay owns its lanes without renewing; a dead relay's lanes "
+        "move to the others after this.",
+    )
+    poll_interval_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Fallback poll: the longest a committed row can wait if a NOTIFY is missed.",
+    )
+    linger_ms: int = Field(default=5, ge=0, description="kafka-python linger.ms.")
+    producer_batch_bytes: int = Field(default=262_144, gt=0, description="kafka-python batch_size.")
+    compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = Field(
+        default="lz4", description="Producer compression (lz4 needs the `lz4` package)."
+    )
+    max_request_bytes: int = Field(
+        default=1_048_576, gt=0, description="Producer max.request.size; larger rows fail."
+    )
+    delivery_timeout_ms: int = Field(
+        default=120_000,
+        gt=0,
+        description="How long the producer retries one batch before reporting it failed.",
+    )
+    create_topics: bool = Field(
+        default=True,
+        description="Create a missing topic on first use; when off, rows for it fail with "
+        "an error that names the topic.",
+    )
+    topic_partitions: int = Field(default=6, gt=0, description="Partitions of created topics.")
+    topic_replication: int = Field(default=1, gt=0, description="Replication of created topics.")
+    on_permanent_failure: Literal["dead-letter", "block"] = Field(
+        default="dead-letter",
+        description="A message Kafka refuses for good: route it to `<topic><dlq_suffix>` and "
+        "go on, or mark it failed and hold back its key until an operator retries it.",
+    )
+    dlq_suffix: str = Field(default=".dlq", min_length=1, description="Dead-letter topic suffix.")
+    published_retention_seconds: float = Field(
+        default=86_400.0,
+        ge=0,
+        description="Published rows are deleted after this long (0 keeps them forever).",
+    )
+    retention_batch: int = Field(default=5000, gt=0, description="Rows deleted per statement.")
+    http_host: str = Field(
+        default="127.0.0.1", description="Address of /metrics, /healthz, /readyz."
+    )
+    http_port: int = Field(
+        default=0, ge=0, le=65535, description="Port of the HTTP endpoints (0: none)."
+    )
+    shutdown_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="On SIGTERM, the longest to wait for in-flight acks."
+    )
+    backoff_initial_seconds: float = Field(default=0.2, gt=0, description="First retry delay.")
+    backoff_max_seconds: float = Field(default=30.0, gt=0, description="Longest retry delay.")
+    log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: str) -> str:
+        for server in filter(None, (s.strip() for s in value.split(","))):
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    def resolved_database_url(self) -> str:
+        return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
+
+    def resolved_bootstrap(self) -> str:
+        return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")

@@ -1,0 +1,68 @@
+"""Waking an idle relay on commit without making busy commits pay for NOTIFY.
+
+A transaction that NOTIFYs takes a database-wide lock at commit, so emits notify only
+while some relay has declared itself idle (``relays.idle``), which they read in the same
+statement as their INSERT. The relay declares itself idle only after a claim came back
+empty, re-checks once after declaring, and then waits for a notification or for the
+fallback poll, whichever comes first. A notification lost in the gap between an emit's
+INSERT and the relay's declaration is covered by that poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+SET_IDLE = (
+    "UPDATE {schema}.relays SET idle = :idle, heartbeat_at = now() WHERE relay_id = :relay_id"
+)
+
+
+class Listener:
+    """A thread that LISTENs on the outbox channel and sets *wake* on every notification.
+
+    It reconnects by itself with a growing pause; while it is down the fallback poll
+    still wakes the relay, only later.
+    """
+
+    def __init__(self, dsn: str, channel: str, wake: threading.Event) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._wake = wake
+        self._stop = threading.Event()
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="relay-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        pause = 0.2
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f'LISTEN "{self._channel}"')  # channel validated by settings
+                    self.connected.set()
+                    pause = 0.2
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self._wake.set()
+            except psycopg.Error as exc:
+                self.connected.clear()
+                log.warning(
+                    "LISTEN connection lost (%s); retrying in %.1f s",
+                    exc,
+                    pause,
+                    extra={"event": "relay.listen_lost"},
+                )
+                self._stop.wait(pause)
+                pause = min(pause * 2, 10.0)
+        self.connected.clear()

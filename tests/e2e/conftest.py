@@ -1,0 +1,119 @@
+"""Helpers for end-to-end tests: relays as real OS processes, emits, and reading Kafka back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from sqlalchemy import Engine, text
+
+from outbox.dsn import sqlalchemy_url
+from outbox.emit import emit
+from outbox.envelope import Envelope
+
+
+@dataclass
+class RelayProcesses:
+    """Starts ``python -m relay`` processes and stops exactly those, by pid."""
+
+    database_url: str
+    kafka_bootstrap: str
+    log_dir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, relay_id: str | None = None, **settings: Any) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "OUTBOXKIT_RELAY_DATABASE_URL": sqlalchemy_url(self.database_url),
+            "OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "OUTBOXKIT_RELAY_RELAY_ID": relay_id or f"relay-{uuid.uuid4().hex[:6]}",
+            "OUTBOXKIT_RELAY_LANE_LEASE_SECONDS": "3",
+            "OUTBOXKIT_RELAY_POLL_INTERVAL_SECONDS": "0.5",
+        }
+        env.update({f"OUTBOXKIT_RELAY_{k.upper()}": str(v) for k, v in settings.items()})
+        log = (self.log_dir / f"{env['OUTBOXKIT_RELAY_RELAY_ID']}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relay"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def relays(database_url: str, kafka_bootstrap: str, tmp_path: Path) -> Iterator[RelayProcesses]:
+    procs = RelayProcesses(database_url, kafka_bootstrap, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+def emit_batch(engine: Engine, envelopes: list[Envelope]) -> None:
+    with engine.begin() as conn:
+        for envelope in envelopes:
+            emit(conn, envelope)
+
+
+def count_status(engine: Engine, status: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM outboxkit.outbox_messages WHERE status = :s"),
+                {"s": status},
+            ).scalar_one()
+        )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60) -> list[Any]:
+    """Every record in *topic* from the beginning up to its current end offsets."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        group_id=None,
+    )
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        consumer.assign(partitions)
+        end = consumer.end_offsets(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in partitions):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not read {topic} to its end in {timeout_s} s")
+            for batch in consumer.poll(timeout_ms=500, max_records=5000).values():
+                records.extend(batch)
+        return records
+    finally:
+        consumer.close()

@@ -1,0 +1,194 @@
+"""Kafka outages and messages Kafka refuses: nothing lost, the rest keeps flowing."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from sqlalchemy import Engine, text
+
+from outbox.envelope import Envelope
+from outbox.testing.services import LocalServices
+from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
+from tests.e2e.test_relay_publishes import _free_port, _get
+
+
+def make_topic(bootstrap: str, name: str, **config: str) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, 1, 1, topic_configs=config)])
+    finally:
+        admin.close()
+
+
+def big_payload(size: int) -> dict[str, str]:
+    return {"blob": os.urandom(size // 2).hex()}  # random: compression cannot shrink it
+
+
+@pytest.mark.timeout(300)
+def test_broker_stopped_for_20s_under_load_then_everything_arrives(
+    engine: Engine, relays: RelayProcesses, tmp_path: Path, database_url: str
+) -> None:
+    # A broker of its own: stopping the session's broker would disturb other tests.
+    services = LocalServices(tmp_path / "outage")
+    broker = services.start_kafka()
+    relays.kafka_bootstrap = broker.bootstrap
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    port = _free_port()
+    proc = relays.start("outage", http_port=port, delivery_timeout_ms=300_000)
+    readiness: list[int] = []
+    stop, stop_probe = threading.Event(), threading.Event()
+
+    def probe() -> None:
+        while not stop_probe.is_set():
+            readiness.append(_get(port, "/readyz")[0])
+            time.sleep(0.25)
+
+    def load() -> None:
+        i = 0
+        while not stop.is_set():
+            emit_batch(
+                engine,
+                [
+                    Envelope(topic=topic, type="t", key=f"k{(i + j) % 20}", payload={"i": i + j})
+                    for j in range(20)
+                ],
+            )
+            i += 20
+            time.sleep(0.05)
+
+    prober, writer = threading.Thread(target=probe), threading.Thread(target=load)
+    try:
+        prober.start()
+        writer.start()
+        wait_until(lambda: count_status(engine, "published") > 100, 60, "publishing under load")
+        services.stop_kafka()
+        outage_started = len(readiness)
+        time.sleep(20)
+        assert proc.poll() is None, "the relay crashed while the broker was down"
+        went_unready = 503 in readiness[outage_started:]
+        services.start_kafka()
+        time.sleep(3)
+        stop.set()
+        writer.join()
+        wait_until(lambda: count_status(engine, "pending") == 0, 120, "the backlog to drain")
+        wait_until(lambda: readiness[-1] == 200, 30, "readiness to come back")
+        in_kafka = {
+            dict(r.headers)["message-id"].decode() for r in read_topic(broker.bootstrap, topic)
+        }
+    finally:
+        stop.set()
+        stop_probe.set()
+        prober.join()
+        writer.join()
+        services.down()
+    assert went_unready
+    assert proc.poll() is None
+    with engine.connect() as conn:
+        committed = {
+            str(m)
+            for (m,) in conn.execute(text("SELECT message_id FROM outboxkit.outbox_messages"))
+        }
+    assert committed == in_kafka
+    assert count_status(engine, "failed") == 0
+
+
+def test_message_the_broker_refuses_goes_to_the_dead_letter_topic_and_the_rest_flows(
+    engine: Engine, kafka_bootstrap: str, relays: RelayProcesses
+) -> None:
+    topic = f"poison-{uuid.uuid4().hex[:8]}"
+    make_topic(kafka_bootstrap, topic, **{"max.message.bytes": "4000"})
+    poison = Envelope(topic=topic, type="t", key="k1", payload=big_payload(20_000))
+    emit_batch(
+        engine,
+        [
+            Envelope(topic=topic, type="t", key="k1", payload={"i": 0}),
+            poison,
+            *[
+                Envelope(topic=topic, type="t", key=f"k{i % 3}", payload={"i": i})
+                for i in range(1, 30)
+            ],
+        ],
+    )
+    relays.start()
+    wait_until(lambda: count_status(engine, "published") == 30, 60, "30 published")
+    wait_until(lambda: count_status(engine, "failed") == 1, 30, "the poison marked failed")
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT status, last_error, blocking, kafka_offset FROM outboxkit.outbox_messages "
+                "WHERE message_id = :m"
+            ),
+            {"m": poison.message_id},
+        ).one()
+    assert "MessageSizeTooLarge" in row.last_error
+    assert row.blocking is False
+    assert row.kafka_offset is not None  # where the dead-letter copy landed
+    dead = read_topic(kafka_bootstrap, topic + ".dlq")
+    assert len(dead) == 1
+    headers = dict(dead[0].headers)
+    assert headers["message-id"] == str(poison.message_id).encode()
+    assert b"MessageSizeTooLarge" in headers["x-outboxkit-error"]
+    assert headers["x-outboxkit-original-topic"] == topic.encode()
+
+
+def test_block_mode_holds_back_the_refused_key_until_an_operator_retries(
+    engine: Engine, kafka_bootstrap: str, relays: RelayProcesses
+) -> None:
+    topic = f"block-{uuid.uuid4().hex[:8]}"
+    make_topic(kafka_bootstrap, topic, **{"max.message.bytes": "4000"})
+    emit_batch(engine, [Envelope(topic=topic, type="t", key="stuck", payload=big_payload(20_000))])
+    emit_batch(
+        engine,
+        [Envelope(topic=topic, type="t", key="stuck", payload={"after": i}) for i in range(5)],
+    )
+    emit_batch(
+        engine, [Envelope(topic=topic, type="t", key="free", payload={"i": i}) for i in range(10)]
+    )
+    relays.start(on_permanent_failure="block")
+    wait_until(lambda: count_status(engine, "published") == 10, 60, "the free key published")
+    time.sleep(2)  # several more claim rounds: the stuck key must stay held back
+    assert count_status(engine, "failed") == 1
+    assert count_status(engine, "pending") == 5
+    assert (
+        read_topic(kafka_bootstrap, topic + ".dlq", timeout_s=5) == []
+        if _topic_exists(kafka_bootstrap, topic + ".dlq")
+        else True
+    )
+
+    # The operator raises the topic's limit, then retries the failed message.
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": "2000000"}
+                )
+            ]
+        )
+    finally:
+        admin.close()
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE outboxkit.outbox_messages SET status = 'pending', "
+                "blocking = false WHERE status = 'failed'"
+            )
+        )
+    wait_until(lambda: count_status(engine, "published") == 16, 60, "all 16 published")
+    stuck = [r for r in read_topic(kafka_bootstrap, topic) if r.key == b"stuck"]
+    assert [len(r.value) > 1000 for r in stuck] == [True, False, False, False, False, False]
+
+
+def _topic_exists(bootstrap: str, topic: str) -> bool:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return topic in admin.list_topics()
+    finally:
+        admin.close()
