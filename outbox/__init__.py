@@ -3,7 +3,7 @@
 from outbox.approvals import Approval, ApprovalCheck, grant, request_approval, revalidate, revoke
 from outbox.artifacts import ArtifactRef, load_artifact, store_artifact
 from outbox.confirm import apply_confirmation, apply_confirmation_async
-from outbox.emit import emit, emit_async
+from outbox.emit import emit, emit_async, emit_many, emit_many_async
 from outbox.envelope import Envelope
 from outbox.errors import (
     ApprovalInvalid,
@@ -84,6 +84,8 @@ __all__ = [
     "claim",
     "emit",
     "emit_async",
+    "emit_many",
+    "emit_many_async",
     "get_run",
     "grant",
     "handle_failure",

@@ -9,7 +9,8 @@ One statement does everything, so emitting costs one round trip:
   row's id is drawn and held until commit, so for one key id order *is* commit order and the
   relay, which publishes in id order, keeps Kafka in commit order. Emitting several keys in
   one transaction in different orders from concurrent transactions can deadlock (PostgreSQL
-  then aborts one): emit a transaction's keys in a consistent order;
+  then aborts one): emit a transaction's keys in a consistent order, or use
+  :func:`emit_many`, which takes the locks in one global order;
 * **wake** — ``pg_notify`` fires only while some relay has declared itself idle (and is
   heartbeating): a transaction that NOTIFYs takes a database-wide lock at commit, so a busy
   system, whose relays poll anyway, never pays for it.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Row
@@ -77,6 +79,59 @@ async def emit_async(
     except ProgrammingError as exc:
         raise _translated(exc, settings) from exc
     return _outcome(row, params, lease)
+
+
+def emit_many(
+    conn: SyncConn,
+    envelopes: Sequence[Envelope],
+    *,
+    lease: Lease | None = None,
+    settings: OutboxSettings | None = None,
+) -> list[uuid.UUID]:
+    """Emit several messages in the caller's transaction, deadlock-free; never commits.
+
+    Every envelope is validated before the first statement is sent, so one bad message
+    leaves the transaction untouched. The per-key locks are then taken in one global order
+    (by lock key; a stable sort, so messages of one key keep the order given), which is what
+    keeps concurrent multi-key transactions from deadlocking on each other. Returns the
+    message ids in the order of *envelopes*.
+    """
+    resolved = settings or default_settings()
+    prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    for sql, params in sorted(prepared, key=_lock_order):
+        try:
+            row = connection.exec_driver_sql(sql, params).one()
+        except ProgrammingError as exc:
+            raise _translated(exc, settings) from exc
+        _outcome(row, params, lease)
+    return [params["message_id"] for _, params in prepared]
+
+
+async def emit_many_async(
+    conn: AsyncConn,
+    envelopes: Sequence[Envelope],
+    *,
+    lease: Lease | None = None,
+    settings: OutboxSettings | None = None,
+) -> list[uuid.UUID]:
+    """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
+    resolved = settings or default_settings()
+    prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
+    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    for sql, params in sorted(prepared, key=_lock_order):
+        try:
+            row = (await connection.exec_driver_sql(sql, params)).one()
+        except ProgrammingError as exc:
+            raise _translated(exc, settings) from exc
+        _outcome(row, params, lease)
+    return [params["message_id"] for _, params in prepared]
+
+
+def _lock_order(prepared: tuple[str, dict[str, Any]]) -> int:
+    """Sort key taking per-key locks in one global order; keyless messages take none."""
+    lock_key: int | None = prepared[1]["lock_key"]
+    return lock_key if lock_key is not None else -(2**63) - 1
 
 
 def _prepare(

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, event, func, insert, select
+from sqlalchemy import Connection, Engine, event, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -259,3 +259,53 @@ class TestAsync:
 def _sync_connection_type_check(conn: Connection) -> None:
     """Typing only: emit accepts a plain Connection."""
     emit(conn, make())
+
+
+class TestEmitMany:
+    """Several keys in one transaction, from many transactions at once."""
+
+    def test_concurrent_multi_key_transactions_in_random_orders_do_not_deadlock(
+        self, engine: Engine
+    ) -> None:
+        import random  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        from outbox.emit import emit_many  # noqa: PLC0415
+
+        errors: list[BaseException] = []
+
+        def writer(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for _ in range(40):
+                    keys = rng.sample([f"k{i}" for i in range(8)], 6)  # random order
+                    with engine.begin() as conn:
+                        emit_many(conn, [Envelope(topic="many", type="t", key=k, payload={})
+                                         for k in keys])
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(s,)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with engine.connect() as conn:
+            assert conn.execute(text(
+                "SELECT count(*) FROM outboxkit.outbox_messages")).scalar_one() == 6 * 40 * 6
+
+    def test_one_invalid_envelope_writes_nothing_and_ids_keep_the_given_order(
+        self, engine: Engine
+    ) -> None:
+        from outbox.emit import emit_many  # noqa: PLC0415
+
+        good = [Envelope(topic="many", type="t", key=f"k{i}", payload={"i": i}) for i in range(3)]
+        bad = Envelope(topic="bad topic!", type="t", key="k", payload={})
+        with engine.begin() as conn:
+            with pytest.raises(InvalidMessage):
+                emit_many(conn, [*good, bad])
+            assert conn.execute(text(
+                "SELECT count(*) FROM outboxkit.outbox_messages")).scalar_one() == 0
+            ids = emit_many(conn, good)
+        assert ids == [g.message_id for g in good]

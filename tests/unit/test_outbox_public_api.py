@@ -20,6 +20,8 @@ OUTBOX_API = {
     "check_schema",
     "emit",
     "emit_async",
+    "emit_many",
+    "emit_many_async",
     "migrate",
     "pending_sql",
 }
@@ -31,10 +33,19 @@ def test_outbox_exports_the_outbox_api_sorted_and_importable() -> None:
     assert all(hasattr(outbox, name) for name in OUTBOX_API)
 
 
+def test_outbox_all_is_exactly_the_pinned_surface() -> None:
+    from tests.unit.test_runs_public_api import RUN_API  # noqa: PLC0415
+
+    base_errors = {"ConfigurationError", "MissingToolError", "OutboxError", "ServiceError"}
+    assert set(outbox.__all__) == OUTBOX_API | RUN_API | base_errors
+
+
 def test_write_side_functions_say_they_never_commit() -> None:
     for function in (
         emit.emit,
         emit.emit_async,
+        emit.emit_many,
+        emit.emit_many_async,
         confirm.apply_confirmation,
         confirm.apply_confirmation_async,
     ):

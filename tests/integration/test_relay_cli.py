@@ -1,0 +1,57 @@
+"""The relay's command line: bad settings are one clear line; secrets never leak."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def run_relay(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+    return subprocess.run([sys.executable, "-m", "relay", *args], capture_output=True,
+                          text=True, timeout=60, env={**clean, **env}, check=False)
+
+
+def test_a_bad_value_names_the_setting_and_exits_2() -> None:
+    result = run_relay(OUTBOXKIT_RELAY_BATCH_SIZE="lots")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "OUTBOXKIT_RELAY_BATCH_SIZE" in result.stderr
+    assert "--batch-size" in result.stderr
+
+
+def test_a_bad_flag_value_overrides_the_environment_and_is_named() -> None:
+    result = run_relay("--on-permanent-failure", "ignore", OUTBOXKIT_RELAY_BATCH_SIZE="10")
+    assert result.returncode == 2
+    assert "on_permanent_failure" in result.stderr
+    assert "'dead-letter' or 'block'" in result.stderr
+
+
+def test_a_bad_kafka_address_is_refused() -> None:
+    result = run_relay("--kafka-bootstrap", "localhost")
+    assert result.returncode == 2
+    assert "'localhost' is not host:port" in result.stderr
+
+
+def test_missing_database_url_says_how_to_give_one() -> None:
+    result = run_relay(OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP="127.0.0.1:9")
+    assert result.returncode == 2
+    assert "OUTBOXKIT_RELAY_DATABASE_URL" in result.stderr
+
+
+def test_the_database_password_never_appears_in_logs_or_errors() -> None:
+    secret = "s3cr3t-pa55"
+    url = f"postgresql://outbox:{secret}@127.0.0.1:9/outbox"  # nothing listens on port 9
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay", "--database-url", url, "--kafka-bootstrap", "127.0.0.1:9",
+         "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")})
+    try:
+        output, _ = proc.communicate(timeout=6)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=30)
+    assert "outbox:***@127.0.0.1:9" in output  # it did log where it connects
+    assert secret not in output

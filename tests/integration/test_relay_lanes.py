@@ -1,0 +1,79 @@
+"""Lane ownership between relays, on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Engine, text
+
+from relay.claims import claim
+from relay.lanes import LaneManager
+
+
+def manager(engine: Engine, relay_id: str, lease: float = 3.0) -> LaneManager:
+    return LaneManager(engine, schema="outboxkit", relay_id=relay_id, lanes=64,
+                       lease_seconds=lease, host="test", pid=1)
+
+
+def settle(*managers: LaneManager) -> None:
+    """A few heartbeat rounds, giving back excess lanes between them like the loop does."""
+    for _ in range(3):
+        for m in managers:
+            m.heartbeat()
+            m.release_pending()
+
+
+def test_a_lone_relay_owns_every_lane(engine: Engine) -> None:
+    a = manager(engine, "a")
+    settle(a)
+    assert sorted(a.owned()) == list(range(64))
+
+
+def test_lanes_are_shared_fairly_and_never_owned_twice(engine: Engine) -> None:
+    a, b, c = manager(engine, "a"), manager(engine, "b"), manager(engine, "c")
+    settle(a)
+    settle(a, b)
+    assert len(a.owned()) == 32
+    assert len(b.owned()) == 32
+    settle(a, b, c)
+    owned = [set(m.owned()) for m in (a, b, c)]
+    assert sorted(len(o) for o in owned) == [20, 22, 22]
+    assert set.union(*owned) == set(range(64))
+    assert sum(len(o) for o in owned) == 64  # disjoint
+
+
+def test_a_relay_that_leaves_hands_its_lanes_to_the_others(engine: Engine) -> None:
+    a, b = manager(engine, "a"), manager(engine, "b")
+    settle(a, b)
+    b.leave()
+    settle(a)
+    assert sorted(a.owned()) == list(range(64))
+
+
+def test_a_dead_relays_lanes_move_after_its_lease_expires_with_a_new_token(
+    engine: Engine
+) -> None:
+    a, b = manager(engine, "a", lease=1.0), manager(engine, "b", lease=1.0)
+    settle(a, b)
+    dead = dict(b.owned())
+    time.sleep(1.2)  # b stops heartbeating: its lease runs out
+    settle(a)
+    assert sorted(a.owned()) == list(range(64))
+    for lane, old_token in dead.items():
+        assert a.owned()[lane] > old_token
+
+
+def test_a_stale_owner_claims_nothing_from_a_lane_taken_over(engine: Engine) -> None:
+    a, b = manager(engine, "a", lease=1.0), manager(engine, "b", lease=1.0)
+    settle(a)
+    stale = dict(a.owned())  # a pauses (GC, network) while holding these tokens
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO outboxkit.outbox_messages (message_id, topic, key, lane, message_type,"
+            " payload) SELECT gen_random_uuid(), 't', 'k', g % 64, 't', '\\x00'"
+            " FROM generate_series(1, 128) g"))
+    time.sleep(1.2)
+    settle(b)
+    with engine.begin() as conn:
+        assert claim(conn, "outboxkit", relay_id="a", lanes=stale, limit=1000) == []
+        assert len(claim(conn, "outboxkit", relay_id="b", lanes=b.owned(), limit=1000)) == 128
