@@ -27,7 +27,7 @@ from kafka import KafkaConsumer
 from sqlalchemy import Engine, create_engine, text
 
 from outbox import Envelope, apply_confirmation, claim, emit, migrate, start_run, transition
-from outbox.dsn import sqlalchemy_url
+from outbox.dsn import redact, sqlalchemy_url
 from outbox.testing.services import LocalServices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,26 +87,36 @@ def handle(engine: Engine, record: object) -> bool:
     return True
 
 
-def main() -> int:
-    services = LocalServices(ROOT / ".services")
+def endpoints_to_use() -> tuple[str, str]:
+    """The services named by OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP, else local
+    ones started (or reused) in .services/."""
+    database_url = os.environ.get("OUTBOXKIT_DATABASE_URL")
+    bootstrap = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
+    if database_url and bootstrap:
+        return database_url, bootstrap
     say("starting PostgreSQL and Kafka (local processes, no Docker needed)...")
-    endpoints = services.up()
-    url = sqlalchemy_url(endpoints.database_url)
+    endpoints = LocalServices(ROOT / ".services").up()
+    return endpoints.database_url, endpoints.kafka_bootstrap
+
+
+def main() -> int:
+    database_url, bootstrap = endpoints_to_use()
+    url = sqlalchemy_url(database_url)
     engine = create_engine(url)
     migrate(engine)
     with engine.begin() as conn:
         conn.exec_driver_sql(EXAMPLE_SCHEMA)
-    say(f"PostgreSQL {endpoints.database_url}, Kafka {endpoints.kafka_bootstrap}, schema migrated")
+    say(f"PostgreSQL {redact(database_url)}, Kafka {bootstrap}, schema migrated")
 
     run_ids = [decide_and_order(engine, i) for i in range(RUNS)]
     say(f"{RUNS} runs committed 'waiting' + an order.submit message in one transaction each")
 
     env = {**os.environ, "OUTBOXKIT_RELAY_DATABASE_URL": url,
-           "OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
+           "OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP": bootstrap,
            "OUTBOXKIT_RELAY_RELAY_ID": "demo-relay", "OUTBOXKIT_RELAY_LOG_LEVEL": "WARNING"}
     relay = subprocess.Popen([sys.executable, "-m", "relay"], env=env)
     say(f"relay started (pid {relay.pid})")
-    consumer = KafkaConsumer(TOPIC, bootstrap_servers=endpoints.kafka_bootstrap,
+    consumer = KafkaConsumer(TOPIC, bootstrap_servers=bootstrap,
                              group_id="demo-consumer", auto_offset_reset="earliest",
                              enable_auto_commit=False)
     handled = duplicates = 0

@@ -12,7 +12,6 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -25,42 +24,18 @@ from relay.settings import RelaySettings
 
 EXIT_CONFIG = 2
 
-FLAGS: dict[str, dict[str, Any]] = {
-    "database_url": {"help": "PostgreSQL URL (env OUTBOXKIT_RELAY_DATABASE_URL)"},
-    "kafka_bootstrap": {"help": "Kafka bootstrap servers host:port[,host:port]"},
-    "relay_id": {"help": "name of this relay instance"},
-    "batch_size": {"help": "rows claimed per batch"},
-    "poll_interval_seconds": {"help": "fallback poll interval"},
-    "lane_lease_seconds": {"help": "lane lease length"},
-    "http_host": {"help": "address of /metrics, /healthz, /readyz"},
-    "http_port": {"help": "port of /metrics, /healthz, /readyz (0: off)"},
-    "on_permanent_failure": {"help": "dead-letter | block"},
-    "compression": {"help": "none | gzip | lz4 | zstd | snappy"},
-    "linger_ms": {"help": "producer linger.ms"},
-    "published_retention_seconds": {"help": "delete published rows after this long (0: never)"},
-    "shutdown_timeout_seconds": {"help": "bound on a graceful stop"},
-    "log_format": {"help": "text | json"},
-    "log_level": {"help": "DEBUG | INFO | WARNING | ERROR"},
-}
-
-
 def parser() -> argparse.ArgumentParser:
+    """One flag per setting, named after it (``batch_size`` → ``--batch-size``)."""
     p = argparse.ArgumentParser(prog="relay", description=__doc__.split("\n")[0])
-    for field, kwargs in FLAGS.items():
-        p.add_argument("--" + field.replace("_", "-"), dest=field, **kwargs)
-    p.add_argument(
-        "--create-topics",
-        dest="create_topics",
-        action="store_true",
-        default=None,
-        help="create missing topics on first use",
-    )
-    p.add_argument(
-        "--no-create-topics",
-        dest="create_topics",
-        action="store_false",
-        help="fail rows for missing topics instead",
-    )
+    for name, field in RelaySettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{field.description or name} (env OUTBOXKIT_RELAY_{name.upper()})"
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=help_text)
+            p.add_argument("--no-" + flag[2:], dest=name, action="store_false",
+                           help=f"the opposite of {flag}")
+        else:
+            p.add_argument(flag, dest=name, help=help_text)
     return p
 
 

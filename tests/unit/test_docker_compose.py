@@ -30,6 +30,19 @@ def test_publishes_the_ports_on_loopback_only() -> None:
     assert services["kafka"]["ports"] == ["127.0.0.1:9092:9092"]
 
 
-def test_every_service_has_a_health_check() -> None:
+def test_every_long_running_service_has_a_health_check() -> None:
     for name, service in compose()["services"].items():
-        assert "test" in service.get("healthcheck", {}), name
+        if name != "migrate":
+            assert "test" in service.get("healthcheck", {}), name
+
+
+def test_the_relay_is_built_here_and_starts_after_migrate_and_a_healthy_broker() -> None:
+    services = compose()["services"]
+    relay = services["relay"]
+    assert relay["build"] == "."
+    assert relay["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert relay["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert relay["environment"]["OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP"] == "kafka:19092"
+    assert services["migrate"]["command"] == ["migrate"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["outbox"]' in dockerfile

@@ -1,0 +1,73 @@
+"""The relay's commands for the ``outbox`` command line: ``outbox relay``, ``outbox status``.
+
+Registered in the ``outboxkit.commands`` entry-point group, so ``outbox`` (in the base
+package) never imports the relay.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from sqlalchemy import create_engine
+
+from outbox.cli import EXIT_USAGE, database_url_option, one_line_errors, require_url
+from outbox.settings import OutboxSettings
+from relay import cli
+from relay.status import read_status
+
+
+@click.command(
+    "relay",
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                      "help_option_names": []},
+    add_help_option=False,
+)
+@click.pass_context
+def relay_command(ctx: click.Context) -> None:
+    """Run the relay daemon (all flags as in `python -m relay --help`)."""
+    sys.exit(cli.main(ctx.args))
+
+
+@click.command("status")
+@database_url_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@one_line_errors
+def status_command(database_url: str | None, as_json: bool) -> None:
+    """Backlog, oldest pending age, failed messages, and each relay with its lanes."""
+    engine = create_engine(require_url(database_url))
+    try:
+        with engine.connect() as conn:
+            status = read_status(conn, OutboxSettings().schema_name)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(status.as_dict(), indent=2, default=str))
+        return
+    click.echo(f"pending messages     {status.pending}")
+    click.echo(f"oldest pending age   {status.oldest_pending_age_s:.1f} s")
+    click.echo(f"failed messages      {status.failed}")
+    click.echo(f"published (kept)     {status.published}")
+    if not status.relays:
+        click.echo("relays               none alive")
+    for relay in status.relays:
+        state = "idle" if relay.idle else "busy"
+        click.echo(f"relay {relay.relay_id:<24} {state}, heartbeat {relay.heartbeat_age_s:.1f} s "
+                   f"ago, {len(relay.lanes)} lanes {compact(relay.lanes)}")
+    if status.unowned_lanes:
+        click.echo(f"lanes without owner  {compact(status.unowned_lanes)}")
+
+
+def compact(lanes: list[int]) -> str:
+    """[0, 1, 2, 5] → '0-2,5'."""
+    runs: list[list[int]] = []
+    for lane in sorted(lanes):
+        if runs and runs[-1][1] == lane - 1:
+            runs[-1][1] = lane
+        else:
+            runs.append([lane, lane])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+__all__ = ["EXIT_USAGE", "relay_command", "status_command"]
