@@ -154,7 +154,9 @@ class TestApplying:
         for thread in threads:
             thread.join()
         assert errors == []
-        assert sorted(results) == [[], [], [], list(range(1, latest_version() + 1))]
+        # Each file is applied by exactly one migrator (which one may differ per file).
+        applied = sorted(v for versions in results for v in versions)
+        assert applied == list(range(1, latest_version() + 1))
 
     def test_migrate_in_the_callers_transaction_rolls_back_with_it(
         self, empty_engine: Engine
