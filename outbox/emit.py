@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from outbox.envelope import EncodedMessage, Envelope, encode
 from outbox.errors import InvalidMessage, LeaseLost, SchemaError
 from outbox.execution import AsyncConn, SyncConn
+from outbox.failpoints import failpoint
 from outbox.lanes import lane_for, ordering_lock_key
 from outbox.leases import Lease
 from outbox.settings import OutboxSettings, default_settings
@@ -149,6 +150,7 @@ def _prepare(
                 "lease of the run the message belongs to",
             )
     message = encode(envelope, settings)
+    failpoint("outbox.before_emit")
     return _statement(settings.schema_name, fenced=lease is not None), _params(
         message, lease, settings
     )

@@ -41,6 +41,7 @@ from outbox.errors import (
     WorkflowRetired,
 )
 from outbox.execution import Plan, SyncConn, run_plan
+from outbox.failpoints import failpoint
 from outbox.leases import Lease
 from outbox.settings import OutboxSettings
 from outbox.states import ALLOWED, FINISHED, RunState, sources
@@ -328,6 +329,7 @@ def save_checkpoint_plan(lease: Lease, checkpoint: Any, step: str | None,
     stmt = fencing.statement(lease.run_id, lease=lease, sources=running, values=values)
     row = yield from fencing.write(stmt, lease.run_id, lease, RunState.RUNNING, running)
     assert row is not None
+    failpoint("outbox.after_checkpoint")
     return fencing.next_lease(lease, row)
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
+from outbox.failpoints import failpoint
 from outbox.settings import OutboxSettings
 from relay.claims import Failed, OutboxRow, Published, claim, record
 from relay.http import HealthServer
@@ -322,7 +323,9 @@ class Relay:
     def _process(self, rows: list[OutboxRow]) -> None:
         assert self.publisher is not None
         published, failed = self._publish(rows)
+        failpoint("relay.after_ack")
         self._record(published, failed)
+        failpoint("relay.after_mark")
         now = time.time()
         for p in published:
             self.metrics.latency.observe(max(0.0, now - p.row.created_at.timestamp()))

@@ -16,6 +16,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.admin import NewTopic
 
+from outbox.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
 from relay.settings import RelaySettings
 
@@ -187,6 +188,7 @@ class Publisher:
                 failed.append(Failed(row, describe(exc), is_permanent(exc)))
                 continue
             futures.append((row, future))
+        failpoint("relay.after_send")
         self._await(futures, on_wait)
         published: list[Published] = []
         for row, future in futures:

@@ -40,7 +40,8 @@ class RelayProcesses:
             "OUTBOXKIT_RELAY_LANE_LEASE_SECONDS": "3",
             "OUTBOXKIT_RELAY_POLL_INTERVAL_SECONDS": "0.5",
         }
-        env.update({f"OUTBOXKIT_RELAY_{k.upper()}": str(v) for k, v in settings.items()})
+        env.update({k if k.startswith("OUTBOXKIT_") else f"OUTBOXKIT_RELAY_{k.upper()}": str(v)
+                    for k, v in settings.items()})
         log = (self.log_dir / f"{env['OUTBOXKIT_RELAY_RELAY_ID']}.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "relay"], env=env, stdout=log, stderr=subprocess.STDOUT

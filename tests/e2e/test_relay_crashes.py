@@ -127,3 +127,31 @@ def test_sigkill_at_random_points_of_a_50k_run_loses_nothing_and_invents_nothing
     _by_key, duplicates = kafka_ids_by_key(records)
     # Duplicates only for rows acked but not yet marked when a relay died: at most a batch each.
     assert duplicates <= kills * 500
+
+
+@pytest.mark.parametrize(("failpoint", "duplicates_range"), [
+    ("relay.after_send", (0, 200)),  # the batch may or may not have left before the kill
+    ("relay.after_ack", (200, 200)),  # acked, never marked: exactly that batch again
+    ("relay.after_mark", (0, 0)),  # marked: nothing to send again
+])
+def test_relay_killed_at_each_failpoint_loses_nothing(
+    engine: Engine, kafka_bootstrap: str, relays: RelayProcesses, failpoint: str,
+    duplicates_range: tuple[int, int],
+) -> None:
+    topic = f"fp-{uuid.uuid4().hex[:8]}"
+    for start in range(0, 2000, 500):
+        emit_batch(engine, [Envelope(topic=topic, type="t", key=f"k{i % 40}", payload={"i": i})
+                            for i in range(start, start + 500)])
+    doomed = relays.start("doomed", batch_size=200, OUTBOXKIT_FAILPOINTS=f"{failpoint}=kill@3")
+    assert doomed.wait(timeout=60) == -9
+    assert count_status(engine, "pending") > 0
+    relays.start("survivor", batch_size=200)
+    wait_until(lambda: count_status(engine, "published") == 2000, 60, "all published")
+    records = read_topic(kafka_bootstrap, topic)
+    with engine.connect() as conn:
+        committed = {str(m) for (m,) in conn.execute(
+            text("SELECT message_id FROM outboxkit.outbox_messages"))}
+    by_key, duplicates = kafka_ids_by_key(records)
+    assert {dict(r.headers)["message-id"].decode() for r in records} == committed
+    assert duplicates_range[0] <= duplicates <= duplicates_range[1]
+    assert by_key == committed_ids_by_key(engine)  # per-key order, duplicates dropped
