@@ -185,7 +185,7 @@ class Relay:
             sched.add_job(
                 self._job(self._retention),
                 "interval",
-                seconds=30,
+                seconds=s.retention_interval_seconds,
                 id="retention",
                 next_run_time=now,
             )

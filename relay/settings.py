@@ -78,6 +78,9 @@ class RelaySettings(BaseSettings):
         description="Published rows are deleted after this long (0 keeps them forever).",
     )
     retention_batch: int = Field(default=5000, gt=0, description="Rows deleted per statement.")
+    retention_interval_seconds: float = Field(
+        default=30.0, gt=0, description="How often the retention job runs."
+    )
     http_host: str = Field(
         default="127.0.0.1", description="Address of /metrics, /healthz, /readyz."
     )

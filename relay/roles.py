@@ -1,0 +1,22 @@
+"""The least privilege a relay needs: its own tables, and the outbox rows it publishes.
+
+A relay reads pending rows, marks them published or failed, deletes old published rows
+(retention), and keeps its heartbeat and lane leases. It never needs the agent runs,
+their checkpoints, approvals or artifacts, so its role cannot read them.
+"""
+
+from __future__ import annotations
+
+GRANTS = """\
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_messages TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes TO {role};
+"""
+
+
+def relay_grants(schema: str, role: str) -> str:
+    """The GRANT statements for a relay's role (both names must be plain identifiers)."""
+    for name in (schema, role):
+        if not name.replace("_", "a").isalnum() or not name[0].isalpha():
+            raise ValueError(f"{name!r} is not a plain identifier")
+    return GRANTS.format(schema=schema, role=role)
