@@ -32,8 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox.envelope import EncodedMessage, Envelope, encode
-from outbox.errors import InvalidMessage, LeaseLost, SchemaError
-from outbox.execution import AsyncConn, SyncConn
+from outbox.errors import InvalidMessage, LeaseLost
+from outbox.execution import AsyncConn, SyncConn, missing_schema
 from outbox.failpoints import failpoint
 from outbox.lanes import lane_for, ordering_lock_key
 from outbox.leases import Lease
@@ -164,13 +164,7 @@ def _outcome(row: Row[Any], params: dict[str, Any], lease: Lease | None) -> uuid
 
 
 def _translated(exc: ProgrammingError, settings: OutboxSettings | None) -> Exception:
-    if getattr(exc.orig, "sqlstate", None) not in {"42P01", "3F000"}:  # undefined table/schema
-        return exc
-    schema = (settings or default_settings()).schema_name
-    return SchemaError(
-        f"the outbox table is missing from schema {schema!r}: run `outbox migrate` "
-        "(outbox.migrate.migrate(engine)) against this database first"
-    )
+    return missing_schema(exc, settings) or exc
 
 
 def _params(

@@ -33,7 +33,8 @@ def options(settings: OutboxSettings | None) -> dict[str, Any]:
     return {"schema_translate_map": translate(settings or default_settings())}
 
 
-def _missing_schema(exc: ProgrammingError, settings: OutboxSettings | None) -> SchemaError | None:
+def missing_schema(exc: ProgrammingError, settings: OutboxSettings | None) -> SchemaError | None:
+    """The SchemaError that explains *exc* when it is an undefined table or schema."""
     if getattr(exc.orig, "sqlstate", None) not in {"42P01", "3F000"}:  # undefined table/schema
         return None
     schema = (settings or default_settings()).schema_name
@@ -56,7 +57,7 @@ def run_plan(conn: SyncConn, plan: Plan[T], settings: OutboxSettings | None = No
             try:
                 result = conn.execute(statement, execution_options=opts)
             except ProgrammingError as exc:
-                if (translated := _missing_schema(exc, settings)) is None:
+                if (translated := missing_schema(exc, settings)) is None:
                     raise
                 raise translated from exc
             statement = plan.send(_rows(result))
@@ -75,7 +76,7 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T],
             try:
                 result = await conn.execute(statement, execution_options=opts)
             except ProgrammingError as exc:
-                if (translated := _missing_schema(exc, settings)) is None:
+                if (translated := missing_schema(exc, settings)) is None:
                     raise
                 raise translated from exc
             statement = plan.send(_rows(result))
