@@ -1,3 +1,30 @@
-"""outboxkit's `consumers` package (its contents land with its own issue)."""
+"""outboxkit's idempotent Kafka consumers: at-least-once delivery, effects exactly once.
 
-__all__: list[str] = []
+Register handlers on a :class:`Consumer`; run it with ``python -m consumers module:app``
+(or ``outbox consume module:app``), or embed it with :class:`Runner`.
+"""
+
+from consumers.app import Consumer, Registration
+from consumers.context import HandlerContext
+from consumers.control import DeadLetter, HandlerControl, RetryLater, SkipMessage
+from consumers.errors import ConsumerError, FailureNotFound, MalformedMessage
+from consumers.replay import rehandle, republish
+from consumers.runner import Runner
+from consumers.settings import ConsumerSettings
+
+__all__ = [
+    "Consumer",
+    "ConsumerError",
+    "ConsumerSettings",
+    "DeadLetter",
+    "FailureNotFound",
+    "HandlerContext",
+    "HandlerControl",
+    "MalformedMessage",
+    "Registration",
+    "RetryLater",
+    "Runner",
+    "SkipMessage",
+    "rehandle",
+    "republish",
+]

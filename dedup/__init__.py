@@ -1,3 +1,77 @@
-"""outboxkit's `dedup` package (its contents land with its own issue)."""
+"""outboxkit's `dedup` package: the consumers' dedup marks and the ledger of outside operations."""
 
-__all__: list[str] = []
+from dedup.errors import OperationError, OperationNotFound, RequestMismatch, ResolutionRefused
+from dedup.failures import Failure, get_failure, list_failures
+from dedup.inbox import Mark, is_marked, mark_many, purge_marks
+from dedup.operations import (
+    Intent,
+    Operation,
+    OperationEvent,
+    OperationStatus,
+    begin,
+    get_operation,
+    idempotency_key,
+    mark_unknown,
+    operation_history,
+    record_outcome,
+)
+from dedup.outcomes import (
+    Applied,
+    CallOutcome,
+    Evidence,
+    Found,
+    NotFound,
+    Refused,
+    StatusOutcome,
+    Unclear,
+)
+from dedup.perform import perform
+from dedup.policy import ReconcilePolicy
+from dedup.reconcile import ReconcileReport, reconcile_due, reconcile_operation
+from dedup.resolution import list_operations, resolve_confirmed, resolve_not_applied
+from dedup.scheduler import add_reconcile_job
+from dedup.systems import System
+from dedup.window import check_window
+
+__all__ = [
+    "Applied",
+    "CallOutcome",
+    "Evidence",
+    "Failure",
+    "Found",
+    "Intent",
+    "Mark",
+    "NotFound",
+    "Operation",
+    "OperationError",
+    "OperationEvent",
+    "OperationNotFound",
+    "OperationStatus",
+    "ReconcilePolicy",
+    "ReconcileReport",
+    "Refused",
+    "RequestMismatch",
+    "ResolutionRefused",
+    "StatusOutcome",
+    "System",
+    "Unclear",
+    "add_reconcile_job",
+    "begin",
+    "check_window",
+    "get_failure",
+    "get_operation",
+    "idempotency_key",
+    "is_marked",
+    "list_failures",
+    "list_operations",
+    "mark_many",
+    "mark_unknown",
+    "operation_history",
+    "perform",
+    "purge_marks",
+    "reconcile_due",
+    "reconcile_operation",
+    "record_outcome",
+    "resolve_confirmed",
+    "resolve_not_applied",
+]

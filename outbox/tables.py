@@ -19,6 +19,7 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
@@ -261,4 +262,132 @@ Index(
     "outbox_messages_published_idx",
     outbox_messages.c.published_at,
     postgresql_where=text("status = 'published'"),
+)
+
+# --- operations (migration 0004) -----------------------------------------------------------
+
+OPERATION_STATUSES = ("pending", "unknown", "not-applied", "confirmed", "rejected", "needs-human")
+
+# The ledger of calls to outside systems (dedup/operations.py). The intent is committed before
+# the call; an outcome we did not see stays open (pending/unknown) until a status query or a
+# human establishes it, so a second call is never made blindly.
+operations = Table(
+    "operations",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("idempotency_key", Text, nullable=False, unique=True),
+    Column("system", Text, nullable=False),
+    Column("operation", Text, nullable=False),
+    Column("message_id", Text),
+    Column("run_id", UUID(as_uuid=True), ForeignKey("agent_runs.id")),
+    Column("request_digest", Text, nullable=False),
+    Column("request", JSONB),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("calls", Integer, nullable=False, server_default=text("0")),
+    Column("checks", Integer, nullable=False, server_default=text("0")),
+    Column("version", BigInteger, nullable=False, server_default=text("0")),
+    Column("reference", Text),
+    Column("response_digest", Text),
+    Column("evidence", JSONB),
+    Column("last_error", Text),
+    _ts("next_check_at"),
+    Column("resolved_by", Text),
+    Column("resolution_reason", Text),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+    _ts("resolved_at"),
+    CheckConstraint(
+        "status IN ('pending', 'unknown', 'not-applied', 'confirmed', 'rejected', 'needs-human')",
+        name="operations_status_check",
+    ),
+)
+# The reconciler scans only open operations that are due.
+Index(
+    "operations_due_idx",
+    operations.c.next_check_at,
+    postgresql_where=text("status IN ('pending', 'unknown', 'not-applied')"),
+)
+Index("operations_status_idx", operations.c.status, operations.c.created_at)
+Index("operations_run_idx", operations.c.run_id, postgresql_where=text("run_id IS NOT NULL"))
+
+# Each call, status query, retry, escalation and human resolution of an operation.
+operation_events = Table(
+    "operation_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("operation_id", UUID(as_uuid=True), ForeignKey("operations.id"), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("detail", JSONB),
+    Column("actor", Text),
+    _ts("at", nullable=False, default_now=True),
+    CheckConstraint(
+        "kind IN ('intent', 'call', 'check', 'retry', 'escalation', 'resolution', "
+        "'late-outcome')",
+        name="operation_events_kind_check",
+    ),
+)
+Index("operation_events_operation_idx", operation_events.c.operation_id, operation_events.c.id)
+
+# --- consumers + dedup (migration 0003) ------------------------------------------------------
+
+# The dedup (inbox) mark: written in the transaction of the handler's own writes, so a
+# redelivered message finds it and is dropped. Its rows ARE the dedup window.
+consumer_inbox = Table(
+    "consumer_inbox",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("message_id", Text, primary_key=True),
+    Column("topic", Text, nullable=False),
+    Column("kafka_partition", Integer, nullable=False),
+    Column("kafka_offset", BigInteger, nullable=False),
+    _ts("processed_at", nullable=False, default_now=True),
+)
+Index(
+    "consumer_inbox_processed_idx",
+    consumer_inbox.c.consumer_group,
+    consumer_inbox.c.processed_at,
+)
+
+# Messages a consumer could not handle: attempts (counted across crashes), the dead-letter
+# copy, and replays. One row per (group, topic, partition, offset).
+consumer_failures = Table(
+    "consumer_failures",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("consumer_group", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("kafka_partition", Integer, nullable=False),
+    Column("kafka_offset", BigInteger, nullable=False),
+    Column("message_id", Text),
+    Column("key", LargeBinary),
+    Column("payload", LargeBinary),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text),
+    Column("status", Text, nullable=False, server_default=text("'retrying'")),
+    _ts("first_failed_at", nullable=False, default_now=True),
+    _ts("last_failed_at", nullable=False, default_now=True),
+    _ts("dead_lettered_at"),
+    Column("dlq_topic", Text),
+    Column("dlq_partition", Integer),
+    Column("dlq_offset", BigInteger),
+    _ts("replayed_at"),
+    CheckConstraint(
+        "status IN ('retrying', 'recovered', 'dead-lettered', 'replayed')",
+        name="consumer_failures_status_check",
+    ),
+    UniqueConstraint(
+        "consumer_group",
+        "topic",
+        "kafka_partition",
+        "kafka_offset",
+        name="consumer_failures_position_key",
+    ),
+)
+Index(
+    "consumer_failures_status_idx",
+    consumer_failures.c.consumer_group,
+    consumer_failures.c.status,
+    consumer_failures.c.id,
 )

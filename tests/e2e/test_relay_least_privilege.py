@@ -48,13 +48,13 @@ def test_the_relay_publishes_as_its_least_privileged_role(
                                    "artifacts", "approvals"])
 def test_the_relay_role_cannot_read_agent_state(database_url: str, relay_role: str,
                                                 table: str) -> None:
-    with psycopg.connect(role_url(database_url, relay_role)) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute(f"SELECT 1 FROM outboxkit.{table} LIMIT 1")  # type: ignore[arg-type]
+    with (psycopg.connect(role_url(database_url, relay_role)) as conn,
+          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+        conn.execute(f"SELECT 1 FROM outboxkit.{table} LIMIT 1")  # type: ignore[arg-type]
 
 
 def test_the_relay_role_cannot_insert_messages(database_url: str, relay_role: str) -> None:
-    with psycopg.connect(role_url(database_url, relay_role)) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("INSERT INTO outboxkit.outbox_messages (message_id, topic, lane, "
-                         "message_type, payload) VALUES (gen_random_uuid(), 't', 0, 't', '')")
+    with (psycopg.connect(role_url(database_url, relay_role)) as conn,
+          pytest.raises(psycopg.errors.InsufficientPrivilege)):
+        conn.execute("INSERT INTO outboxkit.outbox_messages (message_id, topic, lane, "
+                     "message_type, payload) VALUES (gen_random_uuid(), 't', 0, 't', '')")

@@ -1,0 +1,73 @@
+"""What a handler gets besides its payload: the transaction and the message's coordinates."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from outbox.confirm import Outcome, apply_confirmation
+from outbox.emit import emit
+from outbox.envelope import Envelope
+from outbox.settings import OutboxSettings
+
+
+@dataclass(frozen=True)
+class HandlerContext:
+    """The message being handled and the transaction its effects must be written in.
+
+    ``conn`` is the connection of the transaction that also writes the message's dedup mark:
+    everything written through it commits together with the mark, or not at all. Never
+    commit or roll it back yourself; raise instead (see :mod:`consumers.control`).
+    """
+
+    conn: Connection
+    group_id: str
+    message_id: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    run_id: uuid.UUID | None = None
+    outbox_settings: OutboxSettings | None = None
+
+    def emit(self, envelope: Envelope) -> uuid.UUID:
+        """Emit a follow-up message through the outbox in this message's transaction.
+
+        The follow-up is caused by this message: ``causation_id`` defaults to its id. It is
+        published only if the handler's transaction commits, and exactly then.
+        """
+        if envelope.causation_id is None:
+            envelope = envelope.model_copy(update={"causation_id": self.message_id})
+        return emit(self.conn, envelope, settings=self.outbox_settings)
+
+    def confirm(
+        self,
+        *,
+        outcome: Outcome,
+        evidence: Any,
+        run_id: uuid.UUID | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Move the waiting run on (default: the message's ``run-id``) in this transaction.
+
+        The confirmation id is the message id and the actor the consumer group, so a
+        redelivery changes nothing. Returns False if it was applied before.
+        """
+        target = run_id or self.run_id
+        if target is None:
+            raise ValueError("the message has no run-id header: pass run_id=")
+        return apply_confirmation(
+            self.conn,
+            run_id=target,
+            confirmation_id=self.message_id,
+            outcome=outcome,
+            evidence=evidence,
+            actor=self.group_id,
+            reason=reason,
+            settings=self.outbox_settings,
+        )

@@ -1,0 +1,105 @@
+"""Sending a message the consumer gave up on to ``<topic><suffix>``, with why and where from.
+
+The copy keeps the original key, payload and headers and adds ``x-outboxkit-*`` headers
+(error, original topic/partition/offset, group, attempts), like the relay's dead letters.
+It is sent with acks=all and waited for: only then does the consumer move past it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka import errors as kafka_errors
+from kafka.admin import NewTopic
+
+log = logging.getLogger(__name__)
+
+ERROR_HEADERS = (
+    "x-outboxkit-error",
+    "x-outboxkit-original-topic",
+    "x-outboxkit-original-partition",
+    "x-outboxkit-original-offset",
+    "x-outboxkit-consumer-group",
+    "x-outboxkit-attempts",
+)
+
+
+@dataclass(frozen=True)
+class Sent:
+    topic: str
+    partition: int
+    offset: int
+
+
+def dead_letter_headers(
+    record: Any, *, error: str, group: str, attempts: int
+) -> list[tuple[str, bytes]]:
+    kept = [(n, bytes(v or b"")) for n, v in record.headers or () if n not in ERROR_HEADERS]
+    return [
+        *kept,
+        ("x-outboxkit-error", error[:4000].encode()),
+        ("x-outboxkit-original-topic", record.topic.encode()),
+        ("x-outboxkit-original-partition", str(record.partition).encode()),
+        ("x-outboxkit-original-offset", str(record.offset).encode()),
+        ("x-outboxkit-consumer-group", group.encode()),
+        ("x-outboxkit-attempts", str(attempts).encode()),
+    ]
+
+
+class KafkaSender:
+    """One idempotent producer for dead letters and replays; creates missing topics."""
+
+    def __init__(self, bootstrap: str, *, client_id: str, timeout_s: float = 30.0) -> None:
+        self._bootstrap = bootstrap.split(",")
+        self._client_id = client_id
+        self._timeout_s = timeout_s
+        self._producer: Any = None
+        self._known: set[str] = set()
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+    ) -> Sent:
+        """Send and wait for the broker's acknowledgement."""
+        self._ensure_topic(topic)
+        if self._producer is None:
+            self._producer = KafkaProducer(
+                bootstrap_servers=self._bootstrap,
+                client_id=self._client_id,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=0,
+                max_block_ms=10_000,
+            )
+        meta = self._producer.send(topic, key=key, value=value, headers=headers).get(
+            timeout=self._timeout_s
+        )
+        return Sent(topic, meta.partition, meta.offset)
+
+    def _ensure_topic(self, topic: str) -> None:
+        if topic in self._known:
+            return
+        admin = KafkaAdminClient(
+            bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
+        )
+        try:
+            # -1: the broker's default partitions and replication (KIP-464).
+            admin.create_topics([NewTopic(topic, -1, -1)])
+        except kafka_errors.TopicAlreadyExistsError:
+            pass
+        finally:
+            admin.close()
+        self._known.add(topic)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            with contextlib.suppress(kafka_errors.KafkaError):
+                self._producer.close(timeout=5)

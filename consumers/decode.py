@@ -1,0 +1,92 @@
+"""Turning a Kafka record into (context, payload model), or naming why it cannot be."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from sqlalchemy import Connection
+
+from consumers.app import Registration
+from consumers.context import HandlerContext
+from consumers.errors import MalformedMessage
+from outbox.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
+from outbox.settings import OutboxSettings
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A record whose message id and payload passed validation."""
+
+    record: Any
+    message_id: str
+    headers: dict[str, bytes]
+    payload: BaseModel
+
+    def context(self, conn: Connection, group_id: str, settings: OutboxSettings) -> HandlerContext:
+        return HandlerContext(
+            conn=conn,
+            group_id=group_id,
+            message_id=self.message_id,
+            topic=self.record.topic,
+            partition=self.record.partition,
+            offset=self.record.offset,
+            key=self.record.key,
+            headers=self.headers,
+            run_id=_run_id(self.headers.get(HEADER_RUN_ID)),
+            outbox_settings=settings,
+        )
+
+
+def message_id_of(record: Any) -> str | None:
+    """The ``message-id`` header (what the relay sends), or None when absent or empty."""
+    for name, value in record.headers or ():
+        if name == HEADER_MESSAGE_ID and value:
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def decode(record: Any, registration: Registration | None) -> Decoded:
+    """Validate *record* for its topic's handler.
+
+    Raises:
+        MalformedMessage: no handler for the topic, no message id, not JSON, wrong schema.
+    """
+    where = (record.topic, record.partition, record.offset)
+    if registration is None:
+        raise MalformedMessage(*where, f"no handler is registered for topic {record.topic!r}")
+    message_id = message_id_of(record)
+    if message_id is None:
+        raise MalformedMessage(*where, f"no {HEADER_MESSAGE_ID!r} header (the dedup key)")
+    if record.value is None:
+        raise MalformedMessage(*where, "the record has no value")
+    try:
+        data = json.loads(record.value)
+    except ValueError as exc:
+        raise MalformedMessage(*where, f"the payload is not JSON: {exc}") from exc
+    try:
+        payload = registration.model.model_validate(data)
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise MalformedMessage(
+            *where, f"the payload does not match {registration.model.__name__}: {detail}"
+        ) from exc
+    headers = {name: bytes(value or b"") for name, value in record.headers or ()}
+    return Decoded(record, message_id, headers, payload)
+
+
+def _run_id(raw: bytes | None) -> uuid.UUID | None:
+    if not raw:
+        return None
+    try:
+        return uuid.UUID(raw.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,368 @@
+"""Handling records with their dedup marks: the exactly-once-effect core of the consumer.
+
+For each message, in one PostgreSQL transaction: insert its mark (group, message id); if
+it was already there, the message is a duplicate and is dropped; otherwise the handler runs
+on that same transaction, so its writes and the mark commit together. The caller commits
+Kafka offsets only after :meth:`Processor.process` returns (the transaction has committed),
+so a crash in between redelivers messages whose marks are there: dropped.
+
+Batch mode puts a poll batch in one transaction: the marks in one statement, a savepoint
+per message (per-message handlers) or per bisected chunk (batch handlers), so a failing
+message is rolled back alone. The batch then stops at it (later messages of its partition
+must not overtake it), commits what came before, and the failing message is retried alone,
+with backoff, its attempts counted in the failures table (so restarts do not reset them),
+until it succeeds or goes to the dead-letter topic. Messages with no message id, a payload
+that is not JSON or does not fit the model, or whose handler raises ``DeadLetter`` go there
+at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from consumers.app import Consumer, Registration
+from consumers.control import DeadLetter, RetryLater, SkipMessage
+from consumers.deadletter import Sent, dead_letter_headers
+from consumers.decode import Decoded, decode, message_id_of
+from consumers.errors import MalformedMessage
+from consumers.metrics import ConsumerMetrics
+from dedup import failures
+from dedup.failures import headers_json
+from dedup.inbox import Mark, mark, mark_many, unmark
+
+log = logging.getLogger(__name__)
+
+SendDeadLetter = Callable[[str, bytes | None, bytes | None, list[tuple[str, bytes]]], Sent]
+
+
+@dataclass
+class _Failed:
+    index: int
+    error: BaseException
+
+
+class Processor:
+    """Processes records in order; ``committed`` is called after each database commit."""
+
+    def __init__(
+        self,
+        app: Consumer,
+        engine: Engine,
+        metrics: ConsumerMetrics,
+        send_dead_letter: SendDeadLetter,
+        *,
+        stop: threading.Event | None = None,
+        committed: Callable[[Sequence[Any]], None] = lambda records: None,
+    ) -> None:
+        self.app = app
+        self.settings = app.settings
+        self.group = app.group_id
+        self.schema = app.outbox_settings.schema_name
+        self.engine = engine
+        self.metrics = metrics
+        self.send_dead_letter = send_dead_letter
+        self.stop = stop or threading.Event()
+        self.committed = committed
+
+    # --- the entry point -----------------------------------------------------------------
+    def process(self, records: Sequence[Any]) -> int:
+        """Handle *records* (in order); return how many are done (all, unless stopping)."""
+        done = 0
+        while done < len(records) and not self.stop.is_set():
+            chunk = records[done:]
+            if self.settings.mode == "batch":
+                ok, failed = self._batch(chunk)
+            else:
+                ok, failed = self._one_by_one(chunk)
+            done += ok
+            if failed is None:
+                continue
+            if not self._settle(records[done], failed.error):
+                break  # stopping: the message stays unhandled and is redelivered later
+            done += 1
+        return done
+
+    # --- batch mode ----------------------------------------------------------------------
+    def _batch(self, records: Sequence[Any]) -> tuple[int, _Failed | None]:
+        decoded: list[Decoded] = []
+        failed: _Failed | None = None
+        for index, record in enumerate(records):
+            try:
+                decoded.append(decode(record, self._registration(record)))
+            except MalformedMessage as exc:
+                failed = _Failed(index, exc)
+                break
+        if not decoded:
+            return 0, failed
+        with self.engine.connect() as conn, conn.begin():
+            new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
+            fresh: list[Decoded] = []
+            for d in decoded:
+                if d.message_id in new:
+                    new.discard(d.message_id)  # a second copy in this batch is a duplicate
+                    fresh.append(d)
+                else:
+                    self._duplicate(d)
+            ok, inner = self._handle_all(conn, fresh)
+            if inner is not None:
+                # Stop at the failing message: unmark it and everything after it in the batch.
+                for d in fresh[inner.index :]:
+                    unmark(conn, self.schema, self.group, d.message_id)
+                stop_at = decoded.index(fresh[inner.index])
+                failed = _Failed(stop_at, inner.error)
+                count_to = stop_at
+            else:
+                count_to = len(decoded)
+        self._done(fresh[:ok])
+        self.committed(records[:count_to])
+        return count_to, failed
+
+    def _handle_all(self, conn: Connection, items: list[Decoded]) -> tuple[int, _Failed | None]:
+        """Run the handlers in savepoints; stop at the first failure (ok count, failure)."""
+        index = 0
+        while index < len(items):
+            registration = self._registration(items[index].record)
+            assert registration is not None
+            if registration.batch_handler is None:
+                error = self._in_savepoint(conn, registration, [items[index]])
+                if error is not None:
+                    return index, _Failed(index, error)
+                index += 1
+                continue
+            end = index
+            while end < len(items) and items[end].record.topic == items[index].record.topic:
+                end += 1
+            bad = self._bisect(conn, registration, items[index:end])
+            if bad is not None:
+                return index + bad.index, _Failed(index + bad.index, bad.error)
+            index = end
+        return index, None
+
+    def _bisect(
+        self, conn: Connection, registration: Registration, items: list[Decoded]
+    ) -> _Failed | None:
+        error = self._in_savepoint(conn, registration, items)
+        if error is None:
+            return None
+        if len(items) == 1:
+            return _Failed(0, error)
+        half = len(items) // 2
+        first = self._bisect(conn, registration, items[:half])
+        if first is not None:
+            return first
+        second = self._bisect(conn, registration, items[half:])
+        return None if second is None else _Failed(half + second.index, second.error)
+
+    def _in_savepoint(
+        self, conn: Connection, registration: Registration, items: list[Decoded]
+    ) -> BaseException | None:
+        savepoint = conn.begin_nested()
+        try:
+            self._call(conn, registration, items)
+        except SkipMessage as exc:
+            savepoint.rollback()
+            if len(items) > 1:
+                return exc  # bisect down to the message that asked to be skipped
+            self._skipped(items[0], exc)
+            return None
+        except Exception as exc:
+            savepoint.rollback()
+            return exc
+        savepoint.commit()
+        return None
+
+    # --- per-message mode ----------------------------------------------------------------
+    def _one_by_one(self, records: Sequence[Any]) -> tuple[int, _Failed | None]:
+        for index, record in enumerate(records):
+            if self.stop.is_set():
+                return index, None
+            error = self._once(record, recovering=False)
+            if error is not None:
+                return index, _Failed(index, error)
+        return len(records), None
+
+    def _once(self, record: Any, *, recovering: bool) -> BaseException | None:
+        """One message in its own transaction; the error if it failed (nothing committed)."""
+        try:
+            decoded = decode(record, self._registration(record))
+        except MalformedMessage as exc:
+            return exc
+        registration = self._registration(record)
+        assert registration is not None
+        with self.engine.connect() as conn:
+            tx = conn.begin()
+            try:
+                if not mark(conn, self.schema, self.group, _mark(decoded)):
+                    tx.commit()
+                    self._duplicate(decoded)
+                    self.committed([record])
+                    return None
+                try:
+                    self._call(conn, registration, [decoded])
+                except SkipMessage as exc:
+                    tx.rollback()
+                    with conn.begin():
+                        mark(conn, self.schema, self.group, _mark(decoded))
+                    self._skipped(decoded, exc)
+                    self.committed([record])
+                    return None
+                except Exception as exc:
+                    tx.rollback()
+                    return exc
+                if recovering:
+                    failures.mark_recovered(
+                        conn,
+                        group=self.group,
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                    )
+                tx.commit()
+            finally:
+                if tx.is_active:
+                    tx.rollback()
+        self._done([decoded])
+        self.committed([record])
+        return None
+
+    # --- failures --------------------------------------------------------------------------
+    def _settle(self, record: Any, error: BaseException) -> bool:
+        """Retry *record* alone until it is handled or dead-lettered; False if stopping."""
+        while True:
+            attempt = self._count_attempt(record, error)
+            if attempt.status in ("dead-lettered", "replayed"):
+                # Dead-lettered before (a redelivery of a message without a mark): move on.
+                self.committed([record])
+                return True
+            if isinstance(error, MalformedMessage | DeadLetter) or (
+                attempt.attempts >= self.settings.max_attempts
+            ):
+                self._dead_letter(record, error, attempt.attempts)
+                return True
+            delay = self.settings.backoff(attempt.attempts)
+            if isinstance(error, RetryLater) and error.delay_s is not None:
+                delay = error.delay_s
+            log.warning(
+                "message at %s[%d]@%d failed (attempt %d of %d), retrying in %.2f s: %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                attempt.attempts,
+                self.settings.max_attempts,
+                delay,
+                _describe(error),
+                extra={"event": "consumer.retry"},
+            )
+            if self.stop.wait(delay):
+                return False
+            retried = self._once(record, recovering=True)
+            if retried is None:
+                return True
+            error = retried
+
+    def _count_attempt(self, record: Any, error: BaseException) -> failures.Attempt:
+        self.metrics.failures.labels(record.topic).inc()
+        with self.engine.begin() as conn:
+            return failures.record_attempt(
+                conn,
+                group=self.group,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                message_id=message_id_of(record),
+                key=record.key,
+                payload=record.value,
+                headers=headers_json(record.headers or []),
+                error=_describe(error),
+            )
+
+    def _dead_letter(self, record: Any, error: BaseException, attempts: int) -> None:
+        topic = record.topic + self.settings.dlq_suffix
+        headers = dead_letter_headers(
+            record, error=_describe(error), group=self.group, attempts=attempts
+        )
+        # Sent (and acknowledged) before the database records it: a crash in between sends
+        # it again on redelivery (a duplicate in the dead-letter topic), never loses it.
+        sent = self.send_dead_letter(topic, record.key, record.value, headers)
+        message_id = message_id_of(record)
+        with self.engine.begin() as conn:
+            if message_id is not None:
+                mark(
+                    conn,
+                    self.schema,
+                    self.group,
+                    Mark(message_id, record.topic, record.partition, record.offset),
+                )
+            failures.mark_dead_lettered(
+                conn,
+                group=self.group,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                dlq_topic=sent.topic,
+                dlq_partition=sent.partition,
+                dlq_offset=sent.offset,
+            )
+        self.metrics.dead_lettered.labels(record.topic).inc()
+        log.error(
+            "message at %s[%d]@%d dead-lettered to %s after %d attempts: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            topic,
+            attempts,
+            _describe(error),
+            extra={"event": "consumer.dead_lettered"},
+        )
+        self.committed([record])
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _registration(self, record: Any) -> Registration | None:
+        return self.app.registrations.get(record.topic)
+
+    def _call(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
+        settings = self.app.outbox_settings
+        if registration.batch_handler is not None:
+            registration.batch_handler(
+                [(d.context(conn, self.group, settings), d.payload) for d in items]
+            )
+            return
+        assert registration.handler is not None
+        assert len(items) == 1
+        registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
+
+    def _duplicate(self, d: Decoded) -> None:
+        self.metrics.duplicates.labels(d.record.topic).inc()
+        log.debug(
+            "dropped duplicate %s (%s[%d]@%d)",
+            d.message_id,
+            d.record.topic,
+            d.record.partition,
+            d.record.offset,
+            extra={"event": "consumer.duplicate"},
+        )
+
+    def _skipped(self, d: Decoded, exc: SkipMessage) -> None:
+        self.metrics.skipped.labels(d.record.topic).inc()
+        log.info("skipped %s: %s", d.message_id, exc.reason, extra={"event": "consumer.skipped"})
+
+    def _done(self, items: list[Decoded]) -> None:
+        by_topic: dict[str, int] = {}
+        for d in items:
+            by_topic[d.record.topic] = by_topic.get(d.record.topic, 0) + 1
+        for topic, n in by_topic.items():
+            self.metrics.processed.labels(topic).inc(n)
+
+
+def _mark(d: Decoded) -> Mark:
+    return Mark(d.message_id, d.record.topic, d.record.partition, d.record.offset)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:4000]

@@ -1,0 +1,83 @@
+"""Replaying dead-lettered messages once their cause is fixed (for ``outbox`` commands).
+
+Two ways, both recorded in the failures table (status ``replayed``):
+
+* :func:`republish` sends the exact bytes received back to the original topic: the message
+  takes the normal path (and its retries) again. Its dedup mark — written when it was
+  dead-lettered, so redeliveries were dropped — is removed first, else it would be dropped.
+* :func:`rehandle` runs the app's handler on it now, in one transaction with its mark.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sqlalchemy import Engine
+
+from consumers.app import Consumer
+from consumers.deadletter import ERROR_HEADERS, KafkaSender, Sent
+from consumers.decode import decode
+from consumers.errors import FailureNotFound
+from dedup import failures
+from dedup.inbox import Mark, mark, unmark
+
+
+def _load(engine: Engine, failure_id: int) -> failures.Failure:
+    with engine.connect() as conn:
+        found = failures.get_failure(conn, failure_id)
+    if found is None:
+        raise FailureNotFound(failure_id)
+    return found
+
+
+def republish(engine: Engine, sender: KafkaSender, failure_id: int, *, schema: str) -> Sent:
+    """Send failure *failure_id*'s message to its original topic again; return where it went.
+
+    *engine* must carry the schema translate map (``outbox.schema.translate``).
+    """
+    failure = _load(engine, failure_id)
+    if failure.message_id is not None:
+        with engine.begin() as conn:
+            unmark(conn, schema, failure.consumer_group, failure.message_id)
+    headers = [
+        (name, value.encode())
+        for name, value in failure.headers.items()
+        if name not in ERROR_HEADERS
+    ]
+    sent = sender.send(failure.topic, key=failure.key, value=failure.payload, headers=headers)
+    with engine.begin() as conn:
+        failures.mark_replayed(conn, failure_id)
+    return sent
+
+
+def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:
+    """Run *app*'s handler on failure *failure_id*'s message now; its effect commits with
+    its dedup mark and the ``replayed`` status, or (if it raises) not at all."""
+    failure = _load(engine, failure_id)
+    record = SimpleNamespace(
+        topic=failure.topic,
+        partition=failure.partition,
+        offset=failure.offset,
+        key=failure.key,
+        value=failure.payload,
+        headers=[(n, v.encode()) for n, v in failure.headers.items()],
+    )
+    registration = app.registrations.get(failure.topic)
+    decoded = decode(record, registration)
+    assert registration is not None
+    schema = app.outbox_settings.schema_name
+    with engine.begin() as conn:
+        unmark(conn, schema, app.group_id, decoded.message_id)
+        mark(
+            conn,
+            schema,
+            app.group_id,
+            Mark(decoded.message_id, failure.topic, failure.partition, failure.offset),
+        )
+        ctx = decoded.context(conn, app.group_id, app.outbox_settings)
+        if registration.batch_handler is not None:
+            registration.batch_handler([(ctx, decoded.payload)])
+        else:
+            assert registration.handler is not None
+            registration.handler(ctx, decoded.payload)
+        failures.mark_replayed(conn, failure_id)

@@ -1,0 +1,259 @@
+"""The consumer process: poll, process with dedup marks, commit offsets, repeat.
+
+Single-threaded on purpose, like the relay: handlers, database commits and offset commits
+happen in one order that is easy to reason about (the rebalance listener runs inside
+``poll``, on this thread too). Background work (dedup retention) runs as APScheduler jobs
+whose bodies are plain functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from kafka import KafkaConsumer, TopicPartition
+from sqlalchemy import Engine, create_engine
+
+from consumers.app import Consumer
+from consumers.crashpoint import KillAfterCommits
+from consumers.deadletter import KafkaSender, Sent
+from consumers.metrics import ConsumerMetrics
+from consumers.offsets import OffsetTracker, Rebalance
+from consumers.processing import Processor
+from consumers.window import verify_window
+from dedup.inbox import purge_marks
+from outbox.dsn import redact, sqlalchemy_url
+from outbox.errors import ConfigurationError
+from outbox.migrate import check_schema
+from outbox.schema import translate
+from relay.http import HealthServer
+
+log = logging.getLogger(__name__)
+
+
+class Runner:
+    """Runs a :class:`Consumer` app. ``run()`` blocks until ``stop()`` (e.g. on SIGTERM)."""
+
+    def __init__(self, app: Consumer) -> None:
+        self.app = app
+        self.settings = s = app.settings
+        url = s.resolved_database_url()
+        if not url:
+            raise ConfigurationError(
+                "no database URL: set OUTBOXKIT_CONSUMER_DATABASE_URL (or "
+                "OUTBOXKIT_DATABASE_URL) or pass --database-url"
+            )
+        if not s.resolved_bootstrap():
+            raise ConfigurationError(
+                "no Kafka bootstrap servers: set OUTBOXKIT_CONSUMER_KAFKA_BOOTSTRAP (or "
+                "OUTBOXKIT_KAFKA_BOOTSTRAP) or pass --kafka-bootstrap"
+            )
+        if not app.registrations:
+            raise ConfigurationError("the consumer app has no handlers: register one first")
+        self._url = url
+        self.engine: Engine = create_engine(
+            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
+        ).execution_options(schema_translate_map=translate(app.outbox_settings))
+        self.metrics = ConsumerMetrics()
+        self.offsets = OffsetTracker()
+        self.sender = KafkaSender(s.resolved_bootstrap(), client_id=f"outboxkit-{app.group_id}")
+        self._stop = threading.Event()
+        self._crash = KillAfterCommits()
+        self.processor = Processor(
+            app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
+        )
+        self.consumer: Any = None
+        self.http: HealthServer | None = None
+        self._scheduler: BackgroundScheduler | None = None
+        self._ready = False
+        self._last_loop = time.monotonic()
+        self._failures = 0
+
+    # --- probes ---------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return self._ready and not self._stop.is_set()
+
+    def healthy(self) -> bool:
+        bound = self.settings.max_poll_interval_ms / 1000 + 30
+        return time.monotonic() - self._last_loop < bound
+
+    def _set_ready(self, value: bool) -> None:
+        self._ready = value
+        self.metrics.ready.set(1 if value else 0)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Finish the current batch, commit the database then the offsets, and return."""
+        self._stop.set()
+
+    def run(self) -> int:
+        s, app = self.settings, self.app
+        log.info(
+            "consumer %s starting (topics %s, database %s, kafka %s, %s mode)",
+            app.group_id,
+            ", ".join(app.topics),
+            redact(self._url),
+            s.resolved_bootstrap(),
+            s.mode,
+            extra={"event": "consumer.start"},
+        )
+        try:
+            verify_window(s, app.topics)
+            with self.engine.connect() as conn:
+                check_schema(conn, app.outbox_settings)
+            if s.http_port:
+                self.http = HealthServer(
+                    s.http_host, s.http_port, self.metrics.registry, self.healthy, self.ready
+                )
+                self.http.start()
+            self.consumer = self._make_consumer()
+            self.consumer.subscribe(
+                app.topics, listener=Rebalance(self.consumer, self.offsets, self.metrics)
+            )
+            self._start_scheduler()
+            self._set_ready(True)
+            self._loop()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _make_consumer(self) -> Any:
+        s = self.settings
+        try:
+            return KafkaConsumer(
+                bootstrap_servers=s.resolved_bootstrap().split(","),
+                group_id=self.app.group_id,
+                client_id=f"outboxkit-{self.app.group_id}",
+                enable_auto_commit=False,
+                auto_offset_reset=s.auto_offset_reset,
+                max_poll_records=s.max_poll_records,
+                session_timeout_ms=s.session_timeout_ms,
+                heartbeat_interval_ms=max(100, s.session_timeout_ms // 3),
+                max_poll_interval_ms=s.max_poll_interval_ms,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"the Kafka consumer refused its settings: {exc}") from exc
+
+    def _start_scheduler(self) -> None:
+        s = self.settings
+        if s.dedup_retention_seconds <= 0:
+            return
+        sched = BackgroundScheduler(
+            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        )
+        sched.add_job(
+            self._retention,
+            "interval",
+            seconds=s.retention_interval_seconds,
+            id="retention",
+            next_run_time=datetime.now(UTC),
+        )
+        sched.start()
+        self._scheduler = sched
+
+    def _retention(self) -> None:
+        try:
+            deleted = purge_marks(
+                self.engine,
+                self.app.outbox_settings.schema_name,
+                self.app.group_id,
+                older_than_s=self.settings.dedup_retention_seconds,
+                batch=self.settings.retention_batch,
+            )
+        except Exception as exc:
+            log.warning("dedup retention failed: %s", exc, extra={"event": "consumer.job_failed"})
+            return
+        self.metrics.purged.inc(deleted)
+        if deleted:
+            log.info("purged %d dedup marks", deleted, extra={"event": "consumer.retention"})
+
+    def _shutdown(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+        if self.consumer is not None:
+            # The database has committed everything processed: now (and only now) the offsets.
+            self.offsets.commit(self.consumer)
+            self.consumer.close(autocommit=False)
+        self.sender.close()
+        if self.http is not None:
+            self.http.stop()
+        self.engine.dispose()
+        log.info("consumer %s stopped", self.app.group_id, extra={"event": "consumer.stop"})
+
+    # --- the loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        s = self.settings
+        while not self._stop.is_set():
+            self._last_loop = time.monotonic()
+            polled = self.consumer.poll(
+                timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
+            )
+            records = [r for batch in polled.values() for r in batch]
+            if records:
+                started = time.perf_counter()
+                try:
+                    self.processor.process(records)
+                except Exception as exc:
+                    self._rewind(records)
+                    self._set_ready(False)
+                    log.exception(
+                        "processing a batch failed", extra={"event": "consumer.batch_failed"}
+                    )
+                    self._backoff(f"batch failed: {type(exc).__name__}: {exc}")
+                    continue
+                self.metrics.batch_seconds.observe(time.perf_counter() - started)
+                self._failures = 0
+                self._set_ready(True)
+            self.offsets.commit(self.consumer)
+            self._update_lag()
+
+    def _committed(self, records: Sequence[Any]) -> None:
+        self.offsets.done(records)
+        self._crash.committed()
+
+    def _rewind(self, records: Sequence[Any]) -> None:
+        """After a failure mid-batch, seek each partition back to its first unhandled record."""
+        first: dict[TopicPartition, int] = {}
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            first.setdefault(tp, record.offset)
+        for tp, offset in first.items():
+            done = self.offsets.pending.get(tp, -1)
+            self.consumer.seek(tp, max(offset, done))
+
+    def _send(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> Sent:
+        return self.sender.send(topic, key=key, value=value, headers=headers)
+
+    def _update_lag(self) -> None:
+        """Lag per partition: the high watermark minus where this consumer will read next."""
+        total = 0
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is None:
+                continue
+            try:
+                position = self.consumer.position(tp, timeout_ms=0)
+            except Exception:  # noqa: S112 - no position yet (being reset): nothing to report
+                continue
+            if position is None:
+                continue
+            lag = max(0, high - position)
+            self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+            total += lag
+        self.metrics.lag_total.set(total)
+
+    def _backoff(self, reason: str) -> None:
+        s = self.settings
+        delay = min(s.backoff_max_seconds, max(0.1, s.backoff_initial_seconds) * 2**self._failures)
+        delay *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
+        self._failures += 1
+        log.warning("%s; retrying in %.2f s", reason, delay, extra={"event": "consumer.backoff"})
+        self._stop.wait(delay)

@@ -1,0 +1,114 @@
+"""Settings of an idempotent consumer, read from ``OUTBOXKIT_CONSUMER_*`` (flags override)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DAY = 86_400.0
+
+
+class ConsumerSettings(BaseSettings):
+    """Everything an operator tunes on a consumer; every field has a safe default."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", frozen=True, extra="ignore")
+
+    database_url: SecretStr = Field(
+        default=SecretStr(""),
+        description="PostgreSQL URL of the database holding the dedup table (falls back to "
+        "OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
+    )
+    kafka_bootstrap: str = Field(
+        default="",
+        description="Kafka bootstrap servers, comma separated (falls back to "
+        "OUTBOXKIT_KAFKA_BOOTSTRAP).",
+    )
+    group_id: str = Field(
+        default="", description="Kafka consumer group; overrides the app's group_id when set."
+    )
+    mode: Literal["batch", "per-message"] = Field(
+        default="batch",
+        description="batch: one transaction per poll batch, a savepoint per message; "
+        "per-message: one transaction per message.",
+    )
+    max_poll_records: int = Field(default=500, gt=0, le=50_000, description="Batch size.")
+    poll_timeout_ms: int = Field(default=500, gt=0, description="How long one poll waits.")
+    max_attempts: int = Field(
+        default=5, gt=0, le=1000, description="Attempts before a failing message is dead-lettered."
+    )
+    backoff_initial_seconds: float = Field(
+        default=0.5, ge=0, description="Delay before the second attempt (doubles after)."
+    )
+    backoff_max_seconds: float = Field(default=10.0, ge=0, description="Longest retry delay.")
+    dlq_suffix: str = Field(default=".dlq", min_length=1, description="Dead-letter topic suffix.")
+    dedup_retention_seconds: float = Field(
+        default=8 * DAY,
+        ge=0,
+        description="Dedup marks older than this are purged (0: keep forever). Must be at "
+        "least the topic's retention plus max_lag_seconds, or the consumer refuses to start.",
+    )
+    max_lag_seconds: float = Field(
+        default=DAY,
+        ge=0,
+        description="The longest this group may fall behind; part of the dedup window.",
+    )
+    topic_retention_seconds: float | None = Field(
+        default=None,
+        description="The topics' retention; default: read retention.ms from the broker.",
+    )
+    retention_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often old dedup marks are purged."
+    )
+    retention_batch: int = Field(default=5000, gt=0, description="Marks deleted per statement.")
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        default="earliest", description="Where a new group starts reading."
+    )
+    session_timeout_ms: int = Field(default=10_000, gt=0, description="Kafka session timeout.")
+    max_poll_interval_ms: int = Field(
+        default=300_000, gt=0, description="Kafka max.poll.interval.ms (bounds retries too)."
+    )
+    http_host: str = Field(default="127.0.0.1", description="Address of /metrics, /healthz.")
+    http_port: int = Field(
+        default=0, ge=0, le=65535, description="Port of the HTTP endpoints (0: none)."
+    )
+    shutdown_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="On SIGTERM, the longest to wait for the batch."
+    )
+    log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: str) -> str:
+        for server in filter(None, (s.strip() for s in value.split(","))):
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    @model_validator(mode="after")
+    def _retries_fit_the_poll_interval(self) -> ConsumerSettings:
+        # Retries happen between polls: all of them must fit in max.poll.interval.ms, or the
+        # broker presumes this consumer dead and rebalances while it waits.
+        worst = sum(self.backoff(n) for n in range(1, self.max_attempts))
+        if worst >= self.max_poll_interval_ms / 1000 * 0.8:
+            raise ValueError(
+                f"max_attempts={self.max_attempts} with backoff up to "
+                f"{self.backoff_max_seconds:g} s waits {worst:g} s in the worst case, over 80% "
+                f"of max_poll_interval_ms={self.max_poll_interval_ms}: lower one or raise it"
+            )
+        return self
+
+    def backoff(self, attempt: int) -> float:
+        """The delay after failed attempt number *attempt* (1-based), before the next one."""
+        delay = self.backoff_initial_seconds * 2.0 ** (attempt - 1)
+        return float(min(self.backoff_max_seconds, delay))
+
+    def resolved_database_url(self) -> str:
+        return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
+
+    def resolved_bootstrap(self) -> str:
+        return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")

@@ -1,0 +1,226 @@
+"""The failures table: messages a consumer could not handle, and what became of them.
+
+Attempts are counted here, in their own short transactions, so they survive crashes and
+restarts: a message that keeps failing reaches the dead-letter topic after the configured
+number of attempts however often the consumer restarts in between. Statuses:
+
+* ``retrying`` — failed at least once, will be tried again;
+* ``recovered`` — a later attempt succeeded;
+* ``dead-lettered`` — copied to the dead-letter topic; the consumer went on past it;
+* ``replayed`` — an operator re-published or re-handled it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+
+from outbox.tables import consumer_failures
+
+STATUSES = ("retrying", "recovered", "dead-lettered", "replayed")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One row of the failures table."""
+
+    id: int
+    consumer_group: str
+    topic: str
+    partition: int
+    offset: int
+    message_id: str | None
+    key: bytes | None
+    payload: bytes | None
+    headers: dict[str, str]
+    attempts: int
+    last_error: str | None
+    status: str
+    first_failed_at: datetime
+    last_failed_at: datetime
+    dead_lettered_at: datetime | None
+    dlq_topic: str | None
+    replayed_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly (bytes as UTF-8 with replacement), for ``--json`` output."""
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, bytes)}
+        out["key"] = self.key.decode("utf-8", "replace") if self.key is not None else None
+        out["payload"] = (
+            self.payload.decode("utf-8", "replace") if self.payload is not None else None
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What :func:`record_attempt` left in the table."""
+
+    attempts: int
+    status: str
+
+
+def headers_json(headers: Sequence[tuple[str, bytes | None]]) -> dict[str, str]:
+    """Kafka headers as a JSON object (values decoded as UTF-8, undecodable bytes escaped)."""
+    return {name: (value or b"").decode("utf-8", "backslashreplace") for name, value in headers}
+
+
+def record_attempt(
+    conn: Connection,
+    *,
+    group: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    message_id: str | None,
+    key: bytes | None,
+    payload: bytes | None,
+    headers: Mapping[str, str],
+    error: str,
+) -> Attempt:
+    """Count one failed attempt at the message at (topic, partition, offset).
+
+    Never commits; run it in its own short transaction so the count survives a crash. A
+    message already dead-lettered or replayed keeps its status (a redelivery of it must not
+    be sent to the dead-letter topic again).
+    """
+    t = consumer_failures
+    stmt = (
+        insert(t)
+        .values(
+            consumer_group=group,
+            topic=topic,
+            kafka_partition=partition,
+            kafka_offset=offset,
+            message_id=message_id,
+            key=key,
+            payload=payload,
+            headers=json.loads(json.dumps(dict(headers))),
+            attempts=1,
+            last_error=error[:4000],
+        )
+        .on_conflict_do_update(
+            constraint="consumer_failures_position_key",
+            set_={
+                "attempts": t.c.attempts + 1,
+                "last_error": error[:4000],
+                "last_failed_at": _now(),
+            },
+        )
+        .returning(t.c.attempts, t.c.status)
+    )
+    row = conn.execute(stmt).one()
+    return Attempt(row.attempts, row.status)
+
+
+def mark_dead_lettered(
+    conn: Connection,
+    *,
+    group: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    dlq_topic: str,
+    dlq_partition: int | None,
+    dlq_offset: int | None,
+) -> None:
+    """Record where the dead-letter copy went; never commits."""
+    conn.execute(
+        update(consumer_failures)
+        .where(*_position(group, topic, partition, offset))
+        .values(
+            status="dead-lettered",
+            dead_lettered_at=_now(),
+            dlq_topic=dlq_topic,
+            dlq_partition=dlq_partition,
+            dlq_offset=dlq_offset,
+        )
+    )
+
+
+def mark_recovered(
+    conn: Connection, *, group: str, topic: str, partition: int, offset: int
+) -> None:
+    """A later attempt succeeded; never commits (call it in the success transaction)."""
+    conn.execute(
+        update(consumer_failures)
+        .where(
+            *_position(group, topic, partition, offset), consumer_failures.c.status == "retrying"
+        )
+        .values(status="recovered")
+    )
+
+
+def mark_replayed(conn: Connection, failure_id: int) -> None:
+    """An operator replayed the failure; never commits."""
+    conn.execute(
+        update(consumer_failures)
+        .where(consumer_failures.c.id == failure_id)
+        .values(status="replayed", replayed_at=_now())
+    )
+
+
+def get_failure(conn: Connection, failure_id: int) -> Failure | None:
+    """The failure with this id, or None."""
+    row = conn.execute(
+        select(consumer_failures).where(consumer_failures.c.id == failure_id)
+    ).first()
+    return _failure(row._mapping) if row is not None else None
+
+
+def list_failures(
+    conn: Connection,
+    *,
+    group: str | None = None,
+    status: str | None = "dead-lettered",
+    limit: int = 100,
+) -> list[Failure]:
+    """Failures, oldest first; by default the dead-lettered ones (what needs an operator)."""
+    stmt = select(consumer_failures).order_by(consumer_failures.c.id).limit(limit)
+    if group is not None:
+        stmt = stmt.where(consumer_failures.c.consumer_group == group)
+    if status is not None:
+        stmt = stmt.where(consumer_failures.c.status == status)
+    return [_failure(row._mapping) for row in conn.execute(stmt)]
+
+
+def _position(group: str, topic: str, partition: int, offset: int) -> list[Any]:
+    t = consumer_failures
+    return [
+        t.c.consumer_group == group,
+        t.c.topic == topic,
+        t.c.kafka_partition == partition,
+        t.c.kafka_offset == offset,
+    ]
+
+
+def _now() -> Any:
+    return func.now()
+
+
+def _failure(row: Any) -> Failure:
+    return Failure(
+        id=row["id"],
+        consumer_group=row["consumer_group"],
+        topic=row["topic"],
+        partition=row["kafka_partition"],
+        offset=row["kafka_offset"],
+        message_id=row["message_id"],
+        key=bytes(row["key"]) if row["key"] is not None else None,
+        payload=bytes(row["payload"]) if row["payload"] is not None else None,
+        headers=dict(row["headers"] or {}),
+        attempts=row["attempts"],
+        last_error=row["last_error"],
+        status=row["status"],
+        first_failed_at=row["first_failed_at"],
+        last_failed_at=row["last_failed_at"],
+        dead_lettered_at=row["dead_lettered_at"],
+        dlq_topic=row["dlq_topic"],
+        replayed_at=row["replayed_at"],
+    )

@@ -1,0 +1,83 @@
+"""The common path in one call: record the intent, call, record the outcome.
+
+Transactions (each short, none open while the outside system is called)::
+
+    T1  begin()            INSERT operations (pending) + intent event     COMMIT
+        system.call(op)    the outside call, with op.idempotency_key
+    T2  record_outcome()   confirmed / rejected + evidence               COMMIT
+        or mark_unknown()  unknown, next_check_at = now() + backoff       COMMIT
+
+A crash between T1 and T2 leaves ``pending``: a reconciler (or the next delivery of the same
+message) asks the outside system instead of calling again. Found on a second call with the
+same key, the operation is returned as recorded if settled, or reconciled if it is open and
+due — the outside system is called again only after a definite *not found*.
+
+Inside a Kafka consumer
+-----------------------
+Call :func:`perform` with an ``Engine`` (it opens its own connections), not with the
+connection of the message's transaction — the intent must be committed on its own, before
+the call. Then, in the message transaction: act on the result (e.g.
+``apply_confirmation(conn, run_id=..., confirmation_id=message_id, ...)``) and commit the
+dedup mark **after** the outcome is recorded. If the operation is still open
+(``pending``/``unknown``), do not commit the mark: let the message be redelivered (retry
+later); the redelivery finds the operation by its key (derived from the message id) and
+reconciles instead of calling. ``needs-human``: park the message; a human resolves it.
+Do not hold a lock on the operation's agent run while calling :func:`perform`: an escalation
+moves that run in perform's own transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import Engine
+
+from dedup.operations import OPEN, Operation, begin, idempotency_key
+from dedup.policy import ReconcilePolicy
+from dedup.reconcile import DEFAULT_POLICY, reconcile_operation
+from dedup.systems import System, send
+from outbox.errors import ConfigurationError
+from outbox.settings import OutboxSettings
+
+
+def perform(
+    engine: Engine,
+    *,
+    system: System,
+    operation: str,
+    request: Any,
+    message_id: uuid.UUID | str | None = None,
+    key: str | None = None,
+    run_id: uuid.UUID | None = None,
+    policy: ReconcilePolicy = DEFAULT_POLICY,
+    actor: str = "perform",
+    settings: OutboxSettings | None = None,
+) -> Operation:
+    """Do *operation* on *system* at most once per key; return the operation as recorded.
+
+    The key is *key*, or :func:`~dedup.operations.idempotency_key` of *message_id* and
+    *operation*. Check ``result.status``: ``confirmed`` / ``rejected`` are settled (with
+    evidence); ``pending`` / ``unknown`` mean the outcome is not established yet (a
+    reconciler will ask the system); ``needs-human`` means a person must decide.
+
+    Raises:
+        RequestMismatch: the key was recorded for a different request; nothing was written.
+    """
+    if key is None:
+        if message_id is None:
+            raise ConfigurationError("perform needs key= or message_id= (to derive the key)")
+        key = idempotency_key(message_id, operation)
+    with engine.begin() as conn:
+        intent = begin(
+            conn, key=key, system=system.name, operation=operation, request=request,
+            run_id=run_id, message_id=message_id, in_flight_grace=policy.in_flight_grace,
+            actor=actor, settings=settings,
+        )
+    if intent.created:
+        return send(engine, intent.operation, system, policy=policy, actor=actor,
+                    settings=settings)
+    if intent.operation.status not in OPEN:
+        return intent.operation
+    return reconcile_operation(engine, intent.operation.id, system, policy=policy, actor=actor,
+                               settings=settings)

@@ -1,0 +1,54 @@
+"""How hard the ledger tries to establish an unknown outcome before a human takes over."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from outbox.errors import ConfigurationError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcilePolicy:
+    """Bounds for reconciling an operation whose outcome we did not see.
+
+    Nothing loops: status queries are bounded by ``max_checks`` and ``max_age_seconds``,
+    calls (all with the same idempotency key) by ``max_calls``; past either the operation
+    goes to ``needs-human`` with every check's result as evidence.
+    """
+
+    max_checks: int = 8
+    """Status queries that may answer unclear before a human is asked."""
+    max_age_seconds: float | None = 24 * 3600.0
+    """An operation still unknown this long after its intent goes to a human."""
+    max_calls: int = 3
+    """Calls with the same key (the first included) that a not-found answer may trigger."""
+    initial_backoff: float = 5.0
+    multiplier: float = 2.0
+    max_backoff: float = 600.0
+    jitter: float = 0.1
+    """Fraction (0..1) taken off each delay at random, so many checks spread out."""
+    in_flight_grace: float = 60.0
+    """Seconds after sending during which a ``pending`` operation may still be in flight in a
+    live process; longer than the call's own timeout. After it, pending means unknown."""
+    claim_seconds: float = 60.0
+    """How long a checker holds an operation it claimed (longer than a status query takes)."""
+
+    def __post_init__(self) -> None:
+        if self.max_checks < 1 or self.max_calls < 1:
+            raise ConfigurationError("max_checks and max_calls must be >= 1")
+        if self.max_age_seconds is not None and self.max_age_seconds <= 0:
+            raise ConfigurationError("max_age_seconds must be > 0 (or None for no age limit)")
+        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
+            raise ConfigurationError(
+                "backoff needs initial_backoff >= 0, max_backoff >= 0 and multiplier >= 1"
+            )
+        if not 0 <= self.jitter <= 1:
+            raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
+        if self.in_flight_grace < 0 or self.claim_seconds <= 0:
+            raise ConfigurationError("in_flight_grace must be >= 0 and claim_seconds > 0")
+
+    def backoff(self, checks: int, rng: random.Random | None = None) -> float:
+        """Seconds until the next status query after *checks* unclear ones (0 → first)."""
+        base = min(self.max_backoff, self.initial_backoff * self.multiplier ** max(0, checks - 1))
+        return base * (1 - self.jitter * (rng or random).random())  # jitter, not crypto

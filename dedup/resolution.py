@@ -1,0 +1,133 @@
+"""A human settles what the ledger could not: list operations, confirm one, or declare it
+not applied (so it is called again with the same key). Each resolution records who and why.
+
+Functions take the caller's ``Connection``/``Session`` and never commit. The related agent
+run is not moved here: once the operation is settled, requeue the run with
+``outbox.runs.move(conn, run_id, "queued", actor=..., reason=...)`` (it resumes from its
+checkpoint and finds the operation settled under the same key).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from dedup.errors import ResolutionRefused
+from dedup.operations import (
+    SETTLED,
+    Operation,
+    OperationStatus,
+    event_insert,
+    fetch,
+    get_operation,
+    ops,
+)
+from dedup.outcomes import Evidence
+from outbox.checkpoints import json_value
+from outbox.execution import SyncConn
+from outbox.settings import OutboxSettings
+
+
+def list_operations(
+    conn: SyncConn,
+    *,
+    status: OperationStatus | str | Collection[OperationStatus | str] | None = None,
+    system: str | None = None,
+    run_id: uuid.UUID | None = None,
+    limit: int = 100,
+    settings: OutboxSettings | None = None,
+) -> list[Operation]:
+    """Operations, oldest first, filtered by status (one or several), system and run."""
+    query = select(ops).order_by(ops.c.created_at, ops.c.id).limit(limit)
+    if status is not None:
+        wanted = [status] if isinstance(status, str) else list(status)
+        query = query.where(ops.c.status.in_([OperationStatus(s).value for s in wanted]))
+    if system is not None:
+        query = query.where(ops.c.system == system)
+    if run_id is not None:
+        query = query.where(ops.c.run_id == run_id)
+    return [Operation.from_row(row) for row in fetch(conn, query, settings)]
+
+
+def resolve_confirmed(
+    conn: SyncConn,
+    operation_id: uuid.UUID,
+    *,
+    evidence: Evidence,
+    actor: str,
+    reason: str,
+    settings: OutboxSettings | None = None,
+) -> Operation:
+    """A human confirms the operation was applied, with the evidence they found (e.g. the
+    supplier's order number from its portal). Never commits.
+
+    Raises:
+        ResolutionRefused: already confirmed/rejected, no evidence, or no actor/reason.
+    """
+    current = _resolvable(conn, operation_id, actor, reason, settings)
+    if evidence.is_empty():
+        raise ResolutionRefused(operation_id, current.status.value,
+                                "confirming needs evidence (the outside system's reference)")
+    detail = {**evidence.as_json(), "reason": reason}
+    return _resolve(conn, current, OperationStatus.CONFIRMED, actor=actor, reason=reason,
+                    detail=detail, settings=settings,
+                    reference=evidence.reference, response_digest=evidence.response_digest,
+                    evidence=json_value({**evidence.as_json(), "resolved_by": actor}),
+                    next_check_at=None, resolved_at=func.now())
+
+
+def resolve_not_applied(
+    conn: SyncConn,
+    operation_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str,
+    evidence: Evidence | None = None,
+    settings: OutboxSettings | None = None,
+) -> Operation:
+    """A human establishes the operation was **not** applied: the reconciler's next pass
+    calls the system again with the same idempotency key. Never commits.
+
+    Raises:
+        ResolutionRefused: already confirmed/rejected, or no actor/reason.
+    """
+    current = _resolvable(conn, operation_id, actor, reason, settings)
+    detail = {**(evidence.as_json() if evidence else {}), "reason": reason}
+    return _resolve(conn, current, OperationStatus.NOT_APPLIED, actor=actor, reason=reason,
+                    detail=detail, settings=settings, next_check_at=func.now())
+
+
+def _resolvable(conn: SyncConn, operation_id: uuid.UUID, actor: str, reason: str,
+                settings: OutboxSettings | None) -> Operation:
+    current = get_operation(conn, operation_id, settings=settings)
+    if not actor or not reason:
+        raise ResolutionRefused(operation_id, current.status.value,
+                                "say who resolves it (actor) and why (reason)")
+    if current.status in SETTLED:
+        raise ResolutionRefused(operation_id, current.status.value,
+                                "it is already settled by the outside system's answer")
+    return current
+
+
+def _resolve(conn: SyncConn, current: Operation, to: OperationStatus, *, actor: str,
+             reason: str, detail: dict[str, Any], settings: OutboxSettings | None,
+             **values: Any) -> Operation:
+    # Fenced on the version read above: a checker's concurrent answer wins, and we say so.
+    rows = fetch(
+        conn,
+        update(ops).where(ops.c.id == current.id, ops.c.version == current.version)
+        .values(status=to.value, resolved_by=actor, resolution_reason=reason,
+                version=ops.c.version + 1, updated_at=func.now(), **values)
+        .returning(*ops.c),
+        settings,
+    )
+    if not rows:
+        latest = get_operation(conn, current.id, settings=settings)
+        raise ResolutionRefused(current.id, latest.status.value,
+                                "it changed while being resolved (a checker answered); "
+                                "look at it again")
+    fetch(conn, event_insert(current.id, "resolution", to.value, detail, actor), settings)
+    return Operation.from_row(rows[0])

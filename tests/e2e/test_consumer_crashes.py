@@ -1,0 +1,124 @@
+"""Consumer processes killed at the worst moments: every message's effect still happens once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from consumers.crashpoint import ENV as KILL_AFTER_COMMITS
+from tests.e2e.conftest import wait_until
+from tests.e2e.consumer_support import (
+    ConsumerProcesses,
+    create_effects,
+    effects,
+    port,
+    produce,
+    wait_for_metric,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def consumers_for(
+    database_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> Iterator[Callable[[str], ConsumerProcesses]]:
+    made: list[ConsumerProcesses] = []
+
+    def make(topic: str) -> ConsumerProcesses:
+        procs = ConsumerProcesses(database_url, kafka_bootstrap, topic, tmp_path)
+        made.append(procs)
+        return procs
+
+    try:
+        yield make
+    finally:
+        for procs in made:
+            procs.stop_all()
+
+
+def test_killed_between_database_commit_and_offset_commit_redelivers_and_drops_duplicates(
+    engine: Engine,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    consumers_for: Callable[[str], ConsumerProcesses],
+) -> None:
+    topic = kafka_topic(partitions=1)
+    create_effects(engine)
+    ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(20)])
+    procs = consumers_for(topic)
+
+    first = procs.start(**{KILL_AFTER_COMMITS: "1"})
+    assert first.wait(timeout=90) == -9, procs.logs()
+    before = effects(engine)
+    assert before, "the first process committed nothing before it was killed"
+    assert set(before.values()) == {1}
+
+    metrics_port = port()
+    procs.start(http_port=metrics_port)
+    dropped = wait_for_metric(
+        metrics_port, "outboxkit_consumer_duplicates_total", lambda v: v >= len(before), 90
+    )
+    wait_until(lambda: len(effects(engine)) == 20, 60, "all 20 effects")
+    assert dropped == len(before)  # exactly the committed ones came back, and were dropped
+    assert effects(engine) == dict.fromkeys(ids, 1)
+
+
+def test_two_consumers_in_one_group_one_killed_mid_batch_every_effect_exactly_once(
+    engine: Engine,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    consumers_for: Callable[[str], ConsumerProcesses],
+) -> None:
+    topic = kafka_topic(partitions=4)
+    create_effects(engine)
+    total = 1200
+    ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(total)])
+    procs = consumers_for(topic)
+    # Slow handlers and small batches: the kill lands inside a batch's transaction.
+    slow = {"TEST_CONSUMER_HANDLER_SLEEP": "0.004", "OUTBOXKIT_CONSUMER_MAX_POLL_RECORDS": "100"}
+    a = procs.start(**slow)
+    b = procs.start(**slow)
+
+    def rows_by(pid: int) -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text("SELECT count(*) FROM public.consumer_effects WHERE pid = :p"), {"p": pid}
+                ).scalar_one()
+            )
+
+    wait_until(lambda: rows_by(a.pid) > 0 and rows_by(b.pid) > 0, 90, "both consumers working")
+    wait_until(lambda: len(effects(engine)) > total // 4, 90, "a quarter done")
+    procs.kill(a)
+    wait_until(lambda: len(effects(engine)) == total, 150, f"all {total} effects")
+    assert effects(engine) == dict.fromkeys(ids, 1)
+    assert b.poll() is None, procs.logs()
+
+
+def test_sigterm_finishes_the_batch_commits_offsets_and_exits_0(
+    engine: Engine,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    consumers_for: Callable[[str], ConsumerProcesses],
+) -> None:
+    topic = kafka_topic(partitions=2)
+    create_effects(engine)
+    ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(40)])
+    procs = consumers_for(topic)
+    first = procs.start()
+    wait_until(lambda: len(effects(engine)) == 40, 90, "40 effects")
+    assert procs.stop(first) == 0, procs.logs()
+
+    more = produce(kafka_bootstrap, topic, [{"n": i} for i in range(5)])
+    metrics_port = port()
+    procs.start(http_port=metrics_port)
+    wait_for_metric(metrics_port, "outboxkit_consumer_processed_total", lambda v: v >= 5, 90)
+    # Offsets were committed on the way out: nothing of the first 40 came back.
+    assert (
+        wait_for_metric(metrics_port, "outboxkit_consumer_duplicates_total", lambda v: True, 5) == 0
+    )
+    assert effects(engine) == dict.fromkeys([*ids, *more], 1)
