@@ -35,10 +35,19 @@ from consumers.metrics import ConsumerMetrics
 from dedup import failures
 from dedup.failures import headers_json
 from dedup.inbox import Mark, mark, mark_many, unmark
+from outbox.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
 SendDeadLetter = Callable[[str, bytes | None, bytes | None, list[tuple[str, bytes]]], Sent]
+
+
+class _HandlerFailed(Exception):
+    """A handler raised inside the plain (savepoint-free) batch; carries where."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.index, self.error = index, error
 
 
 @dataclass
@@ -100,6 +109,17 @@ class Processor:
                 break
         if not decoded:
             return 0, failed
+        plain = self._plain(decoded)
+        if plain is None:
+            self.committed(records[: len(decoded)])
+            return len(decoded), failed
+        index, error = plain
+        # The messages before the failing one succeed again without it: commit them, then
+        # the failing one is settled alone (retried, counted, maybe dead-lettered).
+        if (index >= 0 and not isinstance(error, SkipMessage)
+                and (index == 0 or self._plain(decoded[:index]) is None)):
+            self.committed(records[:index])
+            return index, _Failed(index, error)
         with self.engine.connect() as conn, conn.begin():
             new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
             fresh: list[Decoded] = []
@@ -122,6 +142,62 @@ class Processor:
         self._done(fresh[:ok])
         self.committed(records[:count_to])
         return count_to, failed
+
+    def _plain(self, decoded: list[Decoded]) -> tuple[int, BaseException] | None:
+        """The common case first: the batch in one transaction without savepoints.
+
+        A savepoint costs two round trips per message and almost no batch has a failure,
+        so the batch runs plainly. ``None`` means it committed. Otherwise everything was
+        rolled back and the answer is (index in *decoded* of the message whose handler
+        raised, or -1 when that is not known, and the error). Handlers' database writes roll
+        back with it; their outside effects must be idempotent anyway (the operations
+        ledger), as with any redelivery.
+        """
+        fresh: list[Decoded] = []
+        duplicates: list[Decoded] = []
+        with self.engine.connect() as conn:
+            tx = conn.begin()
+            try:
+                new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
+                for d in decoded:
+                    if d.message_id in new:
+                        new.discard(d.message_id)  # a second copy in this batch: duplicate
+                        fresh.append(d)
+                    else:
+                        duplicates.append(d)
+                at = self._call_all(conn, fresh)
+                failpoint("consumer.after_handler")
+                tx.commit()
+            except _HandlerFailed as failure:
+                tx.rollback()
+                index = -1 if failure.index < 0 else decoded.index(fresh[failure.index])
+                return index, failure.error
+            except Exception as exc:  # the commit itself failed: let the careful path decide
+                tx.rollback()
+                return -1, exc
+        assert at == len(fresh)
+        for d in duplicates:
+            self._duplicate(d)
+        self._done(fresh)
+        return None
+
+    def _call_all(self, conn: Connection, items: list[Decoded]) -> int:
+        """Every handler of *items*, in order (batch handlers get their topic's run at once)."""
+        index = 0
+        while index < len(items):
+            registration = self._registration(items[index].record)
+            assert registration is not None
+            end = index + 1
+            if registration.batch_handler is not None:
+                while end < len(items) and items[end].record.topic == items[index].record.topic:
+                    end += 1
+            try:
+                self._call(conn, registration, items[index:end])
+            except Exception as exc:
+                # Which message of a batch handler's run failed is not known: -1.
+                raise _HandlerFailed(index if end == index + 1 else -1, exc) from exc
+            index = end
+        return index
 
     def _handle_all(self, conn: Connection, items: list[Decoded]) -> tuple[int, _Failed | None]:
         """Run the handlers in savepoints; stop at the first failure (ok count, failure)."""
@@ -215,6 +291,7 @@ class Processor:
                 except Exception as exc:
                     tx.rollback()
                     return exc
+                failpoint("consumer.after_handler")
                 if recovering:
                     failures.mark_recovered(
                         conn,

@@ -21,7 +21,6 @@ from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import Engine, create_engine
 
 from consumers.app import Consumer
-from consumers.crashpoint import KillAfterCommits
 from consumers.deadletter import KafkaSender, Sent
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker, Rebalance
@@ -30,6 +29,7 @@ from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.dsn import redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
+from outbox.failpoints import failpoint
 from outbox.migrate import check_schema
 from outbox.schema import translate
 from relay.http import HealthServer
@@ -64,7 +64,6 @@ class Runner:
         self.offsets = OffsetTracker()
         self.sender = KafkaSender(s.resolved_bootstrap(), client_id=f"outboxkit-{app.group_id}")
         self._stop = threading.Event()
-        self._crash = KillAfterCommits()
         self.processor = Processor(
             app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
         )
@@ -113,6 +112,7 @@ class Runner:
                 )
                 self.http.start()
             self.consumer = self._make_consumer()
+            self._await_topic_metadata()
             self.consumer.subscribe(
                 app.topics, listener=Rebalance(self.consumer, self.offsets, self.metrics)
             )
@@ -122,6 +122,22 @@ class Runner:
         finally:
             self._shutdown()
         return 0
+
+    def _await_topic_metadata(self, timeout_s: float = 15.0) -> None:
+        """Join the group only once the topics' partitions are known.
+
+        A member that joins before the broker has metadata for a new topic is assigned
+        nothing, and kafka-python may not rejoin until its next metadata refresh.
+        """
+        deadline = time.monotonic() + timeout_s
+        missing = set(self.app.topics)
+        while missing and time.monotonic() < deadline and not self._stop.is_set():
+            missing = {t for t in missing if not self.consumer.partitions_for_topic(t)}
+            if missing:
+                time.sleep(0.1)
+        if missing:
+            log.warning("no partitions known yet for %s; joining anyway",
+                        ", ".join(sorted(missing)), extra={"event": "consumer.topics_unknown"})
 
     def _make_consumer(self) -> Any:
         s = self.settings
@@ -136,6 +152,8 @@ class Runner:
                 session_timeout_ms=s.session_timeout_ms,
                 heartbeat_interval_ms=max(100, s.session_timeout_ms // 3),
                 max_poll_interval_ms=s.max_poll_interval_ms,
+                # New topics and partition changes are noticed within seconds, not minutes.
+                metadata_max_age_ms=10_000,
             )
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"the Kafka consumer refused its settings: {exc}") from exc
@@ -214,8 +232,8 @@ class Runner:
             self._update_lag()
 
     def _committed(self, records: Sequence[Any]) -> None:
+        failpoint("consumer.after_db_commit")
         self.offsets.done(records)
-        self._crash.committed()
 
     def _rewind(self, records: Sequence[Any]) -> None:
         """After a failure mid-batch, seek each partition back to its first unhandled record."""

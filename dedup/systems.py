@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from dedup.operations import Operation, mark_unknown, record_outcome
 from dedup.outcomes import Applied, CallOutcome, Found, NotFound, Refused, StatusOutcome, Unclear
 from dedup.policy import ReconcilePolicy
+from outbox.failpoints import failpoint
 from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ def invoke(system: System, operation: Operation) -> CallOutcome:
         outcome = system.call(operation)
     except Exception as exc:
         return Unclear(_describe(exc))
+    failpoint("operations.after_call")
     if isinstance(outcome, Applied | Refused | Unclear):
         return outcome
     return Unclear(f"call returned {outcome!r}, not Applied/Refused/Unclear")

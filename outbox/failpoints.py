@@ -33,6 +33,11 @@ FAILPOINTS: dict[str, str] = {
     "relay.after_send": "a batch was handed to the producer, before any acknowledgement",
     "relay.after_ack": "Kafka acknowledged a batch, before the rows are marked published",
     "relay.after_mark": "rows were marked published, before the next claim",
+    "consumer.after_handler": "the handler ran in the message's transaction, before it "
+    "commits",
+    "consumer.after_db_commit": "the handler's writes and dedup marks committed, before the "
+    "Kafka offsets are committed",
+    "operations.after_call": "the outside system was called, before its answer is recorded",
 }
 
 _SPEC = re.compile(

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from consumers.crashpoint import ENV as KILL_AFTER_COMMITS
 from tests.e2e.conftest import wait_until
 from tests.e2e.consumer_support import (
     ConsumerProcesses,
@@ -51,7 +50,7 @@ def test_killed_between_database_commit_and_offset_commit_redelivers_and_drops_d
     ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(20)])
     procs = consumers_for(topic)
 
-    first = procs.start(**{KILL_AFTER_COMMITS: "1"})
+    first = procs.start(OUTBOXKIT_FAILPOINTS="consumer.after_db_commit=kill@1")
     assert first.wait(timeout=90) == -9, procs.logs()
     before = effects(engine)
     assert before, "the first process committed nothing before it was killed"
