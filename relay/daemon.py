@@ -35,11 +35,19 @@ from relay.wakeup import SET_IDLE, Listener
 
 log = logging.getLogger(__name__)
 
+# Cheap at any backlog: the count stops at a cap, and the oldest pending row is found by
+# one index probe per lane (the pending index is ordered by id, and ids grow with time).
 BACKLOG = """
-SELECT count(*) AS backlog, extract(epoch FROM now() - min(created_at)) AS oldest_age,
+SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox_messages
+                              WHERE status = 'pending' LIMIT :cap) AS capped) AS backlog,
+       (SELECT coalesce(extract(epoch FROM now() - min(head.created_at)), 0)
+        FROM generate_series(0, :lanes - 1) AS l(lane)
+        CROSS JOIN LATERAL (SELECT created_at FROM {schema}.outbox_messages
+                            WHERE lane = l.lane AND status = 'pending'
+                            ORDER BY id LIMIT 1) AS head) AS oldest_age,
        (SELECT count(*) FROM {schema}.outbox_messages WHERE status = 'failed') AS failed
-FROM {schema}.outbox_messages WHERE status = 'pending'
 """
+BACKLOG_CAP = 1_000_000
 
 
 class Relay:
@@ -233,7 +241,9 @@ class Relay:
 
     def _refresh_metrics(self) -> None:
         with self.engine.connect() as conn:
-            row = conn.execute(sql(BACKLOG, self.schema)).one()
+            row = conn.execute(
+                sql(BACKLOG, self.schema), {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes}
+            ).one()
         self.metrics.backlog.set(row.backlog)
         self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
         self.metrics.failed_rows.set(row.failed)
@@ -277,7 +287,10 @@ class Relay:
                 rows = self._claim(owned)
                 if not rows and not self._idle:
                     self._declare_idle(True)
-                    rows = self._claim(owned)  # a commit may have slipped in before we said so
+                    # Notifications that came while busy are stale now; a commit that slipped
+                    # in before we declared ourselves idle is found by this second claim.
+                    self.wake.clear()
+                    rows = self._claim(owned)
             except SQLAlchemyError as exc:
                 self._set_ready(False)
                 self._backoff(f"claiming failed: {describe(exc)}")
@@ -286,9 +299,11 @@ class Relay:
                 self._wait()
                 continue
             try:
-                if self._idle:
-                    self._declare_idle(False)
                 self._process(rows)
+                if self._idle:
+                    # After the batch, not before: a woken relay publishes first. Emits that
+                    # notify meanwhile cost little; this one commit would cost every wake-up.
+                    self._declare_idle(False)
             except Exception as exc:
                 # The batch's rows stay pending (or were marked); the next claim retries them.
                 log.exception(
