@@ -32,7 +32,8 @@ FAILPOINTS: dict[str, str] = {
     "outbox.before_emit": "a message is about to be written in the caller's transaction",
     "relay.after_send": "a batch was handed to the producer, before any acknowledgement",
     "relay.after_ack": "Kafka acknowledged a batch, before the rows are marked published",
-    "relay.after_mark": "rows were marked published, before the next claim",
+    "relay.after_mark": "a batch's rows were marked published (on the marking thread; the "
+    "next batch may already be in flight)",
     "consumer.after_handler": "the handler ran in the message's transaction, before it "
     "commits",
     "consumer.after_db_commit": "the handler's writes and dedup marks committed, before the "

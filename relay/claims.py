@@ -7,6 +7,7 @@ with a lower id than rows already published is still pending, so the next claim 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,7 @@ JOIN {schema}.relay_lanes AS l
 CROSS JOIN LATERAL (
     SELECT * FROM {schema}.outbox_messages AS m
     WHERE m.lane = o.lane AND m.status = 'pending'
+      AND m.id <> ALL(CAST(:exclude AS bigint[]))
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.outbox_messages AS f
           WHERE f.status = 'failed' AND f.blocking AND f.lane = m.lane
@@ -102,10 +104,14 @@ def claim(
     lanes: dict[int, int],
     limit: int,
     rotate: int = 0,
+    exclude: Sequence[int] = (),
 ) -> list[OutboxRow]:
     """Up to *limit* pending rows of the owned *lanes*, each lane's rows in id order.
 
     *rotate* shifts which lane is read first, so a busy lane cannot starve the others.
+    *exclude* names rows already acknowledged whose marking is still in progress. It is a
+    list of ids, never an "above this id" mark: a row committed late with a lower id is
+    not in the list, so it is claimed (before the later rows of its key).
     """
     if not lanes:
         return []
@@ -119,6 +125,7 @@ def claim(
             "tokens": [lanes[lane] for lane in order],
             "relay_id": relay_id,
             "limit": limit,
+            "exclude": list(exclude),
         },
     )
     return [

@@ -13,6 +13,7 @@ import random
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -91,6 +92,11 @@ class Relay:
         self._idle = False
         self._rotate = 0
         self._failures = 0
+        # Marking a batch runs on this thread while the next batch is claimed and sent: the
+        # next batch is sent only after this one was acknowledged, so order is unaffected.
+        self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-mark")
+        self._marking: Future[None] | None = None
+        self._in_flight: list[int] = []
         self.publisher: Publisher | None = None
         self.http: HealthServer | None = None
         self._scheduler: BackgroundScheduler | None = None
@@ -251,6 +257,8 @@ class Relay:
     def _shutdown(self) -> None:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=False)
+        self._finish_marking()
+        self._marker.shutdown(wait=True)
         try:
             self.lanes.leave()
         except Exception as exc:
@@ -285,6 +293,9 @@ class Relay:
                 continue
             try:
                 rows = self._claim(owned)
+                if not rows and self._marking is not None:
+                    self._finish_marking()  # our own batch, still being marked
+                    rows = self._claim(owned)
                 if not rows and not self._idle:
                     self._declare_idle(True)
                     # Notifications that came while busy are stale now; a commit that slipped
@@ -326,6 +337,7 @@ class Relay:
                 lanes=owned,
                 limit=self.settings.batch_size,
                 rotate=self._rotate,
+                exclude=self._in_flight if self._marking is not None else (),
             )
 
     def _declare_idle(self, idle: bool) -> None:
@@ -339,6 +351,21 @@ class Relay:
         assert self.publisher is not None
         published, failed = self._publish(rows)
         failpoint("relay.after_ack")
+        self._finish_marking()  # at most one batch being marked at a time
+        self._in_flight = [p.row.id for p in published] + [f.row.id for f in failed]
+        self._marking = self._marker.submit(self._mark, published, failed)
+        transient = [f for f in failed if not f.permanent]
+        if transient:
+            self.metrics.transient_errors.inc()
+            self._set_ready(False)
+            self._finish_marking()  # the retry must see these rows as they are
+            self._backoff(f"{len(transient)} messages not acknowledged ({transient[0].error})")
+        else:
+            self._failures = 0
+            self._set_ready(True)
+
+    def _mark(self, published: list[Published], failed: list[Failed]) -> None:
+        """Record a batch's outcome (on the marking thread) and count it."""
         self._record(published, failed)
         failpoint("relay.after_mark")
         now = time.time()
@@ -348,23 +375,21 @@ class Relay:
         permanent = [f for f in failed if f.permanent]
         self.metrics.failed.inc(len(permanent))
         self.metrics.dead_lettered.inc(sum(1 for f in permanent if f.offset is not None))
-        if any(not f.permanent for f in failed):
-            self.metrics.transient_errors.inc()
-            self._set_ready(False)
-            self._backoff(
-                f"{sum(not f.permanent for f in failed)} messages not acknowledged "
-                f"({next(f.error for f in failed if not f.permanent)})"
+
+    def _finish_marking(self) -> None:
+        """Wait for the batch being marked; its rows leave the exclusion list."""
+        if self._marking is None:
+            return
+        try:
+            self._marking.result()
+        except Exception as exc:
+            # Not marked: those rows are still pending and will be sent again (duplicates
+            # with the same message ids). Nothing is lost.
+            log.error(
+                "marking a batch failed: %s", describe(exc), extra={"event": "relay.mark_failed"}
             )
-        else:
-            self._failures = 0
-            self._set_ready(True)
-        if published or permanent:
-            log.debug(
-                "published %d, failed %d",
-                len(published),
-                len(permanent),
-                extra={"event": "relay.batch"},
-            )
+        self._marking = None
+        self._in_flight = []
 
     def _publish(self, rows: list[OutboxRow]) -> tuple[list[Published], list[Failed]]:
         assert self.publisher is not None
@@ -428,6 +453,7 @@ class Relay:
     def _record(self, published: list[Published], failed: list[Failed]) -> None:
         """Mark what Kafka acknowledged; keep trying, since giving up means re-sending."""
         blocking = self.settings.on_permanent_failure == "block"
+        delay = self.settings.backoff_initial_seconds
         attempt = 0
         while True:
             try:
@@ -447,4 +473,11 @@ class Relay:
                         extra={"event": "relay.mark_failed"},
                     )
                     return
-                self._backoff(f"marking published rows failed: {describe(exc)}")
+                log.warning(
+                    "marking published rows failed: %s; retrying in %.2f s",
+                    describe(exc),
+                    delay,
+                    extra={"event": "relay.backoff"},
+                )
+                time.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311 - jitter
+                delay = min(self.settings.backoff_max_seconds, delay * 2)
