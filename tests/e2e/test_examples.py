@@ -42,3 +42,14 @@ def test_the_readme_agent_step_commits_state_and_message_together(
         topics = conn.execute(text("SELECT topic FROM outboxkit.outbox_messages")).scalars().all()
     assert state == "waiting"
     assert topics == ["order.submit"]
+
+
+def test_the_readme_consumer_registers_its_handler() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## An idempotent consumer.*?```python\n(.*?)```", readme, re.S)
+    assert block is not None
+    namespace: dict[str, object] = {}
+    exec(compile(block.group(1), "README.md", "exec"), namespace)  # noqa: S102 - our README
+    app = namespace["app"]
+    assert list(app.topics) == ["order.submit"]  # type: ignore[attr-defined]
+    assert app.group_id == "orders"  # type: ignore[attr-defined]
