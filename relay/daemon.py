@@ -354,11 +354,15 @@ class Relay:
         self._finish_marking()  # at most one batch being marked at a time
         self._in_flight = [p.row.id for p in published] + [f.row.id for f in failed]
         self._marking = self._marker.submit(self._mark, published, failed)
+        if failed:
+            # Only clean batches are marked beside the next claim. A failed row must be
+            # recorded first: in block mode it is what holds back the later rows of its key
+            # (the claim skips keys with a blocking failed row), and a retry must see it.
+            self._finish_marking()
         transient = [f for f in failed if not f.permanent]
         if transient:
             self.metrics.transient_errors.inc()
             self._set_ready(False)
-            self._finish_marking()  # the retry must see these rows as they are
             self._backoff(f"{len(transient)} messages not acknowledged ({transient[0].error})")
         else:
             self._failures = 0
