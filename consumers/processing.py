@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ from consumers.metrics import ConsumerMetrics
 from dedup import failures
 from dedup.failures import headers_json
 from dedup.inbox import Mark, mark, mark_many, unmark
+from outbox import tracing
+from outbox.envelope import HEADER_RUN_ID
 from outbox.failpoints import failpoint
 
 log = logging.getLogger(__name__)
@@ -405,14 +408,55 @@ class Processor:
 
     def _call(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
         settings = self.app.outbox_settings
-        if registration.batch_handler is not None:
-            registration.batch_handler(
-                [(d.context(conn, self.group, settings), d.payload) for d in items]
+        with self._span(items) as span:
+            if span is not None:
+                tracing.set_attributes(span, self._span_attributes(items))
+            if registration.batch_handler is not None:
+                registration.batch_handler(
+                    [(d.context(conn, self.group, settings), d.payload) for d in items]
+                )
+                return
+            assert registration.handler is not None
+            assert len(items) == 1
+            registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
+
+    def _span(self, items: list[Decoded]) -> AbstractContextManager[Any]:
+        """``outbox.handle``, current around the handler (so its follow-ups join the trace).
+
+        One message: the child of the context in its ``traceparent`` (the relay's publish).
+        A batch handler's run: a span linked to each message's context. SkipMessage is an
+        outcome, not an error; every other exception sets the span's error status.
+        """
+        if len(items) == 1:
+            return tracing.start_span(
+                "outbox.handle", kind="consumer", parent=items[0].headers, ok=(SkipMessage,)
             )
-            return
-        assert registration.handler is not None
-        assert len(items) == 1
-        registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
+        return tracing.start_span(
+            "outbox.handle",
+            kind="consumer",
+            parent={},  # a new trace: the messages' own traces are linked
+            links=[d.headers for d in items],
+            ok=(SkipMessage,),
+        )
+
+    def _span_attributes(self, items: list[Decoded]) -> dict[str, Any]:
+        first = items[0]
+        one = len(items) == 1
+        return {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": first.record.topic,
+            "messaging.consumer.group.name": self.group,
+            "messaging.destination.partition.id": str(first.record.partition) if one else None,
+            "messaging.kafka.offset": first.record.offset if one else None,
+            "messaging.message.id": first.message_id if one else None,
+            "messaging.batch.message_count": None if one else len(items),
+            "outboxkit.run_id": (
+                first.headers.get(HEADER_RUN_ID, b"").decode("utf-8", "replace") or None
+                if one
+                else None
+            ),
+        }
 
     def _duplicate(self, d: Decoded) -> None:
         self.metrics.duplicates.labels(d.record.topic).inc()

@@ -31,6 +31,7 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox import tracing
 from outbox.envelope import EncodedMessage, Envelope, encode
 from outbox.errors import InvalidMessage, LeaseLost
 from outbox.execution import AsyncConn, SyncConn, missing_schema
@@ -56,13 +57,17 @@ def emit(
         InvalidMessage: the envelope broke a rule; no statement was sent.
         LeaseLost: *lease* no longer holds the run; nothing was written.
     """
-    sql, params = _prepare(envelope, lease, settings or default_settings())
-    connection = conn.connection() if isinstance(conn, Session) else conn
-    try:
-        row = connection.exec_driver_sql(sql, params).one()
-    except ProgrammingError as exc:
-        raise _translated(exc, settings) from exc
-    return _outcome(row, params, lease)
+    # The span is current while the envelope is encoded, so its traceparent is this span's:
+    # the relay's publish span becomes the child of this emit, in the caller's trace.
+    with tracing.start_span(_SPAN) as span:
+        sql, params = _prepare(envelope, lease, settings or default_settings())
+        _describe(span, [params])
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        try:
+            row = connection.exec_driver_sql(sql, params).one()
+        except ProgrammingError as exc:
+            raise _translated(exc, settings) from exc
+        return _outcome(row, params, lease)
 
 
 async def emit_async(
@@ -73,13 +78,15 @@ async def emit_async(
     settings: OutboxSettings | None = None,
 ) -> uuid.UUID:
     """:func:`emit` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
-    sql, params = _prepare(envelope, lease, settings or default_settings())
-    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-    try:
-        row = (await connection.exec_driver_sql(sql, params)).one()
-    except ProgrammingError as exc:
-        raise _translated(exc, settings) from exc
-    return _outcome(row, params, lease)
+    with tracing.start_span(_SPAN) as span:
+        sql, params = _prepare(envelope, lease, settings or default_settings())
+        _describe(span, [params])
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        try:
+            row = (await connection.exec_driver_sql(sql, params)).one()
+        except ProgrammingError as exc:
+            raise _translated(exc, settings) from exc
+        return _outcome(row, params, lease)
 
 
 def emit_many(
@@ -98,15 +105,17 @@ def emit_many(
     message ids in the order of *envelopes*.
     """
     resolved = settings or default_settings()
-    prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
-    connection = conn.connection() if isinstance(conn, Session) else conn
-    for sql, params in sorted(prepared, key=_lock_order):
-        try:
-            row = connection.exec_driver_sql(sql, params).one()
-        except ProgrammingError as exc:
-            raise _translated(exc, settings) from exc
-        _outcome(row, params, lease)
-    return [params["message_id"] for _, params in prepared]
+    with tracing.start_span(_SPAN) as span:  # one span: every message carries its context
+        prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
+        _describe(span, [params for _, params in prepared])
+        connection = conn.connection() if isinstance(conn, Session) else conn
+        for sql, params in sorted(prepared, key=_lock_order):
+            try:
+                row = connection.exec_driver_sql(sql, params).one()
+            except ProgrammingError as exc:
+                raise _translated(exc, settings) from exc
+            _outcome(row, params, lease)
+        return [params["message_id"] for _, params in prepared]
 
 
 async def emit_many_async(
@@ -118,15 +127,38 @@ async def emit_many_async(
 ) -> list[uuid.UUID]:
     """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
     resolved = settings or default_settings()
-    prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
-    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-    for sql, params in sorted(prepared, key=_lock_order):
-        try:
-            row = (await connection.exec_driver_sql(sql, params)).one()
-        except ProgrammingError as exc:
-            raise _translated(exc, settings) from exc
-        _outcome(row, params, lease)
-    return [params["message_id"] for _, params in prepared]
+    with tracing.start_span(_SPAN) as span:
+        prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
+        _describe(span, [params for _, params in prepared])
+        connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+        for sql, params in sorted(prepared, key=_lock_order):
+            try:
+                row = (await connection.exec_driver_sql(sql, params)).one()
+            except ProgrammingError as exc:
+                raise _translated(exc, settings) from exc
+            _outcome(row, params, lease)
+        return [params["message_id"] for _, params in prepared]
+
+
+_SPAN = "outbox.emit"
+
+
+def _describe(span: Any, messages: list[dict[str, Any]]) -> None:
+    """The emit span's attributes (nothing at all when tracing is off)."""
+    if span is None:
+        return
+    topics = {m["topic"] for m in messages}
+    runs = {m["run_id"] for m in messages}
+    tracing.set_attributes(
+        span,
+        {
+            "messaging.system": "kafka",
+            "messaging.destination.name": topics.pop() if len(topics) == 1 else None,
+            "messaging.message.id": str(messages[0]["message_id"]) if len(messages) == 1 else None,
+            "messaging.batch.message_count": len(messages) if len(messages) != 1 else None,
+            "outboxkit.run_id": str(runs.pop()) if len(runs) == 1 and None not in runs else None,
+        },
+    )
 
 
 def _lock_order(prepared: tuple[str, dict[str, Any]]) -> int:

@@ -8,8 +8,6 @@ the caller's transaction untouched.
 
 from __future__ import annotations
 
-import functools
-import importlib
 import json
 import re
 import uuid
@@ -20,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from outbox import tracing
 from outbox.errors import InvalidMessage
 from outbox.settings import OutboxSettings
 
@@ -37,6 +36,7 @@ HEADER_WORKFLOW_VERSION = "workflow-version"
 HEADER_SCHEMA_VERSION = "schema-version"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
+_TRACE_HEADERS = frozenset({HEADER_TRACEPARENT, HEADER_TRACESTATE})
 
 
 class Envelope(BaseModel):
@@ -160,7 +160,9 @@ def _headers(envelope: Envelope) -> dict[str, str]:
         HEADER_SCHEMA_VERSION: envelope.schema_version,
     }
     headers.update({name: value for name, value in optional.items() if value is not None})
-    headers.update(current_trace_headers())
+    if not _TRACE_HEADERS & envelope.headers.keys():
+        # A context the caller set explicitly (one carried over from elsewhere) wins.
+        headers.update(current_trace_headers())
     for name, value in envelope.headers.items():
         _check_text(f"headers[{name!r}]", name)
         if name in headers:
@@ -177,22 +179,9 @@ def current_trace_headers() -> dict[str, str]:
     """W3C ``traceparent``/``tracestate`` of the active OpenTelemetry span, if any.
 
     OpenTelemetry is optional: without it installed, or without an active span, this is empty.
+    Inside :func:`outbox.emit.emit` the active span is its ``outbox.emit`` span.
     """
-    propagate = _opentelemetry_propagate()
-    if propagate is None:
-        return {}
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return {k: v for k, v in carrier.items() if k in {HEADER_TRACEPARENT, HEADER_TRACESTATE}}
-
-
-@functools.cache
-def _opentelemetry_propagate() -> Any:
-    # Looked up once: a failed import on every emit would search sys.path every time.
-    try:
-        return importlib.import_module("opentelemetry.propagate")
-    except ImportError:
-        return None
+    return tracing.trace_headers()
 
 
 def _check_text(field: str, value: str) -> None:

@@ -16,6 +16,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka import errors as kafka_errors
 from kafka.admin import NewTopic
 
+from outbox import tracing
 from outbox.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
 from relay.settings import RelaySettings
@@ -52,6 +53,41 @@ def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
             continue
         headers.append((name, str(value).encode()))
     return headers
+
+
+def publish_span(row: OutboxRow) -> Any:
+    """A started PRODUCER span for sending *row*: the child of the context its emit recorded.
+
+    Only call it when tracing is on (:func:`outbox.tracing.enabled`); end it with
+    :func:`outbox.tracing.finish` once Kafka answered.
+    """
+    span = tracing.start_detached("outbox.publish", kind="producer", parent=row.headers)
+    tracing.set_attributes(
+        span,
+        {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": row.topic,
+            "messaging.message.id": str(row.message_id),
+            "messaging.message.body.size": len(row.payload),
+            "outboxkit.run_id": row.headers.get("run-id"),
+            "outboxkit.outbox_id": row.id,
+            "outboxkit.attempts": row.attempts,
+        },
+    )
+    return span
+
+
+def traced_headers(headers: list[tuple[str, bytes]], span: Any) -> list[tuple[str, bytes]]:
+    """*headers* with the trace context replaced by *span*'s, so consumers are its children.
+
+    The outbox row keeps the context of the emit; only the Kafka record carries the publish.
+    """
+    carried = tracing.trace_headers(span)
+    if not carried:
+        return headers
+    kept = [(name, value) for name, value in headers if name not in tracing.TRACE_HEADERS]
+    return kept + [(name, value.encode()) for name, value in carried.items()]
 
 
 def describe(exc: BaseException) -> str:
@@ -179,27 +215,47 @@ class Publisher:
         """
         futures: list[tuple[OutboxRow, Any]] = []
         failed: list[Failed] = []
+        # One check per batch: without a configured tracer no per-message span work at all.
+        spans: dict[int, Any] | None = {} if tracing.enabled() else None
         for row in rows:
+            headers = kafka_headers(row)
+            if spans is not None:
+                spans[row.id] = span = publish_span(row)
+                headers = traced_headers(headers, span)
             try:
                 future = self.producer.send(
-                    row.topic, value=row.payload, key=row.key, headers=kafka_headers(row)
+                    row.topic, value=row.payload, key=row.key, headers=headers
                 )
             except Exception as exc:
                 failed.append(Failed(row, describe(exc), is_permanent(exc)))
+                if spans is not None:
+                    tracing.finish(spans.pop(row.id), error=exc)
                 continue
             futures.append((row, future))
         failpoint("relay.after_send")
         self._await(futures, on_wait)
         published: list[Published] = []
         for row, future in futures:
+            span = None if spans is None else spans.pop(row.id)
             if not future.is_done:
                 failed.append(Failed(row, "KafkaTimeoutError: no acknowledgement in time", False))
+                tracing.finish(span, error=failed[-1].error)
             elif future.failed():
                 error = future.exception
                 failed.append(Failed(row, describe(error), is_permanent(error)))
+                tracing.finish(span, error=error)
             else:
                 meta = future.value
                 published.append(Published(row, meta.partition, meta.offset))
+                if span is not None:
+                    tracing.set_attributes(
+                        span,
+                        {
+                            "messaging.destination.partition.id": str(meta.partition),
+                            "messaging.kafka.offset": meta.offset,
+                        },
+                    )
+                    tracing.finish(span)
         return published, failed
 
     def _await(

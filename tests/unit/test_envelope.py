@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import types
 import uuid
 from typing import Any
 
@@ -134,16 +133,25 @@ class TestEncoding:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-        def inject(carrier: dict[str, str]) -> None:
-            carrier["traceparent"] = traceparent
-            carrier["baggage"] = "not-copied"
-
-        fake = types.SimpleNamespace(inject=inject)
-        monkeypatch.setattr(envelope_module, "_opentelemetry_propagate", lambda: fake)
+        monkeypatch.setattr(
+            envelope_module.tracing, "trace_headers", lambda: {"traceparent": traceparent}
+        )
         headers = encode(make(), SETTINGS).headers
         assert headers["traceparent"] == traceparent
-        assert "baggage" not in headers
+
+    def test_a_traceparent_set_explicitly_wins_over_the_active_span(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        active = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        carried = "00-11111111111111111111111111111111-2222222222222222-01"
+        monkeypatch.setattr(
+            envelope_module.tracing,
+            "trace_headers",
+            lambda: {"traceparent": active, "tracestate": "a=1"},
+        )
+        headers = encode(make(headers={"traceparent": carried}), SETTINGS).headers
+        assert headers["traceparent"] == carried
+        assert "tracestate" not in headers
 
 
 class TestLanes:
