@@ -1,12 +1,26 @@
-"""``outbox consume APP``: the consumers' command, registered in ``outboxkit.commands``."""
+"""The consumers' commands, registered in ``outboxkit.commands``: ``outbox consume`` (run an
+app) and ``outbox dlq`` (list dead-lettered messages, replay them once their cause is fixed).
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
+from kafka import errors as kafka_errors
+from pydantic import ValidationError
 
 from consumers import cli
+from consumers.app import Consumer
+from consumers.deadletter import KafkaSender
+from consumers.errors import ConsumerError, FailureNotFound
+from consumers.replay import rehandle, republish
+from consumers.settings import ConsumerSettings
+from dedup.failures import STATUSES, Failure, get_failure, list_failures
+from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
+from outbox.errors import ConfigurationError
+from outbox.settings import OutboxSettings
 
 
 @click.command(
@@ -22,3 +36,104 @@ from consumers import cli
 def consume_command(ctx: click.Context) -> None:
     """Run an idempotent consumer app: outbox consume module:app [flags of python -m consumers]."""
     sys.exit(cli.main(ctx.args))
+
+
+@click.group("dlq")
+def dlq_group() -> None:
+    """Messages consumers gave up on: list them, replay them once the cause is fixed."""
+
+
+@dlq_group.command("list")
+@database_url_option
+@click.option("--group", help="Only failures of this consumer group.")
+@click.option("--status", type=click.Choice(STATUSES), default="dead-lettered",
+              show_default=True, help="Which failures to list.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the failures as JSON.")
+@one_line_errors
+def dlq_list(database_url: str | None, group: str | None, status: str, limit: int,
+             as_json: bool) -> None:
+    """Dead-lettered messages (by default), oldest first."""
+    with open_engine(database_url) as engine, engine.connect() as conn:
+        found = list_failures(conn, group=group, status=status, limit=limit)
+    if as_json:
+        echo_json([f.as_dict() for f in found])
+        return
+    echo_table(
+        ["id", "group", "topic", "partition", "offset", "message id", "attempts", "failed",
+         "dlq topic", "error"],
+        [[f.id, f.consumer_group, f.topic, f.partition, f.offset, f.message_id, f.attempts,
+          f.last_failed_at, f.dlq_topic, _first_line(f.last_error)] for f in found],
+        empty=f"no {status} messages",
+    )
+
+
+@dlq_group.command("replay")
+@click.argument("failure_ids", nargs=-1, required=True, type=click.IntRange(min=1))
+@click.option("--rehandle", "app_path", metavar="MODULE:APP",
+              help="Run this app's handler on each message now, instead of sending it back "
+                   "to its topic.")
+@click.option("--kafka-bootstrap", envvar="OUTBOXKIT_KAFKA_BOOTSTRAP", show_envvar=True,
+              help="Kafka bootstrap servers (to send the messages back to their topics).")
+@database_url_option
+@one_line_errors
+def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstrap: str | None,
+               database_url: str | None) -> None:
+    """Send dead-lettered messages back to their topics (or --rehandle them now)."""
+    settings = OutboxSettings()
+    with open_engine(database_url, settings) as engine:
+        with engine.connect() as conn:
+            for failure_id in failure_ids:
+                _replayable(get_failure(conn, failure_id), failure_id)
+        if app_path is not None:
+            app = _app(app_path)
+            for failure_id in failure_ids:
+                _rehandle(app, engine, failure_id)
+                click.echo(f"failure {failure_id}: handled again by {app.group_id}")
+            return
+        if not kafka_bootstrap:
+            raise ConfigurationError(
+                "no Kafka: pass --kafka-bootstrap or set OUTBOXKIT_KAFKA_BOOTSTRAP "
+                "(or --rehandle MODULE:APP to run the handler here)")
+        sender = KafkaSender(kafka_bootstrap, client_id="outbox-dlq-replay")
+        try:
+            for failure_id in failure_ids:
+                try:
+                    sent = republish(engine, sender, failure_id, schema=settings.schema_name)
+                except kafka_errors.KafkaError as exc:
+                    raise ConsumerError(f"failure {failure_id}: cannot send to Kafka at "
+                                        f"{kafka_bootstrap}: {exc}") from exc
+                click.echo(f"failure {failure_id}: republished to {sent.topic}"
+                           f"[{sent.partition}]@{sent.offset}")
+        finally:
+            sender.close()
+
+
+def _replayable(failure: Failure | None, failure_id: int) -> None:
+    if failure is None:
+        raise FailureNotFound(failure_id)
+    if failure.status != "dead-lettered":
+        raise ConsumerError(f"failure {failure_id} is {failure.status!r}, not dead-lettered: "
+                            "nothing to replay; nothing was replayed")
+
+
+def _app(path: str) -> Consumer:
+    try:
+        settings = ConsumerSettings()
+    except ValidationError as exc:
+        raise ConfigurationError(cli.explain(exc).splitlines()[0]) from exc
+    return cli.load_app(path, settings)
+
+
+def _rehandle(app: Consumer, engine: Any, failure_id: int) -> None:
+    try:
+        rehandle(app, engine, failure_id)
+    except ConsumerError:
+        raise
+    except Exception as exc:
+        raise ConsumerError(f"failure {failure_id}: the handler raised {type(exc).__name__}: "
+                            f"{_first_line(str(exc))}; its transaction was rolled back") from exc
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "-").strip().splitlines()[0][:80] if text and text.strip() else "-"

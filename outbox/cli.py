@@ -1,9 +1,11 @@
 """``outbox``: one command line for outboxkit.
 
-The write side's own commands live here (``outbox migrate``). Other packages add theirs
-through the ``outboxkit.commands`` entry-point group (``outbox relay``, ``outbox status``
-come from the relay package), so this module never imports them: the layering stays
-``outbox`` ← ``relay`` ← ``consumers``.
+``outbox migrate`` lives here, with the helpers every command shares (``--database-url``,
+one-line errors, tables, JSON). All other commands come through the ``outboxkit.commands``
+entry-point group: the write side's operator commands (``outbox runs``, ``outbox messages``,
+``outbox purge``) from :mod:`outbox.commands`, ``outbox relay`` / ``outbox status`` from the
+relay package, ``outbox dlq`` / ``outbox consume`` from consumers, ``outbox ops`` from dedup.
+So this module never imports them: the layering stays ``outbox`` ← ``relay`` ← ``consumers``.
 
 Exit codes scripts can rely on: 0 done, 1 the operation failed (e.g. cannot connect),
 2 bad usage or configuration.
@@ -11,19 +13,22 @@ Exit codes scripts can rely on: 0 done, 1 the operation failed (e.g. cannot conn
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import wraps
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 import click
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from outbox.dsn import redact, sqlalchemy_url
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.migrate import migrate, pending_sql
+from outbox.schema import translate
 from outbox.settings import OutboxSettings
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -69,6 +74,51 @@ def require_url(database_url: str | None) -> str:
     if not database_url:
         raise ConfigurationError("no database: pass --database-url or set OUTBOXKIT_DATABASE_URL")
     return sqlalchemy_url(database_url)
+
+
+@contextmanager
+def open_engine(database_url: str | None,
+                settings: OutboxSettings | None = None) -> Iterator[Engine]:
+    """An engine on *database_url* with the configured schema mapped in; disposed after."""
+    engine = create_engine(require_url(database_url), execution_options={
+        "schema_translate_map": translate(settings or OutboxSettings())})
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def echo_json(value: Any) -> None:
+    """*value* as indented JSON on stdout (datetimes, UUIDs, enums as strings)."""
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+def compact_json(value: Any) -> str:
+    """*value* as one line of JSON, for table cells (``-`` for nothing)."""
+    if value is None:
+        return "-"
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def echo_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *,
+               empty: str = "nothing found") -> None:
+    """A plain aligned table on stdout (no colours, so it pipes and greps well)."""
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cell(value: Any) -> str:
+    """How one value reads in a table: times to the second, ``-`` for nothing."""
+    if value is None:
+        return "-"
+    if hasattr(value, "isoformat") and hasattr(value, "hour"):
+        return str(value.strftime("%Y-%m-%d %H:%M:%S%z"))
+    return str(value)
 
 
 class PluginGroup(click.Group):

@@ -11,6 +11,7 @@ stays attached::
     │   └── MissingToolError      a required program (java, mvn, initdb) is not installed
     ├── SchemaError               the database schema is missing or at another version
     ├── InvalidMessage            an envelope failed validation; nothing was written
+    ├── RetryRefused              an outbox message asked to retry is not failed (or unknown)
     ├── RunError                  agent-run state machine errors
     │   ├── RunNotFound
     │   ├── IllegalTransition     the move is not allowed from the run's current state
@@ -64,6 +65,18 @@ class InvalidMessage(OutboxError):
         super().__init__(f"invalid message: {field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class RetryRefused(OutboxError):
+    """Outbox messages asked to retry are unknown or not ``failed``; nothing was changed."""
+
+    def __init__(self, problems: dict[int, str | None]) -> None:
+        listed = ", ".join(f"{mid} ({status or 'no such message'})"
+                           for mid, status in sorted(problems.items()))
+        super().__init__(
+            f"only failed messages can be retried; not failed: {listed}; nothing was changed"
+        )
+        self.problems = problems
 
 
 class RunError(OutboxError):

@@ -9,7 +9,7 @@ Each batch is one short statement over at most *batch_size* rows locked with
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import timedelta
 
 from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
@@ -73,14 +73,33 @@ def purge_batch(conn: SyncConn, *, older_than: timedelta, batch_size: int = 100,
     return run_plan(conn, purge_batch_plan(older_than, batch_size, archive, states), settings)
 
 
+def purgeable_plan(older_than: timedelta, states: Collection[RunState | str]) -> Plan[int]:
+    wanted = sorted(RunState(s).value for s in states)
+    r = agent_runs
+    rows = yield select(func.count()).select_from(r).where(
+        r.c.state.in_(wanted), r.c.purged_at.is_(None),
+        r.c.finished_at < func.now() - older_than)
+    count: int = rows[0]["count"] if rows else 0
+    return count
+
+
+def purgeable(conn: SyncConn, *, older_than: timedelta,
+              states: Collection[RunState | str] = DEFAULT_STATES,
+              settings: OutboxSettings | None = None) -> int:
+    """How many runs :func:`purge` would purge now (a dry run); reads only."""
+    return run_plan(conn, purgeable_plan(older_than, states), settings)
+
+
 def purge(engine: Engine, *, older_than: timedelta, batch_size: int = 100,
           max_batches: int = 1000, archive: bool = False,
           states: Collection[RunState | str] = DEFAULT_STATES,
-          settings: OutboxSettings | None = None) -> int:
+          settings: OutboxSettings | None = None,
+          on_batch: Callable[[int], object] | None = None) -> int:
     """Purge finished runs older than *older_than*, each batch in its own short transaction.
 
     Commits (one transaction per batch): this is a maintenance job, not part of a caller's
     unit of work. Stops after a short batch or *max_batches*; returns the runs purged.
+    *on_batch* is called with each committed batch's count (e.g. to show progress).
     """
     total = 0
     for _ in range(max_batches):
@@ -88,6 +107,8 @@ def purge(engine: Engine, *, older_than: timedelta, batch_size: int = 100,
             done = purge_batch(conn, older_than=older_than, batch_size=batch_size,
                                archive=archive, states=states, settings=settings)
         total += done
+        if on_batch is not None:
+            on_batch(done)
         if done < batch_size:
             break
     return total

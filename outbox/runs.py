@@ -21,7 +21,9 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     RowMapping,
+    Text,
     case,
+    cast,
     exists,
     func,
     insert,
@@ -115,6 +117,16 @@ class Transition:
     actor: str | None
     lease_token: int | None
     at: datetime
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run with who holds its lease and its checkpoint's size (what operators look at)."""
+
+    run: Run
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    checkpoint_bytes: int | None
 
 
 def _lease_from(row: RowMapping) -> Lease:
@@ -409,6 +421,24 @@ def get_run_plan(run_id: uuid.UUID) -> Plan[Run]:
     return Run.from_row(rows[0])
 
 
+def list_runs_plan(state: RunState | str | None, workflow: str | None,
+                   run_id: uuid.UUID | None, limit: int) -> Plan[list[RunView]]:
+    if limit <= 0:
+        raise ConfigurationError(f"limit must be > 0, got {limit}")
+    size = func.octet_length(cast(runs.c.checkpoint, Text))
+    query = (select(runs, size.label("checkpoint_bytes"))
+             .order_by(runs.c.updated_at.desc(), runs.c.id).limit(limit))
+    if state is not None:
+        query = query.where(runs.c.state == RunState(state).value)
+    if workflow is not None:
+        query = query.where(runs.c.workflow == workflow)
+    if run_id is not None:
+        query = query.where(runs.c.id == run_id)
+    rows = yield query
+    return [RunView(Run.from_row(row), row["lease_owner"], row["lease_expires_at"],
+                    row["checkpoint_bytes"]) for row in rows]
+
+
 def history_plan(run_id: uuid.UUID) -> Plan[list[Transition]]:
     t = run_transitions
     rows = yield select(t).where(t.c.run_id == run_id).order_by(t.c.id)
@@ -537,6 +567,22 @@ def get_run(conn: SyncConn, run_id: uuid.UUID, *,
             settings: OutboxSettings | None = None) -> Run:
     """The run as stored (:class:`RunNotFound` if there is none)."""
     return run_plan(conn, get_run_plan(run_id), settings)
+
+
+def list_runs(conn: SyncConn, *, state: RunState | str | None = None,
+              workflow: str | None = None, limit: int = 50,
+              settings: OutboxSettings | None = None) -> list[RunView]:
+    """Runs, most recently updated first, with their lease holders (filter by state/workflow)."""
+    return run_plan(conn, list_runs_plan(state, workflow, None, limit), settings)
+
+
+def view_run(conn: SyncConn, run_id: uuid.UUID, *,
+             settings: OutboxSettings | None = None) -> RunView:
+    """One run with its lease holder and checkpoint size (:class:`RunNotFound` if none)."""
+    found = run_plan(conn, list_runs_plan(None, None, run_id, 1), settings)
+    if not found:
+        raise RunNotFound(run_id)
+    return found[0]
 
 
 def history(conn: SyncConn, run_id: uuid.UUID, *,
