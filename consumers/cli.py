@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -20,6 +18,7 @@ from consumers.app import Consumer
 from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
 from outbox.dsn import redact
+from outbox.entrypoints import add_setting_flags, explain, stop_gracefully_on_signals
 from outbox.errors import ConfigurationError, OutboxError
 from relay.logs import configure
 
@@ -27,35 +26,16 @@ EXIT_FAILED, EXIT_CONFIG = 1, 2
 PROG = "consumers"
 
 
+ENV_PREFIX = "OUTBOXKIT_CONSUMER_"
+
+
 def parser() -> argparse.ArgumentParser:
     """The app path, then one flag per setting, named after it (``max_attempts`` →
     ``--max-attempts``)."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("app", help="the Consumer object to run, as module:attribute")
-    for name, field in ConsumerSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        p.add_argument(
-            flag,
-            dest=name,
-            help=f"{field.description or name} (env OUTBOXKIT_CONSUMER_{name.upper()})",
-        )
+    add_setting_flags(p, ConsumerSettings, ENV_PREFIX)
     return p
-
-
-def explain(exc: ValidationError) -> str:
-    """One line per bad setting, naming both the env variable and the flag."""
-    lines = []
-    for error in exc.errors():
-        field = str(error["loc"][0]) if error["loc"] else ""
-        if not field:
-            lines.append(f"invalid settings: {error['msg'].removeprefix('Value error, ')}")
-            continue
-        value = "<hidden>" if field == "database_url" else error.get("input")
-        lines.append(
-            f"invalid setting {field} (env OUTBOXKIT_CONSUMER_{field.upper()}, flag "
-            f"--{field.replace('_', '-')}): {error['msg']} (got {value!r})"
-        )
-    return "\n".join(lines)
 
 
 def load_app(path: str, settings: ConsumerSettings) -> Consumer:
@@ -84,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = ConsumerSettings(**overrides)
     except ValidationError as exc:
-        print(f"{PROG}: {explain(exc)}", file=sys.stderr)
+        print(f"{PROG}: {explain(exc, ENV_PREFIX)}", file=sys.stderr)
         return EXIT_CONFIG
     configure(settings.log_format, settings.log_level)
     try:
@@ -94,16 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
 
-    def on_signal(signum: int, _frame: object) -> None:
-        runner.stop()
-        # The bound on a graceful stop: past it, leave at once. Whatever was committed in
-        # PostgreSQL but not in Kafka is redelivered and dropped by the dedup marks.
-        timer = threading.Timer(settings.shutdown_timeout_seconds, os._exit, args=(1,))
-        timer.daemon = True
-        timer.start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # Past the bound: whatever was committed in PostgreSQL but not in Kafka is redelivered
+    # and dropped by the dedup marks.
+    stop_gracefully_on_signals(runner.stop, settings.shutdown_timeout_seconds)
     try:
         return runner.run()
     except ConfigurationError as exc:

@@ -19,6 +19,7 @@ from consumers.replay import rehandle, republish
 from consumers.settings import ConsumerSettings
 from dedup.failures import STATUSES, Failure, get_failure, list_failures
 from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
+from outbox.entrypoints import explain
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 
@@ -121,7 +122,7 @@ def _app(path: str) -> Consumer:
     try:
         settings = ConsumerSettings()
     except ValidationError as exc:
-        raise ConfigurationError(cli.explain(exc).splitlines()[0]) from exc
+        raise ConfigurationError(explain(exc, cli.ENV_PREFIX).splitlines()[0]) from exc
     return cli.load_app(path, settings)
 
 
