@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from durable import make_durable  # bench/durable.py (this folder is on sys.path)
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from pydantic import BaseModel
@@ -48,7 +49,6 @@ from consumers import Consumer, ConsumerSettings, HandlerContext, Runner
 from outbox.dsn import sqlalchemy_url, with_database
 from outbox.migrate import migrate
 
-DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
 GOAL_RATIO = 0.5
 
 effects = Table(
@@ -87,22 +87,6 @@ def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         local.down()
         if not args.state_dir:
             shutil.rmtree(state, ignore_errors=True)
-
-
-def make_durable(dsn: str) -> str:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in DURABLE:
-            conn.execute(f"ALTER SYSTEM SET {name} = on")
-        conn.execute("SELECT pg_reload_conf()")
-    deadline = time.monotonic() + 10
-    while True:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            shown = {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in DURABLE}  # type: ignore[index]
-        if all(v == "on" for v in shown.values()):
-            return ", ".join(f"{k}={v}" for k, v in shown.items())
-        if time.monotonic() > deadline:
-            raise SystemExit(f"REFUSED: PostgreSQL is not durable after ALTER SYSTEM: {shown}")
-        time.sleep(0.2)
 
 
 # --- the workload ----------------------------------------------------------------------------
@@ -306,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     n_pm = min(n, args.n_per_message or (1_000 if args.quick else 3_000))
     started = datetime.now(UTC)
     with services(args) as (admin_url, bootstrap):
-        durability = make_durable(admin_url)
+        # A throwaway cluster: no need to restore its settings afterwards.
+        durability, _restore = make_durable(admin_url)
         log(f"durability: {durability}")
         machine = machine_info(admin_url, bootstrap)
         name = f"consumerbench_{uuid.uuid4().hex[:8]}"

@@ -34,77 +34,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from durable import make_durable, show  # bench/durable.py (this folder is on sys.path)
 from psycopg.types.json import Jsonb
 
-DURABLE = ("fsync", "synchronous_commit", "full_page_writes")
 PATHS = ("sync", "async", "raw-sql")
 TOPIC = "bench.steps"
-
-
-# --- durability ---------------------------------------------------------------------------
-
-
-def _settings(dsn: str) -> dict[str, tuple[str, str, str]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT name, setting, source, coalesce(sourcefile, '') FROM pg_settings "
-            "WHERE name = ANY(%s)",
-            [list(DURABLE)],
-        ).fetchall()
-    return {name: (setting, source, sourcefile) for name, setting, source, sourcefile in rows}
-
-
-def _reload_and_wait(dsn: str, want: Callable[[dict[str, str]], bool]) -> dict[str, str]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_reload_conf()")
-    deadline = time.monotonic() + 5
-    while True:
-        now = {name: value[0] for name, value in _settings(dsn).items()}  # fresh session
-        if want(now) or time.monotonic() > deadline:
-            return now
-        time.sleep(0.1)
-
-
-def make_durable(dsn: str) -> tuple[str, Callable[[], None]]:
-    """Turn durability on; return a description and the function that restores the server."""
-    before = _settings(dsn)
-    if all(before[name][0] == "on" for name in DURABLE):
-        return "already durable (fsync, synchronous_commit, full_page_writes on)", lambda: None
-
-    def restore() -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name, (setting, _source, sourcefile) in before.items():
-                if sourcefile.endswith("postgresql.auto.conf"):
-                    conn.execute(f"ALTER SYSTEM SET {name} = '{setting}'")
-                else:
-                    conn.execute(f"ALTER SYSTEM RESET {name}")
-        _reload_and_wait(dsn, lambda now: all(now[n] == before[n][0] for n in DURABLE))
-
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in DURABLE:
-                conn.execute(f"ALTER SYSTEM SET {name} = 'on'")
-    except psycopg.Error as exc:
-        raise SystemExit(
-            f"REFUSED: durability is off ({_describe(before)}) and cannot be turned on: {exc}"
-        ) from exc
-    now = _reload_and_wait(dsn, lambda now: all(now[n] == "on" for n in DURABLE))
-    if not all(now[name] == "on" for name in DURABLE):
-        restore()
-        raise SystemExit(
-            f"REFUSED: the server is not durable and ALTER SYSTEM did not change that "
-            f"({_describe(before)}; a setting from the command line wins over ALTER SYSTEM). "
-            "Start the server without -c fsync=off or give another server."
-        )
-    was = _describe(before)
-    return f"turned on by ALTER SYSTEM for this run (was: {was}); restored afterwards", restore
-
-
-def _describe(values: dict[str, tuple[str, str, str]]) -> str:
-    return ", ".join(f"{name}={v[0]} [{v[1]}]" for name, v in sorted(values.items()))
-
-
-# --- workers ------------------------------------------------------------------------------
 
 
 def _lease(url: str, run_id: uuid.UUID) -> Any:
@@ -422,7 +356,7 @@ def run_rounds(
     try:
         print(
             f"database {name} | {seconds:g} s x {rounds} rounds | cores {os.cpu_count()} | "
-            f"fsync={_settings(url)['fsync'][0]}",
+            f"fsync={show(url)['fsync']}",
             flush=True,
         )
         runs = prepare(url, max(clients))
@@ -526,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         restore()
-    print(f"server settings restored: {_describe(_settings(args.database_url))}")
+    print(f"server settings restored: {show(args.database_url)}")
     rows = summarise(samples, clients, modes)
     print_table(rows)
     if args.json:
