@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from outbox.settings import ConnectionSettings
 
 DAY = 86_400.0
 
 
-class ConsumerSettings(BaseSettings):
+class ConsumerSettings(ConnectionSettings):
     """Everything an operator tunes on a consumer; every field has a safe default."""
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSUMER_", frozen=True, extra="ignore")
 
-    database_url: SecretStr = Field(
-        default=SecretStr(""),
-        description="PostgreSQL URL of the database holding the dedup table (falls back to "
-        "OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
-    )
-    kafka_bootstrap: str = Field(
-        default="",
-        description="Kafka bootstrap servers, comma separated (falls back to "
-        "OUTBOXKIT_KAFKA_BOOTSTRAP).",
-    )
     group_id: str = Field(
         default="", description="Kafka consumer group; overrides the app's group_id when set."
     )
@@ -80,15 +71,6 @@ class ConsumerSettings(BaseSettings):
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
 
-    @field_validator("kafka_bootstrap")
-    @classmethod
-    def _bootstrap(cls, value: str) -> str:
-        for server in filter(None, (s.strip() for s in value.split(","))):
-            host, sep, port = server.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"{server!r} is not host:port")
-        return value
-
     @model_validator(mode="after")
     def _retries_fit_the_poll_interval(self) -> ConsumerSettings:
         # Retries happen between polls: all of them must fit in max.poll.interval.ms, or the
@@ -107,8 +89,3 @@ class ConsumerSettings(BaseSettings):
         delay = self.backoff_initial_seconds * 2.0 ** (attempt - 1)
         return float(min(self.backoff_max_seconds, delay))
 
-    def resolved_database_url(self) -> str:
-        return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
-
-    def resolved_bootstrap(self) -> str:
-        return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")

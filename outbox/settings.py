@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -69,3 +70,35 @@ class OutboxSettings(BaseSettings):
 def default_settings() -> OutboxSettings:
     """The settings from the environment, read once per process (functions default to these)."""
     return OutboxSettings()
+
+
+class ConnectionSettings(BaseSettings):
+    """Where a daemon (relay, consumer) finds PostgreSQL and Kafka; each daemon's settings
+    class extends this with its own ``env_prefix``, falling back to the shared
+    ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP``."""
+
+    database_url: SecretStr = Field(
+        default=SecretStr(""),
+        description="PostgreSQL URL of the outboxkit database (falls back to "
+        "OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
+    )
+    kafka_bootstrap: str = Field(
+        default="",
+        description="Kafka bootstrap servers, comma separated (falls back to "
+        "OUTBOXKIT_KAFKA_BOOTSTRAP).",
+    )
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap(cls, value: str) -> str:
+        for server in filter(None, (s.strip() for s in value.split(","))):
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    def resolved_database_url(self) -> str:
+        return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
+
+    def resolved_bootstrap(self) -> str:
+        return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")

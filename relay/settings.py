@@ -6,29 +6,21 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from outbox.settings import ConnectionSettings
 
 
 def _default_relay_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class RelaySettings(BaseSettings):
+class RelaySettings(ConnectionSettings):
     """Everything an operator tunes on a relay; every field has a safe default."""
 
     model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_RELAY_", frozen=True, extra="ignore")
 
-    database_url: SecretStr = Field(
-        default=SecretStr(""),
-        description="PostgreSQL URL of the database holding the outbox (falls back to "
-        "OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
-    )
-    kafka_bootstrap: str = Field(
-        default="",
-        description="Kafka bootstrap servers, comma separated (falls back to "
-        "OUTBOXKIT_KAFKA_BOOTSTRAP).",
-    )
     relay_id: str = Field(
         default_factory=_default_relay_id,
         min_length=1,
@@ -95,17 +87,3 @@ class RelaySettings(BaseSettings):
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
 
-    @field_validator("kafka_bootstrap")
-    @classmethod
-    def _bootstrap(cls, value: str) -> str:
-        for server in filter(None, (s.strip() for s in value.split(","))):
-            host, sep, port = server.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"{server!r} is not host:port")
-        return value
-
-    def resolved_database_url(self) -> str:
-        return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
-
-    def resolved_bootstrap(self) -> str:
-        return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")
