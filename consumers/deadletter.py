@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,10 @@ def dead_letter_headers(
 class KafkaSender:
     """One idempotent producer for dead letters and replays; creates missing topics."""
 
-    def __init__(self, bootstrap: str, *, client_id: str, timeout_s: float = 30.0) -> None:
-        self._bootstrap = bootstrap.split(",")
+    def __init__(self, bootstrap: str, *, client_id: str, timeout_s: float = 30.0,
+                 client_config: Mapping[str, Any] | None = None) -> None:
+        # client_config: ConnectionSettings.kafka_client_config() (TLS/SASL), when known.
+        self._config = {"bootstrap_servers": bootstrap.split(","), **(client_config or {})}
         self._client_id = client_id
         self._timeout_s = timeout_s
         self._producer: Any = None
@@ -72,7 +75,7 @@ class KafkaSender:
         self._ensure_topic(topic)
         if self._producer is None:
             self._producer = KafkaProducer(
-                bootstrap_servers=self._bootstrap,
+                **self._config,
                 client_id=self._client_id,
                 acks="all",
                 enable_idempotence=True,
@@ -87,9 +90,7 @@ class KafkaSender:
     def _ensure_topic(self, topic: str) -> None:
         if topic in self._known:
             return
-        admin = KafkaAdminClient(
-            bootstrap_servers=self._bootstrap, client_id=f"{self._client_id}-admin"
-        )
+        admin = KafkaAdminClient(**self._config, client_id=f"{self._client_id}-admin")
         try:
             # -1: the broker's default partitions and replication (KIP-464).
             admin.create_topics([NewTopic(topic, -1, -1)])

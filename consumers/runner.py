@@ -62,7 +62,8 @@ class Runner:
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
         self.offsets = OffsetTracker()
-        self.sender = KafkaSender(s.resolved_bootstrap(), client_id=f"outboxkit-{app.group_id}")
+        self.sender = KafkaSender(s.resolved_bootstrap(), client_id=f"outboxkit-{app.group_id}",
+                                  client_config=s.kafka_client_config())
         self._stop = threading.Event()
         self.processor = Processor(
             app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
@@ -143,7 +144,7 @@ class Runner:
         s = self.settings
         try:
             return KafkaConsumer(
-                bootstrap_servers=s.resolved_bootstrap().split(","),
+                **s.kafka_client_config(),
                 group_id=self.app.group_id,
                 client_id=f"outboxkit-{self.app.group_id}",
                 enable_auto_commit=False,

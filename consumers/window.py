@@ -42,7 +42,7 @@ def verify_window(settings: ConsumerSettings, topics: Iterable[str]) -> None:
         retention: dict[str, float | None] = dict.fromkeys(topics, settings.topic_retention_seconds)
     else:
         admin = KafkaAdminClient(
-            bootstrap_servers=settings.resolved_bootstrap().split(","),
+            **settings.kafka_client_config(),
             client_id="outboxkit-consumer-window",
             request_timeout_ms=15_000,
         )

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-SECRET_FIELDS = frozenset({"database_url"})
+SECRET_FIELDS = frozenset({"database_url", "kafka_sasl_password"})
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, settings: type[BaseSettings],

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -72,10 +73,29 @@ def default_settings() -> OutboxSettings:
     return OutboxSettings()
 
 
+SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+
+
+class _HiddenStr(str):
+    """A password handed to kafka-python: the real text for the SASL exchange, but hidden
+    when the client logs its configuration dict (KafkaAdminClient does, at DEBUG)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'<hidden>'"
+
+
 class ConnectionSettings(BaseSettings):
-    """Where a daemon (relay, consumer) finds PostgreSQL and Kafka; each daemon's settings
-    class extends this with its own ``env_prefix``, falling back to the shared
-    ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP``."""
+    """Where a daemon (relay, consumer) finds PostgreSQL and Kafka, and how it authenticates
+    to Kafka; each daemon's settings class extends this with its own ``env_prefix``, falling
+    back to the shared ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP``."""
+
+    # A ValidationError's text would otherwise quote the raw database URL or SASL password
+    # (``input_value=...``); errors() keeps the input, and ``explain`` hides the secret ones.
+    # Subclasses' model_config is merged with this one, so they keep it.
+    model_config = SettingsConfigDict(hide_input_in_errors=True)
 
     database_url: SecretStr = Field(
         default=SecretStr(""),
@@ -87,6 +107,47 @@ class ConnectionSettings(BaseSettings):
         description="Kafka bootstrap servers, comma separated (falls back to "
         "OUTBOXKIT_KAFKA_BOOTSTRAP).",
     )
+    # Declared before the settings that depend on it: their checks read it.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        description="How every Kafka client connects: SSL and SASL_SSL use TLS; the SASL_ ones "
+        "authenticate with kafka_sasl_mechanism, kafka_sasl_username and kafka_sasl_password.",
+    )
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None,
+        validate_default=True,
+        description="SASL mechanism; required with SASL_PLAINTEXT or SASL_SSL.",
+    )
+    kafka_sasl_username: str = Field(
+        default="",
+        validate_default=True,
+        description="SASL user name; required with SASL_PLAINTEXT or SASL_SSL.",
+    )
+    kafka_sasl_password: SecretStr = Field(
+        default=SecretStr(""),
+        validate_default=True,
+        description="SASL password; required with SASL_PLAINTEXT or SASL_SSL. Kept secret: "
+        "never logged; prefer the environment variable to the flag (visible in ps).",
+    )
+    kafka_ssl_cafile: str = Field(
+        default="",
+        description="PEM file of the CA(s) that signed the brokers' certificates (default: "
+        "the system's CAs). SSL and SASL_SSL only.",
+    )
+    kafka_ssl_certfile: str = Field(
+        default="",
+        description="PEM client certificate, for brokers that require TLS client "
+        "authentication. SSL and SASL_SSL only.",
+    )
+    kafka_ssl_keyfile: str = Field(
+        default="",
+        description="PEM private key of kafka_ssl_certfile (if not in that file). "
+        "SSL and SASL_SSL only.",
+    )
+    kafka_ssl_check_hostname: bool = Field(
+        default=True,
+        description="Check that the broker's certificate names the host connected to.",
+    )
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -97,8 +158,70 @@ class ConnectionSettings(BaseSettings):
                 raise ValueError(f"{server!r} is not host:port")
         return value
 
+    @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password")
+    @classmethod
+    def _sasl_fits_protocol(cls, value: Any, info: ValidationInfo) -> Any:
+        protocol = info.data.get("kafka_security_protocol")
+        if protocol is None:  # the protocol itself is invalid: that error is reported
+            return value
+        given = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if protocol in SASL_PROTOCOLS and not given:
+            raise ValueError(f"required when kafka_security_protocol is {protocol}")
+        if protocol not in SASL_PROTOCOLS and given:
+            # Set but unused would mean an operator believes the connection authenticates.
+            raise ValueError(
+                f"set, but kafka_security_protocol is {protocol}, which does not use SASL: "
+                "set SASL_PLAINTEXT or SASL_SSL, or leave it unset"
+            )
+        return value
+
+    @field_validator("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile")
+    @classmethod
+    def _tls_file(cls, value: str, info: ValidationInfo) -> str:
+        if not value:
+            return value
+        protocol = info.data.get("kafka_security_protocol")
+        if protocol is not None and protocol not in TLS_PROTOCOLS:
+            # Set but unused would mean an operator believes the connection is encrypted.
+            raise ValueError(
+                f"set, but kafka_security_protocol is {protocol}, which does not use TLS: "
+                "set SSL or SASL_SSL, or leave it unset"
+            )
+        if info.field_name == "kafka_ssl_keyfile" and info.data.get("kafka_ssl_certfile") == "":
+            raise ValueError("set without kafka_ssl_certfile, the certificate it belongs to")
+        if not os.path.isfile(value):
+            raise ValueError(f"no such file: {value}")
+        if not os.access(value, os.R_OK):
+            raise ValueError(f"cannot read {value} (permissions)")
+        return value
+
     def resolved_database_url(self) -> str:
         return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
 
     def resolved_bootstrap(self) -> str:
         return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")
+
+    def kafka_client_config(self) -> dict[str, Any]:
+        """Keyword arguments for every kafka-python client of this daemon (producer, consumer,
+        admin): the bootstrap servers and the TLS/SASL settings, under kafka-python 3.0's
+        names. Only what the protocol uses is passed, so PLAINTEXT clients stay as before."""
+        protocol = self.kafka_security_protocol
+        config: dict[str, Any] = {
+            "bootstrap_servers": self.resolved_bootstrap().split(","),
+            "security_protocol": protocol,
+        }
+        if protocol in TLS_PROTOCOLS:
+            config.update(
+                ssl_cafile=self.kafka_ssl_cafile or None,
+                ssl_certfile=self.kafka_ssl_certfile or None,
+                ssl_keyfile=self.kafka_ssl_keyfile or None,
+                ssl_check_hostname=self.kafka_ssl_check_hostname,
+            )
+        if protocol in SASL_PROTOCOLS:
+            # kafka-python names them sasl_plain_* for SCRAM too.
+            config.update(
+                sasl_mechanism=self.kafka_sasl_mechanism,
+                sasl_plain_username=self.kafka_sasl_username,
+                sasl_plain_password=_HiddenStr(self.kafka_sasl_password.get_secret_value()),
+            )
+        return config

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
@@ -49,6 +49,17 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox_messages
        (SELECT count(*) FROM {schema}.outbox_messages WHERE status = 'failed') AS failed
 """
 BACKLOG_CAP = 1_000_000
+
+# Operations whose outcome nobody has established (the ledger of dedup.perform), for an alert:
+# the status index makes this cheap. Its own statement, since a least-privileged relay role
+# may not read the table (then the gauge is simply not exported).
+UNSETTLED_OPERATIONS = """
+SELECT count(*) FILTER (WHERE status = 'unknown') AS unknown,
+       count(*) FILTER (WHERE status = 'needs-human') AS needs_human
+FROM {schema}.operations WHERE status IN ('unknown', 'needs-human')
+"""
+# The relay's role may not read it (least privilege), or the schema predates it.
+OPERATIONS_UNREADABLE = frozenset({"42501", "42P01"})  # insufficient privilege, no such table
 
 
 class Relay:
@@ -92,6 +103,7 @@ class Relay:
         self._idle = False
         self._rotate = 0
         self._failures = 0
+        self._operations_readable = True
         # Marking a batch runs on this thread while the next batch is claimed and sent: the
         # next batch is sent only after this one was acknowledged, so order is unaffected.
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-mark")
@@ -253,6 +265,27 @@ class Relay:
         self.metrics.backlog.set(row.backlog)
         self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
         self.metrics.failed_rows.set(row.failed)
+        if self._operations_readable:
+            self._refresh_operations()
+
+    def _refresh_operations(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(sql(UNSETTLED_OPERATIONS, self.schema)).one()
+        except ProgrammingError as exc:
+            if getattr(exc.orig, "sqlstate", None) not in OPERATIONS_UNREADABLE:
+                raise
+            self._operations_readable = False  # said once, not every 5 s
+            log.warning(
+                "cannot read %s.operations (%s), so outboxkit_relay_unsettled_operations is "
+                "not exported; to export it, GRANT SELECT (status) ON %s.operations to the "
+                "relay's role",
+                self.schema, describe(exc).splitlines()[0], self.schema,
+                extra={"event": "relay.operations_unreadable"},
+            )
+            return
+        self.metrics.unsettled_operations.labels("unknown").set(row.unknown)
+        self.metrics.unsettled_operations.labels("needs-human").set(row.needs_human)
 
     def _shutdown(self) -> None:
         if self._scheduler is not None:

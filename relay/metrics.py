@@ -52,6 +52,13 @@ class RelayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.unsettled_operations = Gauge(
+            "outboxkit_relay_unsettled_operations",
+            "Operations in the ledger whose outcome is not established: unknown (a reconciler "
+            "asks the outside system) or needs-human (a person must resolve them).",
+            ["status"],
+            registry=r,
+        )
         self.lanes_owned = Gauge(
             "outboxkit_relay_lanes_owned", "Lanes this relay publishes.", registry=r
         )

@@ -99,11 +99,9 @@ class Publisher:
 
     def __init__(self, settings: RelaySettings) -> None:
         self.settings = settings
-        bootstrap = settings.resolved_bootstrap().split(",")
         compression = None if settings.compression == "none" else settings.compression
-        self._bootstrap = bootstrap
         self._producer_config: dict[str, Any] = {
-            "bootstrap_servers": bootstrap,
+            **settings.kafka_client_config(),  # bootstrap servers, TLS/SASL
             "client_id": f"outboxkit-relay-{settings.relay_id}",
             "acks": "all",
             "enable_idempotence": True,
@@ -146,7 +144,7 @@ class Publisher:
     def _admin_client(self) -> Any:
         if self._admin is None:
             self._admin = KafkaAdminClient(
-                bootstrap_servers=self._bootstrap,
+                **self.settings.kafka_client_config(),
                 client_id=f"outboxkit-relay-admin-{self.settings.relay_id}",
                 request_timeout_ms=15_000,
             )

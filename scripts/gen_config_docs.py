@@ -1,0 +1,25 @@
+"""Regenerate docs/configuration.md from the settings classes.
+
+Run ``.venv/bin/python scripts/gen_config_docs.py`` from anywhere; commit the result.
+
+Lives outside the packages because it imports all of them, which ``outbox`` itself may not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from consumers.settings import ConsumerSettings
+from outbox.settings_docs import configuration_reference
+from relay.settings import RelaySettings
+
+TARGET = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+
+
+def render() -> str:
+    return configuration_reference(RelaySettings, ConsumerSettings)
+
+
+if __name__ == "__main__":
+    TARGET.write_text(render())
+    print(f"wrote {TARGET}")
