@@ -1,166 +1,218 @@
-"""The outboxkit demo: agent state and an effect message committed together, relayed to
-Kafka, handled by a consumer, and confirmed back to the run — against a real PostgreSQL
-and a real Kafka broker.
+"""The outboxkit demo: an agent orders from a supplier while we kill things, and nothing is
+lost or ordered twice — against a real PostgreSQL, a real Kafka broker and a real HTTP
+supplier, each component a separate OS process.
 
-    make demo                      # starts the services itself
+    make demo                      # installs, starts the services, runs this
     python examples/demo.py        # same, once `make bootstrap` has run
 
-Five supplier-order runs each decide to order, commit "waiting + order.submit" in ONE
-transaction, and wait. The relay (a separate process) publishes the messages; a consumer
-places each order at the supplier table and confirms the run with the supplier's reference
-as evidence, in ONE transaction with its dedup mark. The demo ends with a summary and exits
-non-zero if an invariant does not hold (every run done with evidence, one order per run).
+What happens:
+1. eight supplier-order runs are queued; two agent workers decide each one and commit
+   "waiting" plus an ``order.submit`` message in ONE transaction;
+2. the relay publishes them to Kafka; the consumer places each order at the supplier
+   through the operations ledger, with an idempotency key;
+3. on purpose: the relay is killed after Kafka acknowledged a batch but before marking it
+   published, the consumer is killed after committing its work but before committing the
+   Kafka offset, the supplier applies one order and then times out, and refuses another;
+4. the killed processes restart; the relay re-sends what it had not marked (same message
+   ids), the consumer drops the redelivered duplicates, the timed-out order is reconciled
+   by asking the supplier for its status — never ordered again;
+5. the summary: runs and their final states, messages, duplicates, orders at the supplier,
+   and how the unknown outcome was settled. Exit status 1 if any invariant fails.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections import deque
 from pathlib import Path
 
-from kafka import KafkaConsumer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
 from sqlalchemy import Engine, create_engine, text
 
-from outbox import Envelope, apply_confirmation, claim, emit, migrate, start_run, transition
-from outbox.dsn import redact, sqlalchemy_url
-from outbox.testing.services import LocalServices
-
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = 5
-TOPIC = f"order.submit.demo-{uuid.uuid4().hex[:6]}"
+sys.path.insert(0, str(ROOT))  # `python examples/demo.py` finds the examples package
 
-# The example's own tables: the supplier's record of orders, and the consumer's dedup marks.
-EXAMPLE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS demo_supplier_orders (
-    order_ref text PRIMARY KEY, run_id uuid NOT NULL UNIQUE, item text NOT NULL,
-    placed_at timestamptz NOT NULL DEFAULT now());
-CREATE TABLE IF NOT EXISTS demo_handled (
-    consumer text NOT NULL, message_id uuid NOT NULL, PRIMARY KEY (consumer, message_id));
-"""
+from examples.supplier_client import SupplierClient  # noqa: E402
+from examples.supplier_order import agent, invariants  # noqa: E402
+from examples.supplier_order.pipeline import Pipeline  # noqa: E402
+from outbox import migrate  # noqa: E402
+from outbox.dsn import redact, sqlalchemy_url  # noqa: E402
+from outbox.testing.services import LocalServices  # noqa: E402
 
-
-def say(text_: str) -> None:
-    print(f"[demo] {text_}", flush=True)
+ORDERS = 8
+TIMEOUT_ITEM, REFUSED_ITEM = "widget-3", "widget-5"
+console = Console()
 
 
-def decide_and_order(engine: Engine, index: int) -> uuid.UUID:
-    """One agent step: the run moves to waiting and asks for the order, atomically."""
-    with engine.begin() as conn:
-        run = start_run(conn, workflow="supplier-order", workflow_version="1",
-                        idempotency_key=f"demo-order-{TOPIC}-{index}",
-                        checkpoint={"item": f"widget-{index}", "qty": index + 1})
-    with engine.begin() as conn:
-        claimed = claim(conn, worker="demo-agent", lease_seconds=30)
-        assert claimed is not None
-        assert claimed.run.id == run.id
-        lease = transition(conn, claimed.lease, "waiting", step="order-submitted",
-                           reason="model proposed the order; runtime recorded the intent",
-                           evidence={"plan": f"order widget-{index}"}, actor="demo-agent")
-        emit(conn, Envelope(topic=TOPIC, type="order.submit", key="supplier-acme",
-                            payload={"run_id": str(run.id), "item": f"widget-{index}",
-                                     "qty": index + 1}, run_id=run.id), lease=lease)
-    return run.id
-
-
-def handle(engine: Engine, record: object) -> bool:
-    """The consumer: place the order and confirm the run, with the dedup mark, atomically."""
-    headers = dict(record.headers)  # type: ignore[attr-defined]
-    message_id = uuid.UUID(headers["message-id"].decode())
-    order = json.loads(record.value)  # type: ignore[attr-defined]
-    with engine.begin() as conn:
-        fresh = conn.execute(text(
-            "INSERT INTO demo_handled VALUES ('demo-consumer', :m) ON CONFLICT DO NOTHING"),
-            {"m": message_id}).rowcount
-        if not fresh:
-            return False  # a redelivery: the effect already happened
-        ref = f"ACME-{uuid.uuid4().hex[:8].upper()}"
-        conn.execute(text("INSERT INTO demo_supplier_orders (order_ref, run_id, item) "
-                          "VALUES (:r, :run, :item)"),
-                     {"r": ref, "run": order["run_id"], "item": order["item"]})
-        apply_confirmation(conn, run_id=uuid.UUID(order["run_id"]), confirmation_id=message_id,
-                           outcome="done", evidence={"supplier_ref": ref}, actor="demo-consumer")
-    return True
-
-
-def endpoints_to_use() -> tuple[str, str]:
-    """The services named by OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP, else local
-    ones started (or reused) in .services/."""
+def endpoints() -> tuple[str, str]:
+    """OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP if set; else local services (the
+    same PostgreSQL and Kafka a Docker user gets from `docker compose up postgres kafka`)."""
     database_url = os.environ.get("OUTBOXKIT_DATABASE_URL")
     bootstrap = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
     if database_url and bootstrap:
         return database_url, bootstrap
-    say("starting PostgreSQL and Kafka (local processes, no Docker needed)...")
-    endpoints = LocalServices(ROOT / ".services").up()
-    return endpoints.database_url, endpoints.kafka_bootstrap
+    if shutil.which("docker") and subprocess.run(
+            ["docker", "info"], capture_output=True, check=False).returncode == 0:
+        console.print("[dim]a Docker engine answers: `docker compose up -d postgres kafka` "
+                      "then set OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP to use it; "
+                      "this run uses local processes[/dim]")
+    with console.status("starting PostgreSQL and Kafka (local processes, no Docker needed)"):
+        found = LocalServices(ROOT / ".services").up()
+    return found.database_url, found.kafka_bootstrap
+
+
+class Demo:
+    def __init__(self, engine: Engine, pipeline: Pipeline, run_ids: list[uuid.UUID]) -> None:
+        self.engine, self.p, self.run_ids = engine, pipeline, run_ids
+        self.events: deque[str] = deque(maxlen=9)
+        self.t0 = time.monotonic()
+        self.killed: set[str] = set()
+
+    def say(self, line: str) -> None:
+        self.events.append(f"[cyan]{time.monotonic() - self.t0:5.1f}s[/cyan]  {line}")
+
+    def counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        with self.engine.connect() as conn:
+            runs = dict(conn.execute(text(
+                "SELECT state, count(*) FROM outboxkit.agent_runs WHERE id = ANY(:ids) "
+                "GROUP BY 1"), {"ids": self.run_ids}).all())
+            msgs = dict(conn.execute(text(
+                "SELECT status, count(*) FROM outboxkit.outbox_messages "
+                "WHERE run_id = ANY(:ids) GROUP BY 1"), {"ids": self.run_ids}).all())
+        return runs, msgs
+
+    def view(self) -> Group:
+        runs, msgs = self.counts()
+        procs = Table(title="processes", expand=True)
+        for col in ("name", "pid", "state"):
+            procs.add_column(col)
+        for name, proc in self.p.procs.items():
+            state = ("[green]running[/green]" if proc.alive else "[red]killed[/red]")
+            if proc.alive and name in self.killed:
+                state = "[yellow]restarted[/yellow]"
+            procs.add_row(name, str(proc.popen.pid), state)
+        progress = Table(title="progress", expand=True)
+        progress.add_column("what")
+        progress.add_column("count", justify="right")
+        for state in ("queued", "running", "waiting", "done", "failed", "needs-human"):
+            progress.add_row(f"runs {state}", str(runs.get(state, 0)))
+        for status in ("pending", "published"):
+            progress.add_row(f"messages {status}", str(msgs.get(status, 0)))
+        grid = Table.grid(expand=True)
+        grid.add_row(procs, progress)
+        return Group(grid, Panel("\n".join(self.events) or " ", title="what just happened"))
+
+    def settled(self) -> bool:
+        runs, msgs = self.counts()
+        final = sum(runs.get(s, 0) for s in ("done", "failed", "needs-human"))
+        return final == len(self.run_ids) and msgs.get("pending", 0) == 0
+
+    def watch_kill(self, name: str, what: str) -> None:
+        """A process armed with a kill failpoint died: say so and restart it clean."""
+        if name not in self.killed and not self.p.procs[name].alive:
+            self.killed.add(name)
+            self.say(f"[red]{name} killed[/red] {what}")
+            self.p.restart(name)
+            self.say(f"{name} restarted (pid {self.p.procs[name].popen.pid})")
 
 
 def main() -> int:
-    database_url, bootstrap = endpoints_to_use()
-    url = sqlalchemy_url(database_url)
-    engine = create_engine(url)
+    database_url, bootstrap = endpoints()
+    engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
     migrate(engine)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(EXAMPLE_SCHEMA)
-    say(f"PostgreSQL {redact(database_url)}, Kafka {bootstrap}, schema migrated")
-
-    run_ids = [decide_and_order(engine, i) for i in range(RUNS)]
-    say(f"{RUNS} runs committed 'waiting' + an order.submit message in one transaction each")
-
-    env = {**os.environ, "OUTBOXKIT_RELAY_DATABASE_URL": url,
-           "OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP": bootstrap,
-           "OUTBOXKIT_RELAY_RELAY_ID": "demo-relay", "OUTBOXKIT_RELAY_LOG_LEVEL": "WARNING"}
-    relay = subprocess.Popen([sys.executable, "-m", "relay"], env=env)
-    say(f"relay started (pid {relay.pid})")
-    consumer = KafkaConsumer(TOPIC, bootstrap_servers=bootstrap,
-                             group_id="demo-consumer", auto_offset_reset="earliest",
-                             enable_auto_commit=False)
-    handled = duplicates = 0
-    deadline = time.monotonic() + 90
+    topic = f"order.submit.demo-{uuid.uuid4().hex[:6]}"
+    console.print(f"PostgreSQL {redact(database_url)}, Kafka {bootstrap}, topic {topic}")
+    p = Pipeline(database_url=database_url, bootstrap=bootstrap, topic=topic,
+                 group=f"demo-{topic}", workdir=ROOT / ".services" / "demo-logs" / topic)
+    p.create_topic()
+    supplier = SupplierClient(p.start_supplier())
+    supplier.control(items={TIMEOUT_ITEM: {"mode": "apply-then-timeout", "delay": 2.5,
+                                           "times": 1},
+                            REFUSED_ITEM: {"mode": "refuse"}})
+    p.start("consumer", "consumer", failpoints="consumer.after_db_commit=kill@2")
+    p.start("relay", "relay", failpoints="relay.after_ack=kill@2")
+    p.start("reconciler", "reconciler")
+    while not p.ready("consumer") and p.procs["consumer"].alive:
+        time.sleep(0.2)
+    run_ids = agent.seed(engine, [f"widget-{i}" for i in range(ORDERS)], batch=topic)
+    demo = Demo(engine, p, run_ids)
+    demo.say(f"{ORDERS} supplier-order runs queued; the supplier will time out after "
+             f"applying {TIMEOUT_ITEM} and refuse {REFUSED_ITEM}")
+    for name in ("agent-1", "agent-2"):
+        p.start("agent", name)
+    demo.say("2 agent workers commit 'waiting' + order.submit in one transaction per run")
+    ok = False
     try:
-        while handled < RUNS and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                for record in records:
-                    if handle(engine, record):
-                        handled += 1
-                    else:
-                        duplicates += 1
-                consumer.commit()  # only after the database commit: at-least-once
+        with Live(demo.view(), console=console, refresh_per_second=4, transient=False) as live:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not demo.settled():
+                if time.monotonic() - demo.t0 > 25:  # a failpoint not reached: kill by hand
+                    for name in sorted({"relay", "consumer"} - demo.killed):
+                        p.kill(name)
+                        demo.watch_kill(name, "by hand (SIGKILL): its failpoint was not reached")
+                demo.watch_kill("relay", "after Kafka acked a batch, before marking it "
+                                "published (failpoint relay.after_ack)")
+                demo.watch_kill("consumer", "after committing its work, before committing "
+                                "the Kafka offset (failpoint consumer.after_db_commit)")
+                live.update(demo.view())
+                time.sleep(0.25)
+            demo.say("[green]every run settled[/green]" if demo.settled()
+                     else "[red]not settled within 90 s[/red]")
+            live.update(demo.view())
+        console.print()
+        ok = summary(engine, p, supplier, run_ids, demo)
     finally:
-        consumer.close()
-        relay.send_signal(signal.SIGTERM)
-        relay_exit = relay.wait(timeout=30)
-
-    with engine.connect() as conn:
-        states = dict(conn.execute(text(
-            "SELECT state, count(*) FROM outboxkit.agent_runs WHERE id = ANY(:ids) GROUP BY 1"),
-            {"ids": run_ids}).all())
-        orders = conn.execute(text(
-            "SELECT count(*), count(DISTINCT run_id) FROM demo_supplier_orders "
-            "WHERE run_id = ANY(:ids)"), {"ids": run_ids}).one()
-        published = conn.execute(text(
-            "SELECT count(*) FROM outboxkit.outbox_messages WHERE topic = :t "
-            "AND status = 'published'"), {"t": TOPIC}).scalar_one()
-        evidence = conn.execute(text(
-            "SELECT last_evidence FROM outboxkit.agent_runs WHERE id = ANY(:ids)"),
-            {"ids": run_ids}).scalars().all()
-    engine.dispose()
-
-    say("summary")
-    print(f"  runs by state          {states}")
-    print(f"  messages published     {published} (relay exited {relay_exit})")
-    print(f"  orders at supplier     {orders[0]} for {orders[1]} runs")
-    print(f"  duplicates dropped     {duplicates}")
-    print(f"  evidence on each run   {sorted(e['supplier_ref'] for e in evidence if e)}")
-    ok = (states == {"done": RUNS} and orders[0] == orders[1] == RUNS and published == RUNS
-          and all(e and e.get("supplier_ref") for e in evidence) and relay_exit == 0)
-    say("all invariants hold" if ok else "INVARIANT FAILED")
-    say("services keep running; stop them with `make services-down`")
+        p.stop_all()
+        engine.dispose()
+    console.print("services keep running; stop them with `make services-down`")
     return 0 if ok else 1
+
+
+def summary(engine: Engine, p: Pipeline, supplier: SupplierClient, run_ids: list[uuid.UUID],
+            demo: Demo) -> bool:
+    found = invariants.check(engine, bootstrap=p.bootstrap, topic=p.topic, supplier=supplier,
+                             run_ids=run_ids)
+    dropped = int(p.metric("consumer", "outboxkit_consumer_duplicates_total") or 0)
+    with engine.connect() as conn:
+        runs = conn.execute(text(
+            "SELECT checkpoint->>'item', state, last_evidence->>'supplier_ref', reason "
+            "FROM outboxkit.agent_runs WHERE id = ANY(:ids) ORDER BY checkpoint->>'item'"),
+            {"ids": run_ids}).all()
+        paths = dict(conn.execute(text(
+            "SELECT r.checkpoint->>'item', string_agg(e.kind || ':' || e.outcome, ' ' "
+            "ORDER BY e.id) FROM outboxkit.agent_runs r JOIN outboxkit.operations o "
+            "ON o.run_id = r.id JOIN outboxkit.operation_events e ON e.operation_id = o.id "
+            "WHERE r.id = ANY(:ids) GROUP BY 1"), {"ids": run_ids}).all())
+    table = Table(title="runs and how each ended")
+    for col in ("item", "final state", "supplier order", "path at the supplier"):
+        table.add_column(col)
+    for item, state, ref, reason in runs:
+        path = invariants.path_of((paths.get(item) or "").split())
+        table.add_row(item, state, ref or f"- ({reason})", path)
+    console.print(table)
+    console.print(
+        f"messages committed {found.committed}, in Kafka {found.in_kafka} "
+        f"(+{found.duplicates_delivered} duplicate copies the killed relay re-sent)\n"
+        f"duplicates dropped by the consumer since its restart: {dropped}\n"
+        f"orders at the supplier: {found.supplier_effects} for "
+        f"{found.runs_by_state.get('done', 0)} done runs, repeated POSTs of a placed order: "
+        f"{found.blind_repeats}\n"
+        f"unknown outcomes reconciled by a status query: {found.unknown_reconciled}, "
+        f"escalated to a human: {found.unknown_escalated}")
+    for problem in found.violations:
+        console.print(f"[red]INVARIANT FAILED[/red] {problem}")
+    if found.ok:
+        console.print("[bold green]all invariants hold[/bold green]: nothing lost, no order "
+                      "placed twice, every run settled with evidence")
+    return found.ok
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Endpoints::
     GET  /orders/all                  every order held, with how many POSTs each key got
     GET  /control                     the current behaviour
     POST /control                     {"orders": {"mode": M, "delay": s, "times": n},
-                                       "status": {"mode": M, ...}}   (times: then normal)
+                                       "status": {"mode": M, ...},   (times: then normal)
+                                       "items": {"ITEM": {"mode": M, ...}}}  (orders whose
+                                       body has that "item"; they win over "orders")
     POST /control/reset               forget every order; behave normally
 
 Order modes: ``normal``; ``slow`` (answer after *delay*); ``apply-then-timeout`` (take the
@@ -74,6 +76,10 @@ class SupplierState:
 
     orders: dict[str, dict[str, Any]] = field(default_factory=dict)
     posts: dict[str, int] = field(default_factory=dict)
+    # POSTs that arrived for a key whose order already existed: a client that reconciles
+    # properly sends none after a timeout (it asks the status endpoint instead).
+    repeat_posts: dict[str, int] = field(default_factory=dict)
+    item_behaviours: dict[str, Behaviour] = field(default_factory=dict)
     orders_behaviour: Behaviour = field(default_factory=Behaviour)
     status_behaviour: Behaviour = field(default_factory=Behaviour)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -99,12 +105,22 @@ class SupplierState:
     def count_post(self, key: str) -> None:
         with self.lock:
             self.posts[key] = self.posts.get(key, 0) + 1
+            if key in self.orders:
+                self.repeat_posts[key] = self.repeat_posts.get(key, 0) + 1
+
+    def behaviour_for(self, body: Any) -> tuple[str, float]:
+        """The mode for this order: its item's rule if one is set, else the global one."""
+        with self.lock:
+            item = body.get("item") if isinstance(body, dict) else None
+            rule = self.item_behaviours.get(item) if isinstance(item, str) else None
+            return (rule or self.orders_behaviour).take()
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {
                 "orders": [{**o, "posts": self.posts.get(k, 0)} for k, o in self.orders.items()],
                 "posts": dict(self.posts),
+                "repeat_posts": dict(self.repeat_posts),
             }
 
     def control(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -119,16 +135,25 @@ class SupplierState:
                 behaviour.mode = wanted.get("mode", "normal")
                 behaviour.delay = float(wanted.get("delay", 0.0))
                 behaviour.times = wanted.get("times")
+            for item, wanted in (body.get("items") or {}).items():
+                if wanted.get("mode", "normal") not in ORDER_MODES:
+                    raise ValueError(f"item mode must be one of {sorted(ORDER_MODES)}")
+                self.item_behaviours[item] = Behaviour(
+                    wanted.get("mode", "normal"), float(wanted.get("delay", 0.0)),
+                    wanted.get("times"))
             return self.describe_unlocked()
 
     def describe_unlocked(self) -> dict[str, Any]:
         return {"orders": self.orders_behaviour.as_json(),
-                "status": self.status_behaviour.as_json()}
+                "status": self.status_behaviour.as_json(),
+                "items": {k: b.as_json() for k, b in self.item_behaviours.items()}}
 
     def reset(self) -> None:
         with self.lock:
             self.orders.clear()
             self.posts.clear()
+            self.repeat_posts.clear()
+            self.item_behaviours.clear()
             self.orders_behaviour = Behaviour()
             self.status_behaviour = Behaviour()
 
@@ -208,8 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": "the Idempotency-Key header is required"})
             return
         state.count_post(key)
-        with state.lock:
-            mode, delay = state.orders_behaviour.take()
+        mode, delay = state.behaviour_for(body)
         if mode == "down":
             self._send(503, {"error": "unavailable"})
         elif mode == "refuse":

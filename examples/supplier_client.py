@@ -104,6 +104,11 @@ class SupplierClient:
         _, body = self._request("GET", "/orders/all")
         return list(body["orders"])
 
+    def record(self) -> dict[str, Any]:
+        """Orders, POSTs per key and repeated POSTs per key, in one snapshot."""
+        _, body = self._request("GET", "/orders/all")
+        return dict(body)
+
     def posts(self) -> dict[str, int]:
         """How many POST /orders each idempotency key received."""
         _, body = self._request("GET", "/orders/all")

@@ -1,0 +1,43 @@
+"""The reconciler: asks the supplier about orders whose outcome nobody saw.
+
+    python -m examples.supplier_order.reconciler
+
+An APScheduler interval job (:func:`dedup.add_reconcile_job`, one pass at a time) claims due
+``pending``/``unknown`` operations and settles them by the supplier's status query: found →
+``confirmed``; definitely not found → called again with the same key; unclear too long →
+``needs-human`` with every answer as evidence, and the run moves to needs-human too.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import create_engine
+
+from dedup import add_reconcile_job
+from examples.supplier_order import config
+from outbox.dsn import sqlalchemy_url
+
+
+def main() -> int:
+    engine = create_engine(sqlalchemy_url(config.database_url()), pool_size=2,
+                           pool_pre_ping=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    scheduler = BackgroundScheduler()
+    add_reconcile_job(scheduler, engine, [config.supplier().system()], interval_seconds=0.5,
+                      policy=config.POLICY, actor="reconciler")
+    scheduler.start()
+    try:
+        stop.wait()
+    finally:
+        scheduler.shutdown(wait=True)
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The fault harness from the command line.
+
+    python -m tests.faults                      # the CI subset, a random seed
+    python -m tests.faults --seed 42            # replay a run
+    python -m tests.faults --full               # every scenario, longer outages
+    python -m tests.faults --soak 30            # scenarios in a loop for 30 minutes
+
+Ends with the table, writes ``faults-report.json`` at the repository root, and exits 1
+when any invariant failed (printing the seed and the command that replays it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tests.faults import runner, scenarios
+from tests.faults.harness import Harness, ScenarioResult, Topology
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pick(args: argparse.Namespace, rng: random.Random) -> list[scenarios.Scenario]:
+    outage = rng.uniform(20, 60) if args.full or args.soak else args.outage
+    chosen = scenarios.full(outage) if args.full or args.soak else scenarios.ci_subset(outage)
+    if args.scenarios:
+        wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        unknown = [w for w in wanted if w not in {s.name for s in chosen}]
+        if unknown:
+            sys.exit(f"unknown scenario(s): {', '.join(unknown)}; known: "
+                     f"{', '.join(s.name for s in chosen)}")
+        chosen = [s for s in chosen if s.name in wanted]
+    return chosen
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="outboxkit-faults-"))
+    h = Harness(workdir, seed=seed, topology=Topology(args.agents, args.relays, args.consumers),
+                orders=args.orders)
+    started, t0 = datetime.now(UTC).isoformat(), time.monotonic()
+    results: list[ScenarioResult] = []
+    print(f"fault harness: seed {seed}, work dir {workdir}", flush=True)
+    h.start()
+    try:
+        deadline = t0 + args.soak * 60 if args.soak else None
+        while True:
+            for scenario in pick(args, h.rng):
+                result = runner.run_scenario(h, scenario)
+                results.append(result)
+                print(f"  {scenario.name}: {'ok' if result.ok else 'FAILED'} "
+                      f"({result.kills} kills, recovered in {result.recovery_s} s)", flush=True)
+                if deadline and time.monotonic() > deadline:
+                    break
+            if not deadline or time.monotonic() > deadline:
+                break
+    finally:
+        h.stop()
+    rep = runner.report(h, results, started, time.monotonic() - t0)
+    print(runner.table(rep))
+    runner.write(rep, Path(args.report))
+    if not rep["ok"]:
+        print(f"FAILED with seed {seed}; replay: {rep['replay']}; logs in {workdir}/logs",
+              file=sys.stderr)
+    return rep
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
+    p.add_argument("--seed", type=int, help="replay this seed (default: a random one)")
+    p.add_argument("--scenarios", help="comma-separated scenario names (default: all chosen)")
+    p.add_argument("--full", action="store_true", help="every scenario, outages of 20-60 s")
+    p.add_argument("--soak", type=float, default=0, metavar="MINUTES",
+                   help="repeat the full set for this many minutes")
+    p.add_argument("--outage", type=float, default=20, help="broker outage seconds (CI set)")
+    p.add_argument("--orders", type=int, default=8, help="orders per scenario wave")
+    p.add_argument("--agents", type=int, default=2)
+    p.add_argument("--relays", type=int, default=2)
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--report", default=str(ROOT / "faults-report.json"))
+    p.add_argument("--workdir", help="where services and logs go (default: a temp dir)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return 0 if run(parse(argv))["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
