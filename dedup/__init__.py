@@ -29,7 +29,8 @@ from dedup.perform import perform
 from dedup.policy import ReconcilePolicy
 from dedup.reconcile import ReconcileReport, reconcile_due, reconcile_operation
 from dedup.resolution import list_operations, resolve_confirmed, resolve_not_applied
-from dedup.scheduler import add_reconcile_job
+from dedup.retention import OperationsPurge, count_purgeable_operations, purge_operations
+from dedup.scheduler import add_operations_retention_job, add_reconcile_job
 from dedup.systems import System
 from dedup.window import check_window
 
@@ -47,6 +48,7 @@ __all__ = [
     "OperationEvent",
     "OperationNotFound",
     "OperationStatus",
+    "OperationsPurge",
     "ReconcilePolicy",
     "ReconcileReport",
     "Refused",
@@ -55,9 +57,11 @@ __all__ = [
     "StatusOutcome",
     "System",
     "Unclear",
+    "add_operations_retention_job",
     "add_reconcile_job",
     "begin",
     "check_window",
+    "count_purgeable_operations",
     "get_failure",
     "get_operation",
     "idempotency_key",
@@ -69,6 +73,7 @@ __all__ = [
     "operation_history",
     "perform",
     "purge_marks",
+    "purge_operations",
     "reconcile_due",
     "reconcile_operation",
     "record_outcome",

@@ -1,14 +1,20 @@
-"""``outbox ops``: the operations ledger for a human — list what needs attention, resolve it.
+"""``outbox ops``: the operations ledger for a human — list what needs attention, resolve it,
+purge what is long settled.
 
 Registered in the ``outboxkit.commands`` entry-point group. A resolution records who
 (``--actor``, default ``$USER``) and why (``--reason``) in the operation and its events.
+``ops purge`` lives here rather than next to ``outbox purge`` because ``outbox`` may not
+import ``dedup``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -16,7 +22,18 @@ import click
 from dedup.operations import Operation
 from dedup.outcomes import Evidence
 from dedup.resolution import list_operations, resolve_confirmed, resolve_not_applied
+from dedup.retention import (
+    DEFAULT_BATCH,
+    DEFAULT_DEDUP_WINDOW_SECONDS,
+    PURGED_STATUSES,
+    OperationsPurge,
+    check_retention_window,
+    count_purgeable_operations,
+    purge_operations,
+)
 from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
+from outbox.commands import duration
+from outbox.settings import OutboxSettings
 from outbox.tables import OPERATION_STATUSES
 
 
@@ -105,3 +122,83 @@ def _evidence(raw: str | None) -> Evidence | None:
 
 def _as_dict(op: Operation) -> dict[str, Any]:
     return {**op.__dict__, "status": op.status.value}
+
+
+# --- outbox ops purge -----------------------------------------------------------------------
+
+DEDUP_RETENTION_ENV = "OUTBOXKIT_CONSUMER_DEDUP_RETENTION_SECONDS"
+
+
+def _days_or_duration(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+    """``30`` (days) or a duration like ``30d``, ``12h``, ``2w`` (as ``outbox purge``)."""
+    if re.fullmatch(r"\s*\d+\s*", value):
+        return timedelta(days=int(value))
+    return duration(ctx, param, value)
+
+
+def _dedup_window(ctx: click.Context, param: click.Parameter,
+                  value: str | None) -> timedelta:
+    """The flag; else the consumers' own setting (seconds) from the environment; else its
+    default. Read here, not from ConsumerSettings: dedup may not import consumers."""
+    if value is not None:
+        return _days_or_duration(ctx, param, value)
+    raw = os.environ.get(DEDUP_RETENTION_ENV)
+    if raw is None or not raw.strip():
+        return timedelta(seconds=DEFAULT_DEDUP_WINDOW_SECONDS)
+    try:
+        return timedelta(seconds=float(raw))
+    except ValueError as exc:
+        raise click.BadParameter(f"{DEDUP_RETENTION_ENV}={raw!r} is not a number of seconds",
+                                 param_hint="--dedup-window") from exc
+
+
+@ops_group.command("purge")
+@database_url_option
+@click.option("--older-than", default="30d", show_default=True, callback=_days_or_duration,
+              help="Purge operations settled longer ago than this: days (30) or a duration "
+                   "(30d, 12h, 2w). At least the consumers' dedup window.")
+@click.option("--dedup-window", callback=_dedup_window,
+              help=f"The longest dedup window of the consumer groups that call perform "
+                   f"(8d, 192h…). Default: ${DEDUP_RETENTION_ENV} (seconds), else the "
+                   f"consumers' default, 8d. A shorter --older-than is refused.")
+@click.option("--dry-run", is_flag=True,
+              help="Print how many operations would be purged; change nothing.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH,
+              show_default=True, help="Operations per short transaction.")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@one_line_errors
+def ops_purge(*, database_url: str | None, older_than: timedelta, dedup_window: timedelta,
+              dry_run: bool, batch_size: int, as_json: bool) -> None:
+    """Retention: delete settled (confirmed/rejected) operations and their events."""
+    seconds, window = older_than.total_seconds(), dedup_window.total_seconds()
+    statuses = ", ".join(PURGED_STATUSES)
+    check_retention_window(seconds, window)  # before connecting: a usage error, exit 2
+    settings = OutboxSettings()
+    with open_engine(database_url, settings) as engine:
+        with engine.connect() as conn:
+            would = count_purgeable_operations(conn, seconds, dedup_window_seconds=window,
+                                               settings=settings)
+        if dry_run:
+            done = would
+        else:
+            batches: list[OperationsPurge] = []
+            with click.progressbar(length=would.operations, label="purging operations",
+                                   file=sys.stderr) as bar:
+                def progress(batch: OperationsPurge) -> None:
+                    batches.append(batch)
+                    bar.update(batch.operations)
+
+                purge_operations(engine, seconds, batch=batch_size, dedup_window_seconds=window,
+                                 settings=settings, on_batch=progress,
+                                 max_batches=would.operations // batch_size + 2)
+            done = OperationsPurge(sum(b.operations for b in batches),
+                                   sum(b.events for b in batches))
+    if as_json:
+        echo_json({"dry_run": dry_run, "operations": done.operations, "events": done.events,
+                   "statuses": list(PURGED_STATUSES), "older_than_seconds": seconds,
+                   "dedup_window_seconds": window})
+    elif dry_run:
+        click.echo(f"would purge {done.operations} operations ({statuses}) and their "
+                   f"{done.events} events, settled before now - {older_than}")
+    else:
+        click.echo(f"purged {done.operations} operations and their {done.events} events")

@@ -1,10 +1,12 @@
-"""How hard the ledger tries to establish an unknown outcome before a human takes over."""
+"""How hard the ledger tries to establish an unknown outcome before a human takes over,
+and how much of what it saw a human then gets to read."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
+from dedup.outcomes import DEFAULT_MAX_VALUE_BYTES, MIN_MAX_VALUE_BYTES
 from outbox.errors import ConfigurationError
 
 
@@ -14,7 +16,8 @@ class ReconcilePolicy:
 
     Nothing loops: status queries are bounded by ``max_checks`` and ``max_age_seconds``,
     calls (all with the same idempotency key) by ``max_calls``; past either the operation
-    goes to ``needs-human`` with every check's result as evidence.
+    goes to ``needs-human`` with the checks' results as evidence — bounded too, by
+    ``evidence_last_events`` and ``evidence_max_value_bytes``.
     """
 
     max_checks: int = 8
@@ -33,6 +36,16 @@ class ReconcilePolicy:
     live process; longer than the call's own timeout. After it, pending means unknown."""
     claim_seconds: float = 60.0
     """How long a checker holds an operation it claimed (longer than a status query takes)."""
+    evidence_last_events: int = 20
+    """At escalation, the last events copied in full into the evidence (with the intent and
+    the first call); the ones between are summarised as a count, their kinds and a digest.
+    20 shows the latest answers and the retries around them while keeping the evidence of
+    an operation checked hundreds of times small enough to read."""
+    evidence_max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    """Any single value in that evidence (a response body, an error text) longer than this
+    is cut to its head plus its full size and sha256; also the limit for each status
+    query's answer as recorded in ``operation_events`` and ``last_error``. 4 KiB keeps the
+    start of an error page — usually what tells a human what went wrong."""
 
     def __post_init__(self) -> None:
         if self.max_checks < 1 or self.max_calls < 1:
@@ -47,6 +60,14 @@ class ReconcilePolicy:
             raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
         if self.in_flight_grace < 0 or self.claim_seconds <= 0:
             raise ConfigurationError("in_flight_grace must be >= 0 and claim_seconds > 0")
+        if self.evidence_last_events < 1:
+            raise ConfigurationError(
+                f"evidence_last_events must be >= 1 (the answer that led to the escalation "
+                f"must be in the evidence), got {self.evidence_last_events}")
+        if self.evidence_max_value_bytes < MIN_MAX_VALUE_BYTES:
+            raise ConfigurationError(
+                f"evidence_max_value_bytes must be >= {MIN_MAX_VALUE_BYTES} (room for the "
+                f"truncation note), got {self.evidence_max_value_bytes}")
 
     def backoff(self, checks: int, rng: random.Random | None = None) -> float:
         """Seconds until the next status query after *checks* unclear ones (0 → first)."""

@@ -8,8 +8,13 @@ its process died after — or while — sending; ``not-applied`` by a human's wo
   (recorded as a ``retry`` event; at most ``max_calls`` calls in all);
 * nobody can say (status endpoint down, timeout) → the next query is scheduled with backoff
   (``next_check_at``); after ``max_checks`` unclear answers or ``max_age_seconds`` the
-  operation goes to ``needs-human`` with every event as evidence, and its agent run (if any)
+  operation goes to ``needs-human`` with its events as evidence, and its agent run (if any)
   is moved to ``needs-human`` in the same transaction (``outbox.runs.move``).
+
+Evidence is bounded (``ReconcilePolicy.evidence_*``): every answer is recorded with each
+value clipped to ``evidence_max_value_bytes`` (head, size, sha256), and an escalation copies
+the intent, the first call and the last ``evidence_last_events`` events, summarising the
+ones between — an operation checked 200 times against a 1 MB error page stays readable.
 
 Concurrency: a checker *claims* due rows with ``FOR UPDATE SKIP LOCKED`` in a short
 transaction that pushes ``next_check_at`` forward by ``claim_seconds`` and bumps
@@ -44,7 +49,7 @@ from dedup.operations import (
     ops,
     record_outcome,
 )
-from dedup.outcomes import Found, NotFound, Unclear
+from dedup.outcomes import Evidence, Found, NotFound, Unclear, bound_events, clip, clip_detail
 from dedup.policy import ReconcilePolicy
 from dedup.systems import System, ask, send
 from outbox.checkpoints import json_value
@@ -175,7 +180,7 @@ def _settle(engine: Engine, claimed: Operation, system: System, *, policy: Recon
             after, call = _prepare_retry(conn, current, policy=policy, actor=actor,
                                          answer=None, settings=settings)
     else:
-        answer = ask(system, claimed)
+        answer = _clipped(ask(system, claimed), policy)
         if isinstance(answer, Found):
             with engine.begin() as conn:
                 return record_outcome(conn, claimed.id, answer, actor=actor, kind="check",
@@ -206,6 +211,21 @@ def _record_answer(conn: SyncConn, claimed: Operation, answer: NotFound | Unclea
                               settings=settings)
     return _unclear(conn, current, answer, age=age, policy=policy, actor=actor,
                     settings=settings), False
+
+
+def _clipped(answer: Found | NotFound | Unclear,
+             policy: ReconcilePolicy) -> Found | NotFound | Unclear:
+    """The answer with every value cut to the policy's limit: each one is written to an
+    event (and Unclear's reason to ``last_error``), once per check."""
+    limit = policy.evidence_max_value_bytes
+    if isinstance(answer, Found):
+        evidence = answer.evidence
+        return Found(Evidence(reference=evidence.reference,
+                              response_digest=evidence.response_digest,
+                              detail=clip_detail(evidence.detail, limit)))
+    if isinstance(answer, NotFound):
+        return NotFound(clip_detail(answer.detail, limit))
+    return Unclear(clip(answer.reason, limit))
 
 
 def _answer_name(answer: Found | NotFound | Unclear) -> str:
@@ -251,6 +271,7 @@ def _prepare_retry(conn: SyncConn, current: Operation, *, policy: ReconcilePolic
               settings)
         if current.calls >= policy.max_calls:
             return _escalate(conn, current, checks=checks, actor=actor, settings=settings,
+                             policy=policy,
                              reason=f"not found after {current.calls} calls with the same key "
                                     f"(max_calls={policy.max_calls}); not calling again"), False
     retry = _write(
@@ -275,11 +296,11 @@ def _unclear(conn: SyncConn, current: Operation, answer: Unclear, *, age: float,
     if checks >= policy.max_checks:
         reason = f"outcome still unclear after {checks} status queries: {answer.reason}"
         return _escalate(conn, current, checks=checks, reason=reason, actor=actor,
-                         settings=settings)
+                         policy=policy, settings=settings)
     if policy.max_age_seconds is not None and age >= policy.max_age_seconds:
         reason = f"outcome still unclear {age:.0f} s after the intent: {answer.reason}"
         return _escalate(conn, current, checks=checks, reason=reason, actor=actor,
-                         settings=settings)
+                         policy=policy, settings=settings)
     return _write(
         conn, current, settings, status=OperationStatus.UNKNOWN.value, checks=checks,
         last_error=answer.reason,
@@ -288,8 +309,12 @@ def _unclear(conn: SyncConn, current: Operation, answer: Unclear, *, age: float,
 
 
 def _escalate(conn: SyncConn, current: Operation, *, checks: int, reason: str, actor: str,
-              settings: OutboxSettings | None) -> Operation:
-    """``needs-human`` with every event as evidence; the run follows in this transaction."""
+              policy: ReconcilePolicy, settings: OutboxSettings | None) -> Operation:
+    """``needs-human`` with its events as evidence; the run follows in this transaction.
+
+    The events are bounded (:func:`dedup.outcomes.bound_events`): this evidence is copied
+    into the operation row and the run's transition, and a human has to read it.
+    """
     history = operation_history(conn, current.id, settings=settings)
     evidence = {
         "reason": reason,
@@ -299,7 +324,9 @@ def _escalate(conn: SyncConn, current: Operation, *, checks: int, reason: str, a
         "operation": current.operation,
         "calls": current.calls,
         "checks": checks,
-        "events": [event.as_json() for event in history],
+        **bound_events([event.as_json() for event in history],
+                       keep_last=policy.evidence_last_events,
+                       max_value_bytes=policy.evidence_max_value_bytes),
     }
     run_note = _move_run(conn, current, reason=reason, evidence=evidence, actor=actor,
                          settings=settings)
