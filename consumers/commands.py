@@ -96,7 +96,13 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
             raise ConfigurationError(
                 "no Kafka: pass --kafka-bootstrap or set OUTBOXKIT_KAFKA_BOOTSTRAP "
                 "(or --rehandle MODULE:APP to run the handler here)")
-        sender = KafkaSender(kafka_bootstrap, client_id="outbox-dlq-replay")
+        # TLS/SASL come from the consumer's settings (OUTBOXKIT_CONSUMER_KAFKA_*).
+        try:
+            security = ConsumerSettings(kafka_bootstrap=kafka_bootstrap).kafka_client_config()
+        except ValidationError as exc:
+            raise ConfigurationError(explain(exc, "OUTBOXKIT_CONSUMER_")) from exc
+        sender = KafkaSender(kafka_bootstrap, client_id="outbox-dlq-replay",
+                             client_config=security)
         try:
             for failure_id in failure_ids:
                 try:
