@@ -3,7 +3,7 @@
 VENV := .venv/bin
 SERVICES := $(VENV)/python -m outbox.testing.services
 
-.PHONY: demo test lint unit bootstrap services-up services-down services-status clean
+.PHONY: demo test lint unit bench bench-quick faults soak bootstrap services-up services-down services-status clean
 
 bootstrap:
 	@bash scripts/bootstrap
@@ -18,6 +18,22 @@ lint: bootstrap
 
 test: lint
 	$(VENV)/pytest
+
+# The benchmark suite on throwaway services: a table, bench/results/latest.json, two SVGs.
+# Minutes long; run it on a quiet machine. bench-quick is a one-minute smoke run.
+bench: bootstrap
+	$(VENV)/python bench/suite.py
+
+bench-quick: bootstrap
+	$(VENV)/python bench/suite.py --quick
+
+# The fault harness (the CI subset is part of `make test`): a table and faults-report.json.
+# SEED=N replays a run; `make soak MINUTES=30` loops every scenario for that long.
+faults: bootstrap
+	$(VENV)/python -m tests.faults $(if $(SEED),--seed $(SEED))
+
+soak: bootstrap
+	$(VENV)/python -m tests.faults --soak $(or $(MINUTES),30) $(if $(SEED),--seed $(SEED))
 
 services-up: bootstrap
 	@$(SERVICES) up

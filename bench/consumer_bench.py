@@ -14,6 +14,10 @@ full_page_writes turned on with ALTER SYSTEM and checked with SHOW; stopped at t
 Each is a fresh consumer group reading the same topic; rates are measured from the first
 processed message to the last (start-up and group join excluded).
 
+Or give ``--database-url`` and ``--kafka-bootstrap`` to use existing services: the benchmark
+then works in a database and a topic of its own, dropped at the end, and restores the
+server's durability settings.
+
     OUTBOXKIT_KAFKA_LIBS=/tmp/kjars/libs .venv/bin/python bench/consumer_bench.py \
         [--quick] [--n N] [--json results.json]
 """
@@ -74,6 +78,11 @@ def log(message: str) -> None:
 
 @contextlib.contextmanager
 def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    if args.database_url and args.kafka_bootstrap:
+        yield args.database_url, args.kafka_bootstrap
+        return
+    if args.database_url or args.kafka_bootstrap:
+        raise SystemExit("give both --database-url and --kafka-bootstrap, or neither")
     from outbox.testing.services import LocalServices  # noqa: PLC0415
 
     state = Path(args.state_dir or f"/tmp/consumerbench-{os.getpid()}")  # noqa: S108
@@ -224,35 +233,36 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-poll-records", type=int, default=500, help="batch size of all runs")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--state-dir", help="where the throwaway services live (kept if given)")
+    p.add_argument("--database-url", help="an existing PostgreSQL server (admin URL)")
+    p.add_argument("--kafka-bootstrap", help="an existing Kafka broker host:port")
+    p.add_argument(
+        "--allow-not-durable",
+        action="store_true",
+        help="leave the server's durability as it is (a smoke run on a test server; figures "
+        "then mean nothing)",
+    )
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    n = args.n or (10_000 if args.quick else 50_000)
-    n_pm = min(n, args.n_per_message or (1_000 if args.quick else 3_000))
-    started = datetime.now(UTC)
-    with services(args) as (admin_url, bootstrap):
-        # A throwaway cluster: no need to restore its settings afterwards.
-        durability, _restore = make_durable(admin_url)
-        log(f"durability: {durability}")
-        machine = machine_info(admin_url, bootstrap)
-        name = f"consumerbench_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = with_database(admin_url, name)
+def measure(
+    admin_url: str, bootstrap: str, n: int, n_pm: int, mpr: int
+) -> tuple[float, float, float, float]:
+    """(a) to (d), in a database and a topic of their own, dropped at the end."""
+    name = f"consumerbench_{uuid.uuid4().hex[:8]}"
+    topic = f"bench-orders-{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(admin_url, name)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
         engine = create_engine(sqlalchemy_url(url))
         migrate(engine)
         with engine.begin() as conn:
             effects.create(conn)
         engine.dispose()
-        topic = f"bench-orders-{uuid.uuid4().hex[:6]}"
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
         admin.create_topics([NewTopic(topic, 3, 1)])
-        admin.close()
         log(f"producing {n:,} messages to {topic}")
         produce(bootstrap, topic, n)
-        mpr = args.max_poll_records
         log("(a) raw kafka-python consumer")
         raw = raw_rate(bootstrap, topic, n, mpr)
         log("(b) batch mode, per-message handler")
@@ -273,6 +283,33 @@ def main(argv: list[str] | None = None) -> int:
             batch_handler=False,
             max_poll_records=mpr,
         )
+    finally:
+        with contextlib.suppress(Exception):
+            admin.delete_topics([topic])
+        admin.close()
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return raw, batch, batch_handler, per_message
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    n = args.n or (10_000 if args.quick else 50_000)
+    n_pm = min(n, args.n_per_message or (1_000 if args.quick else 3_000))
+    started = datetime.now(UTC)
+    mpr = args.max_poll_records
+    with services(args) as (admin_url, bootstrap):
+        durability, restore = (
+            ("not checked (--allow-not-durable)", lambda: None)
+            if args.allow_not_durable
+            else make_durable(admin_url)
+        )
+        log(f"durability: {durability}")
+        machine = machine_info(admin_url, bootstrap)
+        try:
+            raw, batch, batch_handler, per_message = measure(admin_url, bootstrap, n, n_pm, mpr)
+        finally:
+            restore()
     machine["loadavg_end"] = os.getloadavg()
     goal = f">= {GOAL_RATIO} x raw"
     figures = [

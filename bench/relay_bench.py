@@ -27,7 +27,11 @@ Services: by default a throwaway PostgreSQL and Kafka are started for the run
 ``--database-url`` and ``--kafka-bootstrap`` (the benchmark then works in a database of its
 own, created and dropped here, and topics of its own, deleted at the end).
 
-    .venv/bin/python bench/relay_bench.py [--quick] [--n N] [--json results.json]
+    .venv/bin/python bench/relay_bench.py [--quick] [--n N] [--json results.json] \
+        [--samples samples.json]
+
+``--samples`` writes the raw latencies of (c) and the publish timeline of each (b) round,
+which ``bench/suite.py`` plots.
 """
 
 from __future__ import annotations
@@ -206,6 +210,8 @@ class RelayRun:
     peak_rss_mb: float = math.nan
     relay_cores: float = math.nan  # the relay's CPU seconds per second of the drain
     machine_busy: float = math.nan  # fraction of all CPUs busy meanwhile (anyone)
+    # (seconds from the relay's spawn, rows) per published_at: the suite's throughput plot
+    timeline: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -253,6 +259,7 @@ class Relay:
         self.log_path = ctx.logs / f"relay-{name}.log"
         self._log = self.log_path.open("wb")
         self.started = time.monotonic()
+        self.started_wall = time.time()  # to place published_at (database clock, same host)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "relay"],
             env=env,
@@ -337,6 +344,12 @@ def drain(ctx: Ctx, label: str, rows: int, **settings: Any) -> RelayRun:
     )
     if left:
         raise RuntimeError(f"{left} rows are not published after the relay drained ({label})")
+    rows_at = psql(
+        ctx.url,
+        f"SELECT extract(epoch FROM published_at), count(*) FROM {SCHEMA}.outbox_messages "
+        "GROUP BY published_at ORDER BY published_at",
+    )
+    run.timeline = [(float(at) - relay.started_wall, int(n)) for at, n in rows_at]
     return run
 
 
@@ -728,8 +741,8 @@ def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         endpoints = local.up()
         yield endpoints.database_url, endpoints.kafka_bootstrap
     finally:
-        log("stopping the throwaway services")
-        local.down()
+        local.down()  # before logging: a closed stdout/stderr must not leave them running
+        log("stopped the throwaway services")
         if not args.state_dir:
             shutil.rmtree(state, ignore_errors=True)
 
@@ -746,6 +759,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=1000.0, help="offered load of (c), msgs/s")
     p.add_argument("--writers", type=int, default=4, help="writer processes of (c)")
     p.add_argument("--latency-seconds", type=float, help="length of (c) (default 15; quick 6)")
+    p.add_argument("--low-seconds", type=float, help="length of (c3) (default 10; quick 5)")
+    p.add_argument(
+        "--claim-backlog", type=int, help="large backlog of (d) (default 1,000,000; quick 100,000)"
+    )
+    p.add_argument(
+        "--rss-backlog", type=int, help="large backlog of (e) (default 200,000; quick 100,000)"
+    )
+    p.add_argument(
+        "--allow-not-durable",
+        action="store_true",
+        help="leave the server's durability as it is (a smoke run on a test server; figures "
+        "then mean nothing)",
+    )
+    p.add_argument(
+        "--samples", help="write the raw latencies and the drains' publish timelines here (JSON)"
+    )
     return p.parse_args(argv)
 
 
@@ -753,16 +782,17 @@ def plan_of(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     return {
         "quick": quick,
+        "durable": not args.allow_not_durable,
         "n": args.n or (20_000 if quick else 100_000),
         "rounds": args.rounds or (1 if quick else 3),
         "lat_s": args.latency_seconds or (6.0 if quick else 15.0),
         "rate": args.rate,
         "writers": args.writers,
         "low_rate": 20.0,
-        "low_s": 5.0 if quick else 10.0,
+        "low_s": args.low_seconds or (5.0 if quick else 10.0),
         "claims": 20 if quick else 30,
-        "big_claim": 100_000 if quick else 1_000_000,
-        "big_rss": 100_000 if quick else 200_000,
+        "big_claim": args.claim_backlog or (100_000 if quick else 1_000_000),
+        "big_rss": args.rss_backlog or (100_000 if quick else 200_000),
         "variants": [("batch 2000", {"batch_size": 2000})]
         if quick
         else [
@@ -786,9 +816,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with services(args) as (admin_url, bootstrap):
         machine = machine_info(admin_url, bootstrap)
-        durability, restore = make_durable(admin_url)
+        durability, restore = (
+            ("not checked (--allow-not-durable)", lambda: None)
+            if args.allow_not_durable
+            else make_durable(admin_url)
+        )
+        samples: dict[str, Any] = {}
         try:
-            figures = in_own_database(admin_url, bootstrap, plan, durability)
+            figures = in_own_database(admin_url, bootstrap, plan, durability, samples)
         finally:
             restore()
             after = show(admin_url)
@@ -812,11 +847,18 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(args.json).write_text(json.dumps(document, indent=2))
         print(f"\nfigures written to {args.json}")
+    if args.samples:
+        Path(args.samples).write_text(json.dumps(samples))
+        print(f"samples written to {args.samples}")
     return 0
 
 
 def in_own_database(
-    admin_url: str, bootstrap: str, plan: dict[str, Any], durability: str
+    admin_url: str,
+    bootstrap: str,
+    plan: dict[str, Any],
+    durability: str,
+    samples: dict[str, Any] | None = None,
 ) -> list[Figure]:
     """Run every phase in a database and topics of its own, dropped at the end."""
     db = f"relaybench_{uuid.uuid4().hex[:8]}"
@@ -830,14 +872,14 @@ def in_own_database(
     ]
     try:
         shown = show(ctx.url)
-        if shown["fsync"] != "on":
+        if shown["fsync"] != "on" and plan["durable"]:
             raise SystemExit(f"REFUSED: fsync is {shown['fsync']} in the benchmark database")
         print(f"durability: {durability}")
         print(
             f"setup: N={plan['n']:,}, rounds={plan['rounds']}, {LANES} lanes, {KEYS} keys, "
             f"{PARTITIONS} partitions, quick={plan['quick']}; relay logs in {logs}"
         )
-        return run_all(ctx, plan, topics)
+        return run_all(ctx, plan, topics, samples)
     finally:
         for proc in list(ctx.relays):  # only relays this run started, should one be left
             with contextlib.suppress(Exception):
@@ -861,7 +903,9 @@ class Results:
     rss_large: RelayRun | None = None
 
 
-def run_all(ctx: Ctx, plan: dict[str, Any], topics: list[str]) -> list[Figure]:
+def run_all(
+    ctx: Ctx, plan: dict[str, Any], topics: list[str], samples: dict[str, Any] | None = None
+) -> list[Figure]:
     from outbox.migrate import migrate  # noqa: PLC0415
 
     engine: Engine = create_engine(ctx.engine_url)
@@ -874,7 +918,27 @@ def run_all(ctx: Ctx, plan: dict[str, Any], topics: list[str]) -> list[Figure]:
     phase_throughput(ctx, plan, topics[0], res)
     phase_latency(ctx, plan, res)
     phase_claims_and_memory(ctx, plan, topics[1], res)
+    if samples is not None:
+        samples.update(samples_of(res))
     return figures_of(res)
+
+
+def samples_of(res: Results) -> dict[str, Any]:
+    """The raw data behind the figures, for plots: commit-to-appended latencies (ms) per
+    phase of (c), and every (b) round's publish timeline."""
+    return {
+        "latency_ms": {label: lat.kafka_ms for label, lat in res.lat.items()},
+        "producer_alone_msgs_per_s": statistics.median(res.raw),
+        "drains": [
+            {
+                "label": run.label,
+                "rows": run.rows,
+                "from_start_s": run.from_start_s,
+                "timeline": run.timeline,
+            }
+            for run in res.relay_runs
+        ],
+    }
 
 
 def phase_throughput(ctx: Ctx, plan: dict[str, Any], topic: str, res: Results) -> None:
