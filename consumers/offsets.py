@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
+from kafka import AsyncConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
 from kafka import errors as kafka_errors
 
 from consumers.metrics import ConsumerMetrics
@@ -23,22 +24,46 @@ log = logging.getLogger(__name__)
 
 
 class OffsetTracker:
-    """Next offsets whose messages are committed in PostgreSQL but not yet in Kafka."""
+    """Next offsets whose messages are committed in PostgreSQL, and which of them Kafka has.
+
+    ``pending`` holds, per partition, the offset after the last message whose database
+    transaction committed; ``committed`` what Kafka confirmed. The loop sends offsets with
+    :meth:`commit_async` (one round trip per batch saved); revocation and shutdown use the
+    synchronous :meth:`commit`. A lost or failed asynchronous commit costs a redelivery,
+    which the dedup marks absorb: the database, not Kafka, is the record of what was done.
+    """
 
     def __init__(self) -> None:
         self.pending: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, int] = {}
+        self._in_flight: dict[TopicPartition, int] = {}
+        self._lock = threading.Lock()  # the async callback runs on kafka-python's IO thread
 
     def done(self, records: Sequence[Any]) -> None:
-        for record in records:
-            tp = TopicPartition(record.topic, record.partition)
-            self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
+        with self._lock:
+            for record in records:
+                tp = TopicPartition(record.topic, record.partition)
+                self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
+
+    def uncommitted(self, partitions: Iterable[TopicPartition] | None) -> dict[Any, Any]:
+        with self._lock:
+            chosen = set(self.pending) if partitions is None else set(partitions) & set(
+                self.pending)
+            return {tp: OffsetAndMetadata(self.pending[tp], "", -1) for tp in chosen
+                    if self.committed.get(tp) != self.pending[tp]}
+
+    def confirmed(self, offsets: dict[Any, Any]) -> None:
+        with self._lock:
+            for tp, meta in offsets.items():
+                if meta.offset > self.committed.get(tp, -1):
+                    self.committed[tp] = meta.offset
 
     def commit(self, consumer: Any, partitions: Iterable[TopicPartition] | None = None) -> bool:
-        """Commit the pending offsets (of *partitions*, default all); True if none are left."""
-        chosen = set(self.pending) if partitions is None else set(partitions) & set(self.pending)
-        if not chosen:
+        """Commit the uncommitted offsets (of *partitions*, default all) and wait; True if
+        none are left."""
+        offsets = self.uncommitted(partitions)
+        if not offsets:
             return True
-        offsets = {tp: OffsetAndMetadata(self.pending[tp], "", -1) for tp in chosen}
         try:
             consumer.commit(offsets)
         except kafka_errors.CommitFailedError as exc:
@@ -48,8 +73,7 @@ class OffsetTracker:
                 exc,
                 extra={"event": "consumer.commit_failed"},
             )
-            for tp in chosen:
-                self.pending.pop(tp, None)
+            self.forget(offsets)
             return False
         except kafka_errors.KafkaError as exc:
             log.warning(
@@ -58,34 +82,73 @@ class OffsetTracker:
                 extra={"event": "consumer.commit_failed"},
             )
             return False
-        for tp in chosen:
-            if self.pending.get(tp) == offsets[tp].offset:
-                del self.pending[tp]
+        self.confirmed(offsets)
         return True
 
+    def commit_async(self, consumer: Any) -> None:
+        """Send the uncommitted offsets without waiting (skipping ones already in flight)."""
+        offsets = self.uncommitted(None)
+        with self._lock:
+            offsets = {tp: m for tp, m in offsets.items() if self._in_flight.get(tp) != m.offset}
+            for tp, meta in offsets.items():
+                self._in_flight[tp] = meta.offset
+        if not offsets:
+            return
+
+        def answered(sent: dict[Any, Any], response: Any) -> None:
+            with self._lock:
+                for tp, meta in sent.items():
+                    if self._in_flight.get(tp) == meta.offset:
+                        del self._in_flight[tp]
+            if isinstance(response, Exception):
+                log.debug("asynchronous offset commit failed (sent again later): %s", response,
+                          extra={"event": "consumer.commit_failed"})
+            else:
+                self.confirmed(sent)
+
+        try:
+            consumer.commit_async(offsets, callback=answered)
+        except kafka_errors.KafkaError as exc:
+            answered(offsets, exc)
+
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
-        for tp in partitions:
-            self.pending.pop(tp, None)
+        with self._lock:
+            for tp in list(partitions):
+                self.pending.pop(tp, None)
+                self.committed.pop(tp, None)
+                self._in_flight.pop(tp, None)
 
 
-class Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Commits what is done before partitions are revoked; never commits lost ones."""
+class Rebalance(AsyncConsumerRebalanceListener):  # type: ignore[misc]
+    """Commits what is done before partitions are revoked; never commits lost ones.
+
+    kafka-python 3 runs the listener on its IO thread, where a blocking commit raises; so
+    the listener is a coroutine and awaits the asynchronous commit (the IO loop, heartbeats
+    included, keeps running meanwhile).
+    """
 
     def __init__(self, consumer: Any, tracker: OffsetTracker, metrics: ConsumerMetrics) -> None:
         self.consumer, self.tracker, self.metrics = consumer, tracker, metrics
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.tracker.commit(self.consumer, revoked)
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        offsets = self.tracker.uncommitted(revoked)
+        if offsets:
+            try:
+                await self.consumer.commit_async(offsets)
+                self.tracker.confirmed(offsets)
+            except Exception as exc:
+                log.warning("offset commit before revocation failed: %s", exc,
+                            extra={"event": "consumer.commit_failed"})
         self.tracker.forget(revoked)
         self._drop_lag(revoked)
         log.info("partitions revoked: %s", _names(revoked), extra={"event": "consumer.revoked"})
 
-    def on_partitions_lost(self, lost: Any) -> None:
+    async def on_partitions_lost(self, lost: Any) -> None:
         self.tracker.forget(lost)
         self._drop_lag(lost)
         log.warning("partitions lost: %s", _names(lost), extra={"event": "consumer.lost"})
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: Any) -> None:
         log.info("partitions assigned: %s", _names(assigned), extra={"event": "consumer.assigned"})
 
     def _drop_lag(self, partitions: Iterable[TopicPartition]) -> None:

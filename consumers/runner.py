@@ -229,7 +229,7 @@ class Runner:
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
                 self._failures = 0
                 self._set_ready(True)
-            self.offsets.commit(self.consumer)
+            self.offsets.commit_async(self.consumer)
             self._update_lag()
 
     def _committed(self, records: Sequence[Any]) -> None:

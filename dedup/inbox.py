@@ -110,12 +110,13 @@ def purge_marks(
 @functools.cache
 def _insert(schema: str) -> str:
     # One round trip per batch; ON CONFLICT DO NOTHING also absorbs an id twice in the batch.
+    # The arrays go in binary (%(name)b): text arrays in text form cost a regex per element.
     return f"""
     INSERT INTO "{schema}".consumer_inbox
         (consumer_group, message_id, topic, kafka_partition, kafka_offset)
     SELECT %(group)s, m.id, m.topic, m.part, m.off
-    FROM unnest(CAST(%(ids)s AS text[]), CAST(%(topics)s AS text[]),
-                CAST(%(partitions)s AS integer[]), CAST(%(offsets)s AS bigint[]))
+    FROM unnest(CAST(%(ids)b AS text[]), CAST(%(topics)b AS text[]),
+                CAST(%(partitions)b AS integer[]), CAST(%(offsets)b AS bigint[]))
          AS m(id, topic, part, off)
     ON CONFLICT (consumer_group, message_id) DO NOTHING
     RETURNING message_id

@@ -1,0 +1,80 @@
+"""The offset tracker: asynchronous commits in the loop never lose or repeat an offset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import TopicPartition
+
+from consumers.offsets import OffsetTracker
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+
+
+class RecordingConsumer:
+    """Keeps each asynchronous commit's callback so the test decides when Kafka answers."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict[Any, Any], Callable[[Any, Any], None]]] = []
+        self.synced: list[dict[Any, Any]] = []
+
+    def commit_async(self, offsets: dict[Any, Any], callback: Callable[[Any, Any], None]) -> None:
+        self.sent.append((offsets, callback))
+
+    def commit(self, offsets: dict[Any, Any]) -> None:
+        self.synced.append(offsets)
+
+
+TP = TopicPartition("t", 0)
+
+
+def test_an_offset_in_flight_is_not_sent_twice_and_is_confirmed_by_the_answer() -> None:
+    tracker, consumer = OffsetTracker(), RecordingConsumer()
+    tracker.done([Record("t", 0, 9)])
+    tracker.commit_async(consumer)
+    tracker.commit_async(consumer)  # still in flight: nothing new to send
+    assert [{tp: m.offset for tp, m in o.items()} for o, _ in consumer.sent] == [{TP: 10}]
+    offsets, answer = consumer.sent[0]
+    answer(offsets, object())  # Kafka accepted it
+    assert tracker.committed == {TP: 10}
+    assert tracker.uncommitted(None) == {}
+    assert tracker.commit(consumer) is True
+    assert consumer.synced == []  # nothing left for a synchronous commit
+
+
+def test_a_failed_asynchronous_commit_is_sent_again() -> None:
+    tracker, consumer = OffsetTracker(), RecordingConsumer()
+    tracker.done([Record("t", 0, 4)])
+    tracker.commit_async(consumer)
+    offsets, answer = consumer.sent[0]
+    answer(offsets, RuntimeError("coordinator moved"))
+    assert tracker.committed == {}
+    tracker.commit_async(consumer)
+    assert len(consumer.sent) == 2
+    assert consumer.sent[1][0][TP].offset == 5
+
+
+def test_a_late_answer_for_an_older_offset_does_not_move_committed_back() -> None:
+    tracker, consumer = OffsetTracker(), RecordingConsumer()
+    tracker.done([Record("t", 0, 4)])
+    tracker.commit_async(consumer)
+    tracker.done([Record("t", 0, 7)])
+    tracker.commit(consumer)  # e.g. a revocation commits 8 synchronously
+    old, answer = consumer.sent[0]
+    answer(old, object())
+    assert tracker.committed == {TP: 8}
+
+
+def test_forgotten_partitions_are_neither_pending_nor_committed() -> None:
+    tracker, consumer = OffsetTracker(), RecordingConsumer()
+    tracker.done([Record("t", 0, 1), Record("t", 1, 3)])
+    tracker.forget([TP])
+    tracker.commit_async(consumer)
+    assert [set(o) for o, _ in consumer.sent] == [{TopicPartition("t", 1)}]
