@@ -6,6 +6,7 @@ with a lower id than rows already published is still pending, so the next claim 
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,28 +17,34 @@ from sqlalchemy import Connection
 
 from relay.sql import sql
 
-# One index range scan per lane (lane, id) over the partial index of pending rows: the cost
-# depends on the batch size, not on how many rows are pending. The join on relay_lanes
-# fences the claim: a relay whose lane was taken over (token moved on) claims nothing there.
+# One index range scan per lane (lane, id) over the partial index of pending rows. The join
+# on relay_lanes fences the claim: a relay whose lane was taken over (token moved on)
+# claims nothing there. There is deliberately no outer ORDER BY: the nested loop over the
+# lanes then stops as soon as the limit's rows came out, instead of reading up to that many rows
+# of every owned lane and sorting them all (80 ms for 64 lanes with a backlog, against a
+# few ms). Order within a lane does not depend on the plan: ``rn`` numbers each lane's
+# rows, and claim() keeps only an unbroken prefix 1..k of every lane.
 CLAIM = """
-SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-       m.created_at, m.lane, m.attempts
-FROM unnest(CAST(:lanes AS int[]), CAST(:tokens AS bigint[])) WITH ORDINALITY AS o(lane, token, pos)
+SELECT o.pos, m.rn, m.id, m.message_id, m.topic, m.key, m.message_type, m.payload,
+       m.headers, m.created_at, m.lane, m.attempts
+FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]))
+     WITH ORDINALITY AS o(lane, token, pos)
 JOIN {schema}.relay_lanes AS l
-  ON l.lane = o.lane AND l.token = o.token AND l.owner = :relay_id AND l.expires_at > now()
+  ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s AND l.expires_at > now()
 CROSS JOIN LATERAL (
-    SELECT * FROM {schema}.outbox_messages AS m
-    WHERE m.lane = o.lane AND m.status = 'pending'
-      AND m.id <> ALL(CAST(:exclude AS bigint[]))
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.outbox_messages AS f
-          WHERE f.status = 'failed' AND f.blocking AND f.lane = m.lane
-            AND f.topic = m.topic AND f.key = m.key AND f.id < m.id)
-    ORDER BY m.id
-    LIMIT :limit
+    SELECT p.*, row_number() OVER (ORDER BY p.id) AS rn FROM (
+        SELECT * FROM {schema}.outbox_messages AS m
+        WHERE m.lane = o.lane AND m.status = 'pending'
+          AND m.id <> ALL(CAST(%(exclude)s AS bigint[]))
+          AND NOT EXISTS (
+              SELECT 1 FROM {schema}.outbox_messages AS f
+              WHERE f.status = 'failed' AND f.blocking AND f.lane = m.lane
+                AND f.topic = m.topic AND f.key = m.key AND f.id < m.id)
+        ORDER BY m.id
+        LIMIT %(limit)s
+    ) AS p
 ) AS m
-ORDER BY o.pos, m.id
-LIMIT :limit
+LIMIT %(limit)s
 """
 
 MARK_PUBLISHED = """
@@ -118,31 +125,54 @@ def claim(
     order = sorted(lanes)
     shift = rotate % len(order)
     order = order[shift:] + order[:shift]
-    result = conn.execute(
-        sql(CLAIM, schema),
-        {
-            "lanes": order,
-            "tokens": [lanes[lane] for lane in order],
-            "relay_id": relay_id,
-            "limit": limit,
-            "exclude": list(exclude),
-        },
-    )
+    # The driver's cursor, not SQLAlchemy rows: decoding a thousand Row objects cost a sixth
+    # of the relay's loop.
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(
+            _claim_sql(schema),
+            {
+                "lanes": order,
+                "tokens": [lanes[lane] for lane in order],
+                "relay_id": relay_id,
+                "limit": limit,
+                "exclude": list(exclude),
+            },
+        )
+        fetched = cursor.fetchall()
+    finally:
+        cursor.close()
     return [
         OutboxRow(
-            r.id,
-            r.message_id,
-            r.topic,
-            bytes(r.key) if r.key is not None else None,
-            r.message_type,
-            bytes(r.payload),
-            dict(r.headers or {}),
-            r.created_at,
-            r.lane,
-            r.attempts,
+            r[2], r[3], r[4], bytes(r[5]) if r[5] is not None else None, r[6], bytes(r[7]),
+            r[8] or {}, r[9], r[10], r[11],
         )
-        for r in result
+        for r in _lane_prefixes(fetched)
     ]
+
+
+@functools.cache
+def _claim_sql(schema: str) -> str:
+    return CLAIM.replace("{schema}", f'"{schema}"')  # a validated identifier, see relay.sql
+
+
+def _lane_prefixes(fetched: Sequence[Any]) -> list[Any]:
+    """The rows in (lane position, id) order, each lane cut at its first missing row number.
+
+    Row numbers count each lane's pending rows from 1 in id order; a lane whose rows came
+    back as 1, 2, 4 (a plan that stopped mid-way differently) keeps 1, 2: row 3 must be sent
+    before row 4, and both are claimed again next time.
+    """
+    kept: list[Any] = []
+    expected: dict[int, int] = {}
+    for row in sorted(fetched, key=lambda r: (r[0], r[1])):
+        pos, rn = row[0], row[1]
+        if expected.get(pos, 1) != rn:
+            expected[pos] = -1  # a gap: nothing more from this lane
+            continue
+        expected[pos] = rn + 1
+        kept.append(row)
+    return kept
 
 
 def record(

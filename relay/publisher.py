@@ -19,6 +19,7 @@ from kafka.admin import NewTopic
 from outbox import tracing
 from outbox.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
+from relay.partitioner import CachedKeyPartitioner
 from relay.settings import RelaySettings
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class Publisher:
             "request_timeout_ms": min(30_000, settings.delivery_timeout_ms),
             "allow_auto_create_topics": False,
             "max_block_ms": 10_000,
+            "partitioner": CachedKeyPartitioner(),
         }
         self.producer = KafkaProducer(**self._producer_config)
         self._admin: Any = None
