@@ -375,6 +375,8 @@ class Relay:
 
     def _declare_idle(self, idle: bool) -> None:
         with self.engine.begin() as conn:
+            # A hint, not state: a lost flag is covered by the heartbeat's staleness rule.
+            conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
             conn.execute(
                 sql(SET_IDLE, self.schema), {"idle": idle, "relay_id": self.settings.relay_id}
             )
@@ -495,6 +497,12 @@ class Relay:
         while True:
             try:
                 with self.engine.begin() as conn:
+                    if not failed:
+                        # A clean batch's mark need not wait for the WAL flush: if a database
+                        # crash loses it, the rows are pending again and re-sent — duplicates
+                        # with the same ids, never a loss. (WAL is flushed in order, so no
+                        # later mark survives an earlier lost one.) Failed marks stay durable.
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
                     record(conn, self.schema, published, failed, blocking=blocking)
                 return
             except SQLAlchemyError as exc:
