@@ -19,7 +19,9 @@ from kafka.admin import NewTopic
 
 log = logging.getLogger(__name__)
 
+DROPPED_HEADER = "x-outboxkit-dropped"
 ERROR_HEADERS = (
+    DROPPED_HEADER,
     "x-outboxkit-error",
     "x-outboxkit-original-topic",
     "x-outboxkit-original-partition",
@@ -49,6 +51,21 @@ def dead_letter_headers(
         ("x-outboxkit-consumer-group", group.encode()),
         ("x-outboxkit-attempts", str(attempts).encode()),
     ]
+
+
+def slim_copy(
+    record: Any, headers: list[tuple[str, bytes]]
+) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """Key, value and headers of a dead-letter copy that fits where the full one did not.
+
+    A record near Kafka's size limit no longer fits once the error headers are added. The
+    copy then carries the error headers only, with an empty value and no key unless it is
+    small: the failures table keeps the key and value received, and the headers.
+    """
+    key = record.key if record.key is not None and len(record.key) <= 1024 else None
+    ours = [(name, value) for name, value in headers if name in ERROR_HEADERS]
+    note = b"key, value and headers: the copy was over the size limit; see consumer_failures"
+    return key, b"", [*ours, (DROPPED_HEADER, note)]
 
 
 class KafkaSender:

@@ -16,6 +16,10 @@ from consumers.errors import MalformedMessage
 from outbox.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
 from outbox.settings import OutboxSettings
 
+MAX_MESSAGE_ID_BYTES = 512
+"""Longest usable ``message-id`` header: the dedup key must fit PostgreSQL's index (the relay
+sends 36-character UUIDs)."""
+
 
 @dataclass(frozen=True)
 class Decoded:
@@ -42,34 +46,54 @@ class Decoded:
 
 
 def message_id_of(record: Any) -> str | None:
-    """The ``message-id`` header (what the relay sends), or None when absent or empty."""
+    """The ``message-id`` header (what the relay sends), or None when it is not usable."""
+    message_id, _ = _message_id(record)
+    return message_id
+
+
+def _message_id(record: Any) -> tuple[str | None, str]:
+    """The usable message id, or None and why not (absent, empty, not UTF-8, NUL, too long).
+
+    The id is the dedup key, stored as PostgreSQL text in a unique index: one that cannot
+    be stored would fail the batch on every redelivery, so it is refused here instead.
+    """
     for name, value in record.headers or ():
         if name == HEADER_MESSAGE_ID and value:
+            raw = bytes(value)
             try:
-                return bytes(value).decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError:
-                return None
-    return None
+                return None, f"the {HEADER_MESSAGE_ID!r} header is not UTF-8"
+            if "\x00" in text:
+                return None, f"the {HEADER_MESSAGE_ID!r} header contains a NUL character"
+            if len(raw) > MAX_MESSAGE_ID_BYTES:
+                return None, (f"the {HEADER_MESSAGE_ID!r} header is {len(raw)} bytes, over "
+                              f"the {MAX_MESSAGE_ID_BYTES} a dedup key may have")
+            return text, ""
+    return None, f"no {HEADER_MESSAGE_ID!r} header (the dedup key)"
 
 
 def decode(record: Any, registration: Registration | None) -> Decoded:
     """Validate *record* for its topic's handler.
 
     Raises:
-        MalformedMessage: no handler for the topic, no message id, not JSON, wrong schema.
+        MalformedMessage: no handler for the topic, no usable message id, no value, not
+            JSON (or nested too deeply to parse), wrong schema.
     """
     where = (record.topic, record.partition, record.offset)
     if registration is None:
         raise MalformedMessage(*where, f"no handler is registered for topic {record.topic!r}")
-    message_id = message_id_of(record)
+    message_id, problem = _message_id(record)
     if message_id is None:
-        raise MalformedMessage(*where, f"no {HEADER_MESSAGE_ID!r} header (the dedup key)")
+        raise MalformedMessage(*where, problem)
     if record.value is None:
         raise MalformedMessage(*where, "the record has no value")
     try:
         data = json.loads(record.value)
     except ValueError as exc:
         raise MalformedMessage(*where, f"the payload is not JSON: {exc}") from exc
+    except RecursionError as exc:  # not a ValueError: it would fail the batch for ever
+        raise MalformedMessage(*where, "the payload is JSON nested too deeply to parse") from exc
     try:
         payload = registration.model.model_validate(data)
     except ValidationError as exc:

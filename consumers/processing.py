@@ -25,11 +25,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from kafka.errors import MessageSizeTooLargeError
 from sqlalchemy import Connection, Engine
 
 from consumers.app import Consumer, Registration
 from consumers.control import DeadLetter, RetryLater, SkipMessage
-from consumers.deadletter import Sent, dead_letter_headers
+from consumers.deadletter import Sent, dead_letter_headers, slim_copy
 from consumers.decode import Decoded, decode, message_id_of
 from consumers.errors import MalformedMessage
 from consumers.metrics import ConsumerMetrics
@@ -358,7 +359,7 @@ class Processor:
                 message_id=message_id_of(record),
                 key=record.key,
                 payload=record.value,
-                headers=headers_json(record.headers or []),
+                headers=_storable(headers_json(record.headers or [])),
                 error=_describe(error),
             )
 
@@ -369,7 +370,12 @@ class Processor:
         )
         # Sent (and acknowledged) before the database records it: a crash in between sends
         # it again on redelivery (a duplicate in the dead-letter topic), never loses it.
-        sent = self.send_dead_letter(topic, record.key, record.value, headers)
+        try:
+            sent = self.send_dead_letter(topic, record.key, record.value, headers)
+        except MessageSizeTooLargeError:
+            # The error headers pushed a record near the limit over it: retrying would fail
+            # for ever and stop the partition. The failures table has the bytes already.
+            sent = self.send_dead_letter(topic, *slim_copy(record, headers))
         message_id = message_id_of(record)
         with self.engine.begin() as conn:
             if message_id is not None:
@@ -486,4 +492,21 @@ def _mark(d: Decoded) -> Mark:
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:4000]
+    """The error as text any sink takes: PostgreSQL text, a UTF-8 Kafka header, a log line.
+
+    A message can put anything in an error (the schema check quotes a payload's unknown
+    field name, NUL and all; a handler may quote a lone surrogate from the payload); a sink
+    that refused it would fail the batch on every redelivery, so such characters are escaped.
+    """
+    return _text(f"{type(exc).__name__}: {exc}")[:4000]
+
+
+def _text(value: str) -> str:
+    """*value* with NUL and lone surrogates backslash-escaped (storable, encodable)."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _storable(headers: dict[str, str]) -> dict[str, str]:
+    """Header names and values jsonb accepts: it refuses ``\\u0000`` (a header can hold
+    any bytes, and decoded UTF-8 can hold NUL)."""
+    return {_text(name): _text(value) for name, value in headers.items()}

@@ -37,6 +37,16 @@ HEADER_SCHEMA_VERSION = "schema-version"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_TRACESTATE = "tracestate"
 _TRACE_HEADERS = frozenset({HEADER_TRACEPARENT, HEADER_TRACESTATE})
+# Names only outboxkit writes, from the Envelope's fields, whether or not the field is set:
+# a hand-made "run-id" header would point a consumer's ctx.confirm at another run.
+_OWN_HEADERS = frozenset({
+    HEADER_MESSAGE_ID, HEADER_TYPE, HEADER_CREATED_AT, HEADER_CORRELATION_ID,
+    HEADER_CAUSATION_ID, HEADER_RUN_ID, HEADER_WORKFLOW_VERSION, HEADER_SCHEMA_VERSION,
+})
+
+MAX_PAYLOAD_DEPTH = 500
+"""Deepest nesting of lists/objects a payload may have: every consumer's JSON parser (Python's
+stops near 1,000 levels, less when its stack is already deep) can read what emit accepts."""
 
 
 class Envelope(BaseModel):
@@ -50,7 +60,10 @@ class Envelope(BaseModel):
 
     topic: str
     type: str
-    payload: Any = Field(description="Any JSON-serialisable value; sent as compact UTF-8 JSON.")
+    payload: Any = Field(
+        description="Any JSON value: dicts with str keys, lists, str, int, finite float, bool, "
+        f"None, nested at most {MAX_PAYLOAD_DEPTH} levels; sent as compact UTF-8 JSON."
+    )
     key: str | bytes | None = Field(
         default=None, description="Kafka key: one key, one partition, in commit order."
     )
@@ -113,8 +126,10 @@ def encode(envelope: Envelope, settings: OutboxSettings) -> EncodedMessage:
             "message the key its order is kept by",
         )
 
+    # Walk first: it names where bad text or a non-str key is, and bounds the depth (so a
+    # cycle or a deep payload cannot exhaust the stack in json.dumps or in a consumer).
+    _check_json(envelope.payload)
     try:
-        # Serialise first: it also rejects cycles and non-JSON types before the walk below.
         text = json.dumps(
             envelope.payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False
         )
@@ -124,7 +139,6 @@ def encode(envelope: Envelope, settings: OutboxSettings) -> EncodedMessage:
             f"is not JSON-serialisable ({exc}): convert it to dicts, lists, str, "
             "int, float (finite), bool or None first",
         ) from exc
-    _check_json("payload", envelope.payload)
     payload = text.encode("utf-8")
 
     headers = _headers(envelope)
@@ -165,7 +179,7 @@ def _headers(envelope: Envelope) -> dict[str, str]:
         headers.update(current_trace_headers())
     for name, value in envelope.headers.items():
         _check_text(f"headers[{name!r}]", name)
-        if name in headers:
+        if name in headers or name in _OWN_HEADERS:
             raise InvalidMessage(
                 f"headers[{name!r}]", "is set by outboxkit: use the Envelope field instead"
             )
@@ -200,17 +214,36 @@ def _check_text(field: str, value: str) -> None:
         ) from exc
 
 
-def _check_json(path: str, value: Any) -> None:
-    """Walk the payload so an error names where the bad text is (``payload.items[3].name``)."""
-    if isinstance(value, str):
-        _check_text(path, value)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if isinstance(key, str):
+def _check_json(payload: Any) -> None:
+    """Walk the payload so an error names where the problem is (``payload.items[3].name``).
+
+    Iterative, with an explicit depth bound: no payload can exhaust the stack here.
+    """
+    pending: list[tuple[str, Any, int]] = [("payload", payload, 0)]
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, str):
+            _check_text(path, value)
+            continue
+        if not isinstance(value, Mapping | list | tuple):
+            continue  # scalars; json.dumps judges the other types
+        if depth >= MAX_PAYLOAD_DEPTH:
+            raise InvalidMessage(
+                "payload",
+                f"is nested more than {MAX_PAYLOAD_DEPTH} levels deep (or contains itself): "
+                "flatten it, or store it as an artifact and send a reference",
+            )
+        children: list[tuple[str, Any, int]] = []
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidMessage(
+                        f"{path}.<key {key!r:.40}>",
+                        f"is a {type(key).__name__}: JSON object keys are strings; convert it "
+                        "yourself (json.dumps would, and could make two keys the same)",
+                    )
                 _check_text(f"{path}.<key {key[:40]!r}>", key)
-                _check_json(f"{path}.{key}", item)
-            else:
-                _check_json(f"{path}.{key!r}", item)
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_json(f"{path}[{index}]", item)
+                children.append((f"{path}.{key}", item, depth + 1))
+        else:
+            children = [(f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+        pending.extend(reversed(children))  # depth-first, in order: the first fault is named

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outbox import envelope as envelope_module
-from outbox.envelope import Envelope, encode
+from outbox.envelope import MAX_PAYLOAD_DEPTH, Envelope, encode
 from outbox.errors import InvalidMessage
 from outbox.lanes import lane_for, ordering_lock_key
 from outbox.settings import OutboxSettings
@@ -24,6 +24,14 @@ def make(**fields: Any) -> Envelope:
     values: dict[str, Any] = {"topic": "events", "type": "thing.happened", "payload": {"a": 1}}
     values.update(fields)
     return Envelope(**values)
+
+
+def nested(depth: int) -> Any:
+    """*depth* lists and objects inside one another."""
+    value: Any = 0
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
 
 
 def rejected_field(envelope: Envelope, settings: OutboxSettings = SETTINGS) -> str:
@@ -80,6 +88,33 @@ class TestRejections:
 
     def test_extra_header_cannot_override_an_outboxkit_header(self) -> None:
         assert rejected_field(make(headers={"message-id": "forged"})) == "headers['message-id']"
+
+    @pytest.mark.parametrize(
+        "name",
+        ["message-id", "message-type", "created-at", "correlation-id", "causation-id", "run-id",
+         "workflow-version", "schema-version"],
+    )
+    def test_an_outboxkit_header_name_is_refused_even_when_its_field_is_unset(
+        self, name: str
+    ) -> None:
+        # Regression (issue #6): with run_id unset, headers={"run-id": ...} went through, and
+        # a consumer's ctx.confirm would then have moved whatever run that header named.
+        assert rejected_field(make(headers={name: "forged"})) == f"headers[{name!r}]"
+
+    @pytest.mark.parametrize("payload", [{1: "a"}, {"x": [{None: 1}]}, {1: "a", "1": "b"}])
+    def test_a_payload_object_key_that_is_not_a_string_is_refused(self, payload: Any) -> None:
+        # Regression (issue #6): json.dumps turned 1 into "1" silently, so the stored payload
+        # differed from the one given ({1: "a", "1": "b"} even became a duplicate key).
+        assert "<key" in rejected_field(make(payload=payload))
+
+    def test_nesting_up_to_the_bound_is_accepted(self) -> None:
+        assert encode(make(payload=nested(MAX_PAYLOAD_DEPTH)), SETTINGS)
+
+    @pytest.mark.parametrize("depth", [MAX_PAYLOAD_DEPTH + 1, *range(950, 1001), 50_000])
+    def test_nesting_past_the_bound_is_refused_never_a_recursion_error(self, depth: int) -> None:
+        # Regression (issue #6): just under Python's recursion limit json.dumps succeeded and
+        # the walk that names bad text then raised a bare RecursionError.
+        assert rejected_field(make(payload=nested(depth))) == "payload"
 
     def test_message_over_the_size_limit(self) -> None:
         assert rejected_field(make(payload="x" * 5000)) == "message"

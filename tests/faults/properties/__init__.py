@@ -1,0 +1,1 @@
+"""Property-based fault suites (issue #6): bad input against the real PostgreSQL and Kafka."""
