@@ -87,6 +87,9 @@ class _HiddenStr(str):
         return "'<hidden>'"
 
 
+RECONNECT_BACKOFF_MAX_MS = 2000
+
+
 class ConnectionSettings(BaseSettings):
     """Where a daemon (relay, consumer) finds PostgreSQL and Kafka, and how it authenticates
     to Kafka; each daemon's settings class extends this with its own ``env_prefix``, falling
@@ -209,6 +212,9 @@ class ConnectionSettings(BaseSettings):
         config: dict[str, Any] = {
             "bootstrap_servers": self.resolved_bootstrap().split(","),
             "security_protocol": protocol,
+            # kafka-python backs reconnects off up to 30 s: after a broker restart a daemon
+            # would sit idle that long. Every 2 s at most is cheap and recovers promptly.
+            "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
         }
         if protocol in TLS_PROTOCOLS:
             config.update(

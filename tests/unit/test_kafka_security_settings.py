@@ -48,6 +48,7 @@ class TestClientConfig:
         assert settings.kafka_client_config() == {
             "bootstrap_servers": ["a:9092", "b:9092"],
             "security_protocol": "PLAINTEXT",
+            "reconnect_backoff_max_ms": 2000,
         }
 
     def test_sasl_ssl_gives_kafka_pythons_tls_and_sasl_arguments(self, cafile: str) -> None:
@@ -59,6 +60,7 @@ class TestClientConfig:
         assert settings.kafka_client_config() == {
             "bootstrap_servers": ["kafka-1:9093", "kafka-2:9093"],
             "security_protocol": "SASL_SSL",
+            "reconnect_backoff_max_ms": 2000,
             "ssl_cafile": cafile,
             "ssl_certfile": None,
             "ssl_keyfile": None,
