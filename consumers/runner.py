@@ -18,6 +18,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from kafka import KafkaConsumer, TopicPartition
+from kafka import errors as kafka_errors
 from sqlalchemy import Engine, create_engine
 
 from consumers.app import Consumer
@@ -25,6 +26,7 @@ from consumers.deadletter import KafkaSender, Sent
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker, Rebalance
 from consumers.processing import Processor
+from consumers.unreadable import skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.dsn import redact, sqlalchemy_url
@@ -210,9 +212,15 @@ class Runner:
         s = self.settings
         while not self._stop.is_set():
             self._last_loop = time.monotonic()
-            polled = self.consumer.poll(
-                timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
-            )
+            try:
+                polled = self.consumer.poll(
+                    timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
+                )
+            except kafka_errors.CorruptRecordError as exc:
+                if not skip_unreadable(self.consumer, self.engine, group=self.app.group_id,
+                                       error=exc, offsets=self.offsets, metrics=self.metrics):
+                    self._backoff(f"the Kafka client cannot read a record: {exc}")
+                continue
             records = [r for batch in polled.values() for r in batch]
             if records:
                 started = time.perf_counter()
