@@ -52,18 +52,30 @@ TIMEOUT_ITEM, REFUSED_ITEM = "widget-3", "widget-5"
 console = Console()
 
 
+COMPOSE_DATABASE_URL = "postgresql://outboxkit:outboxkit@127.0.0.1:5432/outboxkit"
+COMPOSE_BOOTSTRAP = "127.0.0.1:9092"  # as docker-compose.yml publishes them
+
+
+def docker_answers() -> bool:
+    return bool(shutil.which("docker")) and subprocess.run(
+        ["docker", "info"], capture_output=True, check=False, timeout=20).returncode == 0
+
+
 def endpoints() -> tuple[str, str]:
-    """OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP if set; else local services (the
-    same PostgreSQL and Kafka a Docker user gets from `docker compose up postgres kafka`)."""
+    """OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP if set; else `docker compose up`
+    when a Docker engine answers; else local processes (no Docker needed)."""
     database_url = os.environ.get("OUTBOXKIT_DATABASE_URL")
     bootstrap = os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP")
     if database_url and bootstrap:
         return database_url, bootstrap
-    if shutil.which("docker") and subprocess.run(
-            ["docker", "info"], capture_output=True, check=False).returncode == 0:
-        console.print("[dim]a Docker engine answers: `docker compose up -d postgres kafka` "
-                      "then set OUTBOXKIT_DATABASE_URL / OUTBOXKIT_KAFKA_BOOTSTRAP to use it; "
-                      "this run uses local processes[/dim]")
+    if docker_answers():
+        with console.status("starting PostgreSQL and Kafka with docker compose"):
+            up = subprocess.run(["docker", "compose", "up", "-d", "--wait", "postgres", "kafka"],
+                                cwd=ROOT, capture_output=True, text=True, check=False)
+        if up.returncode == 0:
+            return COMPOSE_DATABASE_URL, COMPOSE_BOOTSTRAP
+        console.print(f"[yellow]docker compose failed ({up.stderr.strip()[-300:]}); "
+                      "using local processes instead[/yellow]")
     with console.status("starting PostgreSQL and Kafka (local processes, no Docker needed)"):
         found = LocalServices(ROOT / ".services").up()
     return found.database_url, found.kafka_bootstrap

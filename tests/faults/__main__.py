@@ -27,7 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pick(args: argparse.Namespace, rng: random.Random) -> list[scenarios.Scenario]:
     outage = rng.uniform(20, 60) if args.full or args.soak else args.outage
-    chosen = scenarios.full(outage) if args.full or args.soak else scenarios.ci_subset(outage)
+    if args.soak:
+        chosen = scenarios.full(outage, kill_rounds=25)
+    elif args.full:
+        chosen = scenarios.full(outage)
+    else:
+        chosen = scenarios.ci_subset(outage)
     if args.scenarios:
         wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
         unknown = [w for w in wanted if w not in {s.name for s in chosen}]
@@ -61,7 +66,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 break
     finally:
         h.stop()
-    rep = runner.report(h, results, started, time.monotonic() - t0)
+    rep = runner.report(h, results, started, time.monotonic() - t0,
+                        full=bool(args.full or args.soak))
     print(runner.table(rep))
     runner.write(rep, Path(args.report))
     if not rep["ok"]:

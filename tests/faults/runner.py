@@ -64,7 +64,7 @@ def result_json(r: ScenarioResult) -> dict[str, Any]:
 
 
 def report(h: Harness, results: list[ScenarioResult], started: str,
-           elapsed_s: float) -> dict[str, Any]:
+           elapsed_s: float, *, full: bool = False) -> dict[str, Any]:
     states: Counter[str] = Counter()
     for r in results:
         states.update(r.findings.runs_by_state if r.findings else {})
@@ -74,7 +74,7 @@ def report(h: Harness, results: list[ScenarioResult], started: str,
 
     return {
         "seed": h.seed, "started": started, "elapsed_s": round(elapsed_s, 1),
-        "topology": vars(h.topology), "replay": replay_command(h.seed, results),
+        "topology": vars(h.topology), "replay": replay_command(h.seed, results, full=full),
         "ok": all(r.ok for r in results),
         "scenarios": len(results),
         "kills": sum(r.kills for r in results),
@@ -95,9 +95,11 @@ def _size(value: Any) -> int:
     return len(value) if isinstance(value, list) else int(value)
 
 
-def replay_command(seed: int, results: list[ScenarioResult]) -> str:
-    names = ",".join(r.name for r in results)
-    return f".venv/bin/python -m tests.faults --seed {seed} --scenarios '{names}'"
+def replay_command(seed: int, results: list[ScenarioResult], *, full: bool = False) -> str:
+    """The command that replays the same plan (for a soak: its first round of scenarios)."""
+    names = ",".join(dict.fromkeys(r.name for r in results))
+    mode = " --full" if full else ""
+    return f".venv/bin/python -m tests.faults --seed {seed}{mode} --scenarios '{names}'"
 
 
 def table(rep: dict[str, Any]) -> str:

@@ -217,5 +217,6 @@ def ci_subset(outage_s: float = 20.0) -> list[Scenario]:
     ]
 
 
-def full(h_rng_outage: float) -> list[Scenario]:
-    return [*ci_subset(h_rng_outage), scale_out(10)]
+def full(outage_s: float, kill_rounds: int = 10) -> list[Scenario]:
+    """Every scenario; the soak passes more kill rounds."""
+    return [*ci_subset(outage_s), random_kills(kill_rounds), scale_out(kill_rounds)]
