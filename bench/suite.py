@@ -65,8 +65,8 @@ QUICK_ARGS = {
         "--quick", "--seconds", "0.2", "--rounds", "1", "--clients", "4", "--no-threads",
     ],
     "relay_bench": [
-        "--quick", "--n", "3000", "--latency-seconds", "2", "--low-seconds", "2",
-        "--writers", "2", "--claim-backlog", "20000", "--rss-backlog", "20000",
+        "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "1",
+        "--writers", "2", "--claim-backlog", "8000", "--rss-backlog", "8000",
     ],
     "consumer_bench": ["--quick", "--n", "2000", "--n-per-message", "300"],
 }

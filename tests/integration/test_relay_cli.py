@@ -45,7 +45,7 @@ def test_the_database_password_never_appears_in_logs_or_errors() -> None:
     url = f"postgresql://outbox:{secret}@127.0.0.1:9/outbox"  # nothing listens on port 9
     proc = subprocess.Popen(
         [sys.executable, "-m", "relay", "--database-url", url, "--kafka-bootstrap", "127.0.0.1:9",
-         "--log-format", "json"],
+         "--log-format", "json", "--shutdown-timeout-seconds", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")})
     try:
