@@ -175,33 +175,30 @@ class Pipeline:
             self.stop(name, timeout=20)
             self.reap(name)
 
-    def metric(self, name: str, metric: str) -> float | None:
-        """A counter or gauge from consumer *name*'s /metrics, or None if it does not answer."""
+    def _get(self, name: str, path: str) -> tuple[int, str] | None:
+        """GET *path* from consumer *name*'s HTTP port; None if it does not answer."""
         proc = self.procs.get(name)
         if proc is None or not proc.alive or proc.port is None:
             return None
         try:
-            url = f"http://127.0.0.1:{proc.port}/metrics"
+            url = f"http://127.0.0.1:{proc.port}{path}"
             with urllib.request.urlopen(url, timeout=1) as response:
-                body = response.read().decode()
+                return int(response.status), response.read().decode()
         except OSError:
             return None
-        for line in body.splitlines():
+
+    def metric(self, name: str, metric: str) -> float | None:
+        """A counter or gauge from consumer *name*'s /metrics, or None if it does not answer."""
+        got = self._get(name, "/metrics")
+        for line in (got[1] if got else "").splitlines():
             if line.startswith(metric + " ") or line.startswith(metric + "{"):
                 return float(line.split()[-1])
         return None
 
     def ready(self, name: str) -> bool:
         """Whether consumer *name* answers /readyz with 200."""
-        proc = self.procs.get(name)
-        if proc is None or not proc.alive or proc.port is None:
-            return False
-        try:
-            url = f"http://127.0.0.1:{proc.port}/readyz"
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        got = self._get(name, "/readyz")
+        return got is not None and got[0] == 200
 
     def tail(self, name: str, lines: int = 20) -> str:
         path = self.workdir / f"{name}.log"
