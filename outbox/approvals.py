@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, literal, select, update
 
 from outbox.checkpoints import KEEP
-from outbox.errors import ApprovalInvalid, ConfigurationError
+from outbox.errors import ApprovalInvalid, ConfigurationError, RunNotFound
 from outbox.execution import Plan, SyncConn, run_plan
 from outbox.leases import Lease
 from outbox.runs import transition_plan
@@ -82,10 +82,20 @@ def request_plan(run_id: uuid.UUID, scope: Mapping[str, Any], expires_at: dateti
                  reason: str | None) -> Plan[Approval]:
     if not isinstance(scope, Mapping):
         raise ConfigurationError("an approval scope is a JSON object (a mapping)")
-    expiry = func.now() + expires_at if isinstance(expires_at, timedelta) else expires_at
-    rows = yield approvals.insert().values(
-        id=uuid.uuid4(), run_id=run_id, scope=dict(scope), expires_at=expiry, reason=reason,
+    expiry = (func.now() + expires_at if isinstance(expires_at, timedelta)
+              else literal(expires_at, approvals.c.expires_at.type))
+    # INSERT … SELECT from the run: an unknown run inserts nothing (RunNotFound) instead of
+    # failing the foreign key, which would abort the caller's whole transaction.
+    rows = yield approvals.insert().from_select(
+        ["id", "run_id", "scope", "expires_at", "reason"],
+        select(
+            literal(uuid.uuid4(), approvals.c.id.type), agent_runs.c.id,
+            literal(dict(scope), approvals.c.scope.type), expiry,
+            literal(reason, approvals.c.reason.type),
+        ).where(agent_runs.c.id == run_id),
     ).returning(*approvals.c)
+    if not rows:
+        raise RunNotFound(run_id)
     return Approval.from_row(rows[0])
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from outbox import approvals, runs
-from outbox.errors import ApprovalInvalid
+from outbox.errors import ApprovalInvalid, RunNotFound
 from outbox.states import RunState
 
 
@@ -102,3 +103,25 @@ def test_an_expired_or_revoked_approval_cannot_be_granted(runs_engine: Engine) -
         approvals.revoke(conn, approval.id, by="bob")
     with runs_engine.begin() as conn, pytest.raises(ApprovalInvalid, match="revoked"):
         approvals.grant(conn, approval.id, by="alice")
+
+
+def test_an_approval_for_an_unknown_run_is_refused_and_the_transaction_goes_on(
+    runs_engine: Engine,
+) -> None:
+    missing = uuid.uuid4()
+    with runs_engine.begin() as conn:
+        with pytest.raises(RunNotFound) as caught:
+            approvals.request_approval(conn, missing, scope={"spend": 10},
+                                       expires_at=timedelta(minutes=5))
+        assert caught.value.run_id == missing
+        # The transaction is still usable: no foreign-key error aborted it.
+        assert conn.execute(text("SELECT count(*) FROM outboxkit.approvals")).scalar_one() == 0
+
+
+def test_an_approval_with_an_absolute_expiry_is_stored_as_given(runs_engine: Engine) -> None:
+    with runs_engine.begin() as conn:
+        run = runs.start_run(conn, workflow="w", workflow_version="1", idempotency_key="abs")
+        until = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+        approval = approvals.request_approval(conn, run.id, scope={"a": 1}, expires_at=until)
+    assert approval.expires_at == until
+    assert approval.scope == {"a": 1}
