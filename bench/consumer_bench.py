@@ -30,18 +30,18 @@ import json
 import math
 import os
 import platform
-import shutil
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import throwaway  # bench/throwaway.py (this folder is on sys.path)
 from durable import make_durable  # bench/durable.py (this folder is on sys.path)
 from figures import Figure, print_table  # bench/figures.py (this folder is on sys.path)
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -76,26 +76,8 @@ def log(message: str) -> None:
 # --- services and durability ---------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    if args.database_url and args.kafka_bootstrap:
-        yield args.database_url, args.kafka_bootstrap
-        return
-    if args.database_url or args.kafka_bootstrap:
-        raise SystemExit("give both --database-url and --kafka-bootstrap, or neither")
-    from outbox.testing.services import LocalServices  # noqa: PLC0415
-
-    state = Path(args.state_dir or f"/tmp/consumerbench-{os.getpid()}")  # noqa: S108
-    local = LocalServices(state)
-    log(f"starting a throwaway PostgreSQL and Kafka in {state}")
-    try:
-        endpoints = local.up()
-        yield endpoints.database_url, endpoints.kafka_bootstrap
-    finally:
-        log("stopping the throwaway services")
-        local.down()
-        if not args.state_dir:
-            shutil.rmtree(state, ignore_errors=True)
+def services(args: argparse.Namespace) -> contextlib.AbstractContextManager[tuple[str, str]]:
+    return throwaway.services(args, "consumerbench", log)
 
 
 # --- the workload ----------------------------------------------------------------------------

@@ -43,7 +43,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import shutil
 import signal
 import socket
 import statistics
@@ -51,13 +50,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import throwaway  # bench/throwaway.py (this folder is on sys.path)
 from durable import make_durable, show  # bench/durable.py (this folder is on sys.path)
 from figures import Figure, print_table  # bench/figures.py (this folder is on sys.path)
 from sqlalchemy import Engine, create_engine
@@ -725,26 +724,8 @@ def machine_info(admin_url: str, bootstrap: str) -> dict[str, Any]:
 # --- the run ------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    if args.database_url and args.kafka_bootstrap:
-        yield args.database_url, args.kafka_bootstrap
-        return
-    if args.database_url or args.kafka_bootstrap:
-        raise SystemExit("give both --database-url and --kafka-bootstrap, or neither")
-    from outbox.testing.services import LocalServices  # noqa: PLC0415
-
-    state = Path(args.state_dir or f"/tmp/relaybench-{os.getpid()}")  # noqa: S108
-    local = LocalServices(state)
-    log(f"starting a throwaway PostgreSQL and Kafka in {state}")
-    try:
-        endpoints = local.up()
-        yield endpoints.database_url, endpoints.kafka_bootstrap
-    finally:
-        local.down()  # before logging: a closed stdout/stderr must not leave them running
-        log("stopped the throwaway services")
-        if not args.state_dir:
-            shutil.rmtree(state, ignore_errors=True)
+def services(args: argparse.Namespace) -> contextlib.AbstractContextManager[tuple[str, str]]:
+    return throwaway.services(args, "relaybench", log)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -245,9 +245,6 @@ def durable_or_not(admin_url: str, quick: bool) -> tuple[str, Callable[[], None]
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started = datetime.now(UTC)
-    cached_jars = Path("/tmp/kjars/libs")  # noqa: S108 - broker jars other runs fetched
-    if cached_jars.is_dir():
-        os.environ.setdefault("OUTBOXKIT_KAFKA_LIBS", str(cached_jars))
     with (
         tempfile.TemporaryDirectory(prefix="outboxkit-suite-") as tmp,
         services(args) as (admin_url, bootstrap),
