@@ -88,6 +88,17 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
         raise MalformedMessage(*where, problem)
     if record.value is None:
         raise MalformedMessage(*where, "the record has no value")
+    headers = {name: bytes(value or b"") for name, value in record.headers or ()}
+    try:
+        # The fast path: pydantic parses and validates the bytes in one pass (about three
+        # times faster than json.loads and model_validate). Any refusal goes the slow way
+        # below, so that what is accepted, and the error a refusal names, stay those of
+        # Python's json module: it takes NaN, a BOM, UTF-16 and deeper nesting, and its
+        # messages are the documented ones.
+        return Decoded(record, message_id, headers, registration.model.model_validate_json(
+            record.value))
+    except ValidationError:
+        pass
     try:
         data = json.loads(record.value)
     except ValueError as exc:
@@ -103,7 +114,6 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
         raise MalformedMessage(
             *where, f"the payload does not match {registration.model.__name__}: {detail}"
         ) from exc
-    headers = {name: bytes(value or b"") for name, value in record.headers or ()}
     return Decoded(record, message_id, headers, payload)
 
 

@@ -37,13 +37,19 @@ class OffsetTracker:
         self.pending: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
         self._in_flight: dict[TopicPartition, int] = {}
-        self._lock = threading.Lock()  # the async callback runs on kafka-python's IO thread
+        # Revoked and not assigned again: the handler thread may still finish a batch of
+        # theirs, but their offsets are the next owner's to commit now.
+        self._revoked: set[TopicPartition] = set()
+        # The async callback and the rebalance listener run on kafka-python's IO thread,
+        # ``done`` on the handler thread.
+        self._lock = threading.Lock()
 
     def done(self, records: Sequence[Any]) -> None:
         with self._lock:
             for record in records:
                 tp = TopicPartition(record.topic, record.partition)
-                self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
+                if tp not in self._revoked:
+                    self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
 
     def uncommitted(self, partitions: Iterable[TopicPartition] | None) -> dict[Any, Any]:
         with self._lock:
@@ -118,6 +124,17 @@ class OffsetTracker:
                 self.committed.pop(tp, None)
                 self._in_flight.pop(tp, None)
 
+    def revoke(self, partitions: Iterable[TopicPartition]) -> None:
+        """Forget *partitions* and ignore their work done from now on, until assigned again."""
+        partitions = list(partitions)
+        self.forget(partitions)
+        with self._lock:
+            self._revoked.update(partitions)
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        with self._lock:
+            self._revoked.difference_update(partitions)
+
 
 class Rebalance(AsyncConsumerRebalanceListener):  # type: ignore[misc]
     """Commits what is done before partitions are revoked; never commits lost ones.
@@ -139,16 +156,17 @@ class Rebalance(AsyncConsumerRebalanceListener):  # type: ignore[misc]
             except Exception as exc:
                 log.warning("offset commit before revocation failed: %s", exc,
                             extra={"event": "consumer.commit_failed"})
-        self.tracker.forget(revoked)
+        self.tracker.revoke(revoked)
         self._drop_lag(revoked)
         log.info("partitions revoked: %s", _names(revoked), extra={"event": "consumer.revoked"})
 
     async def on_partitions_lost(self, lost: Any) -> None:
-        self.tracker.forget(lost)
+        self.tracker.revoke(lost)
         self._drop_lag(lost)
         log.warning("partitions lost: %s", _names(lost), extra={"event": "consumer.lost"})
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.tracker.assign(assigned)
         log.info("partitions assigned: %s", _names(assigned), extra={"event": "consumer.assigned"})
 
     def _drop_lag(self, partitions: Iterable[TopicPartition]) -> None:

@@ -1,9 +1,14 @@
 """The consumer process: poll, process with dedup marks, commit offsets, repeat.
 
-Single-threaded on purpose, like the relay: handlers, database commits and offset commits
-happen in one order that is easy to reason about (the rebalance listener runs inside
-``poll``, on this thread too). Background work (dedup retention) runs as APScheduler jobs
-whose bodies are plain functions.
+Two threads, one batch apart. The loop's thread owns the Kafka consumer (poll, seek, offset
+commits); one handler thread processes the batches, one at a time and in poll order, so
+handlers, database commits and offsets keep the order of a single-threaded loop. While the
+handler thread waits on PostgreSQL for batch N, the loop parses batch N+1 out of Kafka's
+responses (most of a poll's cost): the two overlap instead of adding up. Batch N+1 is
+handed over only once N is done; if N failed, N+1 is dropped and both are read again from
+the first unhandled offset. Offsets are sent only for work whose database transaction
+committed. Background work (dedup retention) runs as APScheduler jobs whose bodies are plain
+functions.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,6 +77,8 @@ class Runner:
             app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
         )
         self.consumer: Any = None
+        self._handler_thread: ThreadPoolExecutor | None = None
+        self._in_hand: tuple[Future[int], list[Any]] | None = None  # the batch being handled
         self.http: HealthServer | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._ready = False
@@ -210,35 +218,61 @@ class Runner:
     # --- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
         s = self.settings
-        while not self._stop.is_set():
-            self._last_loop = time.monotonic()
-            try:
-                polled = self.consumer.poll(
-                    timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
-                )
-            except kafka_errors.CorruptRecordError as exc:
-                if not skip_unreadable(self.consumer, self.engine, group=self.app.group_id,
-                                       error=exc, offsets=self.offsets, metrics=self.metrics):
-                    self._backoff(f"the Kafka client cannot read a record: {exc}")
-                continue
-            records = [r for batch in polled.values() for r in batch]
-            if records:
-                started = time.perf_counter()
+        self._handler_thread = ThreadPoolExecutor(1, thread_name_prefix="outboxkit-handlers")
+        try:
+            while not self._stop.is_set():
+                self._last_loop = time.monotonic()
                 try:
-                    self.processor.process(records)
-                except Exception as exc:
-                    self._rewind(records)
-                    self._set_ready(False)
-                    log.exception(
-                        "processing a batch failed", extra={"event": "consumer.batch_failed"}
+                    polled = self.consumer.poll(
+                        timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
                     )
-                    self._backoff(f"batch failed: {type(exc).__name__}: {exc}")
+                except kafka_errors.CorruptRecordError as exc:
+                    # Skipping marks the record's offset done: only once the batch before it is.
+                    self._collect(())
+                    if not skip_unreadable(self.consumer, self.engine, group=self.app.group_id,
+                                           error=exc, offsets=self.offsets,
+                                           metrics=self.metrics):
+                        self._backoff(f"the Kafka client cannot read a record: {exc}")
                     continue
-                self.metrics.batch_seconds.observe(time.perf_counter() - started)
-                self._failures = 0
-                self._set_ready(True)
-            self.offsets.commit_async(self.consumer)
-            self._update_lag()
+                records = [r for batch in polled.values() for r in batch]
+                if not self._collect(records):
+                    continue
+                if records:
+                    self._in_hand = (self._handler_thread.submit(self._handle, records), records)
+                self.offsets.commit_async(self.consumer)
+                self._update_lag()
+        finally:
+            self._collect(())  # stopping: the batch in hand finishes (or gives up) first
+            self._handler_thread.shutdown(wait=True)
+
+    def _handle(self, records: list[Any]) -> int:
+        """Process one batch (on the handler thread); how many records are done."""
+        started = time.perf_counter()
+        done = self.processor.process(records)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        return done
+
+    def _collect(self, polled: Sequence[Any]) -> bool:
+        """Wait for the batch in hand; False if it failed (then *polled*, read behind it, is
+        dropped and both are read again from the first record not handled)."""
+        if self._in_hand is None:
+            return True
+        future, records = self._in_hand
+        self._in_hand = None
+        try:
+            future.result()
+        except Exception as exc:
+            self._rewind([*records, *polled])
+            self._set_ready(False)
+            log.error(
+                "processing a batch failed: %s: %s", type(exc).__name__, exc,
+                exc_info=exc, extra={"event": "consumer.batch_failed"},
+            )
+            self._backoff(f"batch failed: {type(exc).__name__}: {exc}")
+            return False
+        self._failures = 0
+        self._set_ready(True)
+        return True
 
     def _committed(self, records: Sequence[Any]) -> None:
         failpoint("consumer.after_db_commit")
@@ -250,7 +284,10 @@ class Runner:
         for record in records:
             tp = TopicPartition(record.topic, record.partition)
             first.setdefault(tp, record.offset)
+        assigned = self.consumer.assignment()
         for tp, offset in first.items():
+            if tp not in assigned:
+                continue  # revoked meanwhile: its next owner reads from the committed offset
             done = self.offsets.pending.get(tp, -1)
             self.consumer.seek(tp, max(offset, done))
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
-from consumers import Consumer, rehandle, republish
+from consumers import Consumer, HandlerContext, rehandle, republish
 from consumers.deadletter import KafkaSender
 from dedup import list_failures
 from outbox.schema import translate
@@ -95,6 +98,52 @@ class TestRedelivery:
                 "30 duplicates dropped",
             )
         assert effects(engine) == dict.fromkeys(ids, 1)
+
+
+class TestPipelinedLoop:
+    def test_a_batch_that_fails_as_a_whole_is_read_again_with_the_one_polled_behind_it(
+        self,
+        engine: Engine,
+        database_url: str,
+        kafka_bootstrap: str,
+        kafka_topic: Callable[..., str],
+    ) -> None:
+        """While batch N is handled, N+1 is already polled; if N fails (the database went
+        away, say), N+1 must not be handled before N's records: both are read again."""
+        topic = kafka_topic(partitions=1)
+        create_effects(engine)
+        produce(kafka_bootstrap, topic, [{"n": i} for i in range(120)], partition=0)
+        handled: list[int] = []
+        threads: set[str] = set()
+
+        def record(ctx: HandlerContext, item: Item) -> None:
+            handled.append(ctx.offset)
+            threads.add(threading.current_thread().name)
+            handle(ctx, item)
+
+        app = Consumer(
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+            settings=settings(database_url, kafka_bootstrap, max_poll_records=10),
+        )
+        app.register(topic, Item, record)
+        running = InProcess(app)
+        processor = running.runner.processor
+        real = processor.process
+        calls = [0]
+
+        def failing_third_batch(records: Any) -> int:
+            calls[0] += 1
+            if calls[0] == 3:
+                raise OperationalError("SELECT 1", {}, Exception("the database went away"))
+            return real(records)
+
+        processor.process = failing_third_batch  # type: ignore[method-assign]
+        with running:
+            wait_until(lambda: len(effects(engine)) >= 120, 60, "120 effects")
+        assert calls[0] >= 4
+        assert handled == list(range(120)), "each record handled once, in offset order"
+        assert set(effects(engine).values()) == {1}
+        assert len(threads) == 1  # every handler on the one handler thread
 
 
 class TestPoisonMessages:

@@ -78,3 +78,19 @@ def test_forgotten_partitions_are_neither_pending_nor_committed() -> None:
     tracker.forget([TP])
     tracker.commit_async(consumer)
     assert [set(o) for o, _ in consumer.sent] == [{TopicPartition("t", 1)}]
+
+
+def test_work_finished_after_a_revocation_is_left_to_the_next_owner() -> None:
+    # The handler thread may finish a batch after the rebalance listener gave the partition
+    # away: its offset is not ours to commit any more, until the partition comes back.
+    tracker, consumer = OffsetTracker(), RecordingConsumer()
+    tracker.done([Record("t", 0, 1)])
+    tracker.revoke([TP])
+    tracker.done([Record("t", 0, 2), Record("t", 1, 5)])
+    tracker.commit_async(consumer)
+    assert [{tp: m.offset for tp, m in o.items()} for o, _ in consumer.sent] == [
+        {TopicPartition("t", 1): 6}
+    ]
+    tracker.assign([TP])
+    tracker.done([Record("t", 0, 3)])
+    assert tracker.uncommitted([TP])[TP].offset == 4
