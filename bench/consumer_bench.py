@@ -12,14 +12,18 @@ full_page_writes turned on with ALTER SYSTEM and checked with SHOW; stopped at t
 (d) per-message mode (a transaction per message) on the first ``--n-per-message`` messages.
 
 Each is a fresh consumer group reading the same topic; rates are measured from the first
-processed message to the last (start-up and group join excluded).
+processed message to the last (start-up and group join excluded). (a) to (c) run in
+``--rounds`` alternating rounds (default 3) and their medians are reported, the ratios as
+the median of each round's ratio (the ceiling and the consumer measured side by side). Each
+phase also records how many cores this process used and how busy the whole machine was: on a
+shared machine that tells a slow consumer from a starved one.
 
 Or give ``--database-url`` and ``--kafka-bootstrap`` to use existing services: the benchmark
 then works in a database and a topic of its own, dropped at the end, and restores the
 server's durability settings.
 
     OUTBOXKIT_KAFKA_LIBS=/tmp/kjars/libs .venv/bin/python bench/consumer_bench.py \
-        [--quick] [--n N] [--json results.json]
+        [--quick] [--n N] [--rounds R] [--json results.json]
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ import json
 import math
 import os
 import platform
+import resource
 import socket
+import statistics
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,6 +87,40 @@ def services(args: argparse.Namespace) -> contextlib.AbstractContextManager[tupl
     return throwaway.services(args, "consumerbench", log)
 
 
+# --- what a phase cost ---------------------------------------------------------------------
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, every process, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+class Window:
+    """From the first processed message to the last: this process's CPU and the machine's."""
+
+    def start(self) -> None:
+        self.wall = time.perf_counter()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.cpu = usage.ru_utime + usage.ru_stime
+        self.ticks = cpu_ticks()
+
+    def stop(self) -> tuple[float, float, float]:
+        """(seconds, cores this process used, fraction of the machine busy)."""
+        took = time.perf_counter() - self.wall
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        busy, total = cpu_ticks()
+        cores = (usage.ru_utime + usage.ru_stime - self.cpu) / took if took > 0 else math.nan
+        return took, cores, (busy - self.ticks[0]) / max(1, total - self.ticks[1])
+
+
+@dataclass
+class Rate:
+    per_s: float
+    cores: float
+    busy: float
+
+
 # --- the workload ----------------------------------------------------------------------------
 
 
@@ -97,7 +138,7 @@ def produce(bootstrap: str, topic: str, n: int) -> None:
     producer.close()
 
 
-def raw_rate(bootstrap: str, topic: str, n: int, max_poll_records: int) -> float:
+def raw_rate(bootstrap: str, topic: str, n: int, max_poll_records: int) -> Rate:
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -106,18 +147,18 @@ def raw_rate(bootstrap: str, topic: str, n: int, max_poll_records: int) -> float
         auto_offset_reset="earliest",
         max_poll_records=max_poll_records,
     )
-    seen, first = 0, 0.0
+    seen, window = 0, Window()
     deadline = time.monotonic() + 600
     try:
         while seen < n and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=500).values():
-                if not first:
-                    first = time.perf_counter()
+                if not seen:
+                    window.start()
                 seen += len(batch)
-        took = time.perf_counter() - first
+        took, cores, busy = window.stop()
     finally:
         consumer.close(autocommit=False)
-    return (seen - 1) / took if took > 0 else math.nan
+    return Rate((seen - 1) / took if took > 0 else math.nan, cores, busy)
 
 
 def consumer_rate(
@@ -129,7 +170,7 @@ def consumer_rate(
     mode: str,
     batch_handler: bool,
     max_poll_records: int,
-) -> float:
+) -> Rate:
     with create_engine(sqlalchemy_url(url)).begin() as conn:
         conn.execute(text("TRUNCATE public.bench_effects, outboxkit.consumer_inbox"))
     settings = ConsumerSettings(
@@ -161,16 +202,17 @@ def consumer_rate(
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     counter = runner.metrics.processed.labels(topic)
-    first_at, first_count = 0.0, 0.0
+    first_count, window = 0.0, Window()
     deadline = time.monotonic() + 900
     try:
         while time.monotonic() < deadline:
             done = counter._value.get()
-            if done and not first_at:
-                first_at, first_count = time.perf_counter(), done
+            if done and not first_count:
+                first_count = done
+                window.start()
             if done >= n:
-                took = time.perf_counter() - first_at
-                return (done - first_count) / took if took > 0 else math.nan
+                took, cores, busy = window.stop()
+                return Rate((done - first_count) / took if took > 0 else math.nan, cores, busy)
             time.sleep(0.005)
         raise SystemExit(f"{mode} consumer did not process {n} messages in 900 s")
     finally:
@@ -213,6 +255,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--n-per-message", type=int, help="messages for (d) (default 3,000; quick 1,000)"
     )
     p.add_argument("--max-poll-records", type=int, default=500, help="batch size of all runs")
+    p.add_argument("--rounds", type=int, help="rounds of (a)-(c) (default 3; quick 1)")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--state-dir", help="where the throwaway services live (kept if given)")
     p.add_argument("--database-url", help="an existing PostgreSQL server (admin URL)")
@@ -226,9 +269,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@dataclass
+class Results:
+    raw: list[Rate]
+    batch: list[Rate]
+    batch_handler: list[Rate]
+    per_message: Rate
+
+
 def measure(
-    admin_url: str, bootstrap: str, n: int, n_pm: int, mpr: int
-) -> tuple[float, float, float, float]:
+    admin_url: str, bootstrap: str, n: int, n_pm: int, mpr: int, *, rounds: int
+) -> Results:
     """(a) to (d), in a database and a topic of their own, dropped at the end."""
     name = f"consumerbench_{uuid.uuid4().hex[:8]}"
     topic = f"bench-orders-{uuid.uuid4().hex[:6]}"
@@ -236,6 +287,7 @@ def measure(
         conn.execute(f'CREATE DATABASE "{name}"')
     url = with_database(admin_url, name)
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    results = Results([], [], [], Rate(math.nan, math.nan, math.nan))
     try:
         engine = create_engine(sqlalchemy_url(url))
         migrate(engine)
@@ -245,18 +297,19 @@ def measure(
         admin.create_topics([NewTopic(topic, 3, 1)])
         log(f"producing {n:,} messages to {topic}")
         produce(bootstrap, topic, n)
-        log("(a) raw kafka-python consumer")
-        raw = raw_rate(bootstrap, topic, n, mpr)
-        log("(b) batch mode, per-message handler")
-        batch = consumer_rate(
-            url, bootstrap, topic, n, mode="batch", batch_handler=False, max_poll_records=mpr
-        )
-        log("(c) batch mode, batch handler")
-        batch_handler = consumer_rate(
-            url, bootstrap, topic, n, mode="batch", batch_handler=True, max_poll_records=mpr
-        )
+        for round_ in range(1, rounds + 1):
+            log(f"round {round_}/{rounds}: (a) raw kafka-python consumer")
+            results.raw.append(raw_rate(bootstrap, topic, n, mpr))
+            log(f"round {round_}/{rounds}: (b) batch mode, per-message handler")
+            results.batch.append(consumer_rate(
+                url, bootstrap, topic, n, mode="batch", batch_handler=False, max_poll_records=mpr
+            ))
+            log(f"round {round_}/{rounds}: (c) batch mode, batch handler")
+            results.batch_handler.append(consumer_rate(
+                url, bootstrap, topic, n, mode="batch", batch_handler=True, max_poll_records=mpr
+            ))
         log(f"(d) per-message mode on {n_pm:,} messages")
-        per_message = consumer_rate(
+        results.per_message = consumer_rate(
             url,
             bootstrap,
             topic,
@@ -271,7 +324,17 @@ def measure(
         admin.close()
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    return raw, batch, batch_handler, per_message
+    return results
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def spent(rates: Sequence[Rate]) -> str:
+    """What the phase cost, as a note: this process's cores and the machine's load."""
+    return (f"{median([r.cores for r in rates]):.2f} cores here, machine "
+            f"{median([r.busy for r in rates]):.0%} busy")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,40 +351,52 @@ def main(argv: list[str] | None = None) -> int:
         )
         log(f"durability: {durability}")
         machine = machine_info(admin_url, bootstrap)
+        rounds = args.rounds or (1 if args.quick else 3)
         try:
-            raw, batch, batch_handler, per_message = measure(admin_url, bootstrap, n, n_pm, mpr)
+            results = measure(admin_url, bootstrap, n, n_pm, mpr, rounds=rounds)
         finally:
             restore()
     machine["loadavg_end"] = os.getloadavg()
     goal = f">= {GOAL_RATIO} x raw"
+    raw = median([r.per_s for r in results.raw])
+    batch = median([r.per_s for r in results.batch])
+    batch_handler = median([r.per_s for r in results.batch_handler])
+    per_message = results.per_message.per_s
+    # Each round's consumer against the ceiling measured just before it.
+    batch_ratio = median([b.per_s / a.per_s for a, b in zip(results.raw, results.batch,
+                                                            strict=True)])
+    handler_ratio = median([c.per_s / a.per_s for a, c in zip(results.raw,
+                                                              results.batch_handler, strict=True)])
     figures = [
-        Figure("consumer.raw_msgs_per_s", raw, "msg/s", note="kafka-python poll only"),
+        Figure("consumer.raw_msgs_per_s", raw, "msg/s",
+               note=f"kafka-python poll only; {spent(results.raw)}"),
         Figure(
             "consumer.batch_msgs_per_s",
             batch,
             "msg/s",
             raw,
-            batch / raw,
-            note="per-message handler, one INSERT each, savepoint per message",
+            batch_ratio,
+            note=f"per-message handler, one INSERT each; {spent(results.batch)}",
         ),
         Figure(
             "consumer.batch_ratio",
-            batch / raw,
+            batch_ratio,
             "x",
             1.0,
-            batch / raw,
+            batch_ratio,
             goal,
-            batch / raw >= GOAL_RATIO,
+            batch_ratio >= GOAL_RATIO,
         ),
         Figure(
             "consumer.batch_handler_msgs_per_s",
             batch_handler,
             "msg/s",
             raw,
-            batch_handler / raw,
+            handler_ratio,
             goal,
-            batch_handler / raw >= GOAL_RATIO,
-            note="batch handler, one INSERT ... unnest per poll batch",
+            handler_ratio >= GOAL_RATIO,
+            note=f"batch handler, one INSERT ... unnest per poll batch; "
+                 f"{spent(results.batch_handler)}",
         ),
         Figure(
             "consumer.per_message_msgs_per_s",
@@ -329,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             "msg/s",
             raw,
             per_message / raw,
-            note=f"one transaction per message, {n_pm} messages",
+            note=f"one transaction per message, {n_pm} messages; "
+                 f"{spent([results.per_message])}",
         ),
     ]
     print(
@@ -337,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(f'{x:.2f}' for x in machine['loadavg_start'])}, at end "
         f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])}; PostgreSQL "
         f"{machine['postgres']} ({durability}), kafka-python {machine['kafka_python']}; "
-        f"N={n:,} (per-message {n_pm:,}), max_poll_records={mpr}\n"
+        f"N={n:,} (per-message {n_pm:,}), max_poll_records={mpr}, {rounds} rounds (medians)\n"
     )
     print_table(figures)
     if args.json:
