@@ -10,6 +10,7 @@ never aborts the caller's transaction; it need not roll back).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Iterator
@@ -20,8 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from outbox.emit import emit, emit_many
+from outbox.dsn import sqlalchemy_url
+from outbox.emit import emit, emit_async, emit_many, emit_many_async
 from outbox.envelope import Envelope
 from outbox.errors import InvalidMessage
 from outbox.leases import Lease
@@ -162,3 +165,84 @@ def write(conn: Connection, envelopes: list[Envelope], lease: Lease | None) -> l
     if len(envelopes) == 1:
         return [emit(conn, envelopes[0], lease=lease, settings=SETTINGS)]
     return emit_many(conn, envelopes, lease=lease, settings=SETTINGS)
+
+
+# --- the async twins: emit_async and emit_many_async keep the same promise ------------------
+
+
+class AsyncCase:
+    """One event loop and one async connection for the module, in an outer transaction."""
+
+    def __init__(self, database_url: str) -> None:
+        self.loop = asyncio.Runner()
+        self.engine = create_async_engine(sqlalchemy_url(database_url))
+        self.conn: AsyncConnection = self.loop.run(self.engine.connect().start())
+        self.outer = self.loop.run(self.conn.begin().start())
+        self.lease: Lease = self.loop.run(self.conn.run_sync(_async_lease))
+
+    def close(self) -> None:
+        self.loop.run(self.outer.rollback())
+        self.loop.run(self.conn.close())
+        self.loop.run(self.engine.dispose())
+        self.loop.close()
+
+
+def _async_lease(conn: Connection) -> Lease:
+    # Its own idempotency key: the sync fixture's run is in another open transaction.
+    start_run(conn, workflow="props", workflow_version="1", idempotency_key="props-run-async")
+    claimed = claim(conn, worker="props-async-worker", lease_seconds=3600)
+    assert claimed is not None
+    return claimed.lease
+
+
+@pytest.fixture(scope="module")
+def async_case(module_database_url: str) -> Iterator[AsyncCase]:
+    case = AsyncCase(module_database_url)
+    try:
+        yield case
+    finally:
+        case.close()
+
+
+@share(4)
+@given(call=st.one_of(batches(), st.sampled_from(KINDS).flatmap(
+    lambda kind: emits(None if kind == "valid" else kind))))
+def test_async_emits_write_exactly_what_was_given_or_nothing(
+    async_case: AsyncCase, call: tuple[bool, list[Case]]
+) -> None:
+    """``emit_async`` (one envelope) and ``emit_many_async`` (2-5): all written, or none."""
+    async_case.loop.run(check_call_async(async_case, call))
+
+
+async def check_call_async(case: AsyncCase, call: tuple[bool, list[Case]]) -> None:
+    conn = case.conn
+    with_lease, items = call
+    used = case.lease if with_lease else None
+    savepoint = await conn.begin_nested()
+    try:
+        before = await conn.run_sync(count)
+        if items[0].expect is not None and items[0].expect.startswith("validation:"):
+            expect_refused(items[0])
+            return
+        envelopes = [Envelope(**item.fields) for item in items]
+        faults = [item.expect for item in items if item.expect is not None]
+        if faults:
+            with pytest.raises(InvalidMessage) as caught:
+                await write_async(conn, envelopes, used)
+            assert caught.value.field == faults[0]
+            assert await conn.run_sync(count) == before  # still usable, nothing written
+            return
+        assert await write_async(conn, envelopes, used) == [e.message_id for e in envelopes]
+        assert await conn.run_sync(count) == before + len(envelopes)
+        for envelope in envelopes:
+            await conn.run_sync(check_row, envelope, used)
+    finally:
+        await savepoint.rollback()
+
+
+async def write_async(
+    conn: AsyncConnection, envelopes: list[Envelope], lease: Lease | None
+) -> list[Any]:
+    if len(envelopes) == 1:
+        return [await emit_async(conn, envelopes[0], lease=lease, settings=SETTINGS)]
+    return await emit_many_async(conn, envelopes, lease=lease, settings=SETTINGS)
