@@ -27,6 +27,7 @@ from typing import Any
 
 from kafka.errors import MessageSizeTooLargeError
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from consumers.app import Consumer, Registration
 from consumers.control import DeadLetter, RetryLater, SkipMessage
@@ -36,7 +37,7 @@ from consumers.errors import MalformedMessage
 from consumers.metrics import ConsumerMetrics
 from dedup import failures
 from dedup.failures import headers_json
-from dedup.inbox import Mark, mark, mark_many, unmark
+from dedup.inbox import Mark, insert_new, mark, mark_many, unmark
 from outbox import tracing
 from outbox.envelope import HEADER_RUN_ID
 from outbox.failpoints import failpoint
@@ -162,13 +163,18 @@ class Processor:
         with self.engine.connect() as conn:
             tx = conn.begin()
             try:
-                new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
-                for d in decoded:
-                    if d.message_id in new:
-                        new.discard(d.message_id)  # a second copy in this batch: duplicate
-                        fresh.append(d)
-                    else:
-                        duplicates.append(d)
+                if not self._all_new(conn, decoded):
+                    tx.rollback()  # some were marked: the careful insert says which
+                    tx = conn.begin()
+                    new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
+                    for d in decoded:
+                        if d.message_id in new:
+                            new.discard(d.message_id)  # a second copy in this batch: duplicate
+                            fresh.append(d)
+                        else:
+                            duplicates.append(d)
+                else:
+                    fresh = decoded
                 at = self._call_all(conn, fresh)
                 failpoint("consumer.after_handler")
                 tx.commit()
@@ -184,6 +190,17 @@ class Processor:
             self._duplicate(d)
         self._done(fresh)
         return None
+
+    def _all_new(self, conn: Connection, decoded: list[Decoded]) -> bool:
+        """Mark the batch with a plain INSERT, the common case; False if a mark was there
+        (a redelivery; the transaction is then aborted and must be rolled back)."""
+        if len({d.message_id for d in decoded}) < len(decoded):
+            return False  # an id twice in the batch: the plain insert would refuse it anyway
+        try:
+            insert_new(conn, self.schema, self.group, [_mark(d) for d in decoded])
+        except IntegrityError:
+            return False
+        return True
 
     def _call_all(self, conn: Connection, items: list[Decoded]) -> int:
         """Every handler of *items*, in order (batch handlers get their topic's run at once)."""

@@ -38,17 +38,31 @@ def mark_many(conn: Connection, schema: str, group: str, marks: Sequence[Mark]) 
     """
     if not marks:
         return set()
-    rows = conn.exec_driver_sql(
-        _insert(schema),
-        {
-            "group": group,
-            "ids": [m.message_id for m in marks],
-            "topics": [m.topic for m in marks],
-            "partitions": [m.partition for m in marks],
-            "offsets": [m.offset for m in marks],
-        },
-    ).all()
+    rows = conn.exec_driver_sql(_insert(schema), _columns(group, marks)).all()
     return {row[0] for row in rows}
+
+
+def _columns(group: str, marks: Sequence[Mark]) -> dict[str, object]:
+    return {
+        "group": group,
+        "ids": [m.message_id for m in marks],
+        "topics": [m.topic for m in marks],
+        "partitions": [m.partition for m in marks],
+        "offsets": [m.offset for m in marks],
+    }
+
+
+def insert_new(conn: Connection, schema: str, group: str, marks: Sequence[Mark]) -> None:
+    """Insert *marks*, all expected new, with a plain INSERT (no conflict handling).
+
+    The fast path for a batch without duplicates: PostgreSQL's ``ON CONFLICT`` costs a
+    speculative insertion per row (an extra index search and WAL record). If one mark is
+    there already, this raises ``sqlalchemy.exc.IntegrityError`` and the transaction is
+    aborted: only for a caller that owns the transaction, rolls it back and starts over
+    with :func:`mark_many` (the consumer's batch, whose marks are its first statement).
+    """
+    if marks:
+        conn.exec_driver_sql(_insert_new(schema), _columns(group, marks))
 
 
 def mark(conn: Connection, schema: str, group: str, one: Mark) -> bool:
@@ -107,20 +121,29 @@ def purge_marks(
     return deleted
 
 
-@functools.cache
-def _insert(schema: str) -> str:
-    # One round trip per batch; ON CONFLICT DO NOTHING also absorbs an id twice in the batch.
-    # The arrays go in binary (%(name)b): text arrays in text form cost a regex per element.
-    return f"""
+_INSERT = """
     INSERT INTO "{schema}".consumer_inbox
         (consumer_group, message_id, topic, kafka_partition, kafka_offset)
     SELECT %(group)s, m.id, m.topic, m.part, m.off
     FROM unnest(CAST(%(ids)b AS text[]), CAST(%(topics)b AS text[]),
                 CAST(%(partitions)b AS integer[]), CAST(%(offsets)b AS bigint[]))
          AS m(id, topic, part, off)
+"""
+
+
+@functools.cache
+def _insert(schema: str) -> str:
+    # One round trip per batch; ON CONFLICT DO NOTHING also absorbs an id twice in the batch.
+    # The arrays go in binary (%(name)b): text arrays in text form cost a regex per element.
+    return _INSERT.format(schema=schema) + """
     ON CONFLICT (consumer_group, message_id) DO NOTHING
     RETURNING message_id
     """
+
+
+@functools.cache
+def _insert_new(schema: str) -> str:
+    return _INSERT.format(schema=schema)
 
 
 @functools.cache

@@ -125,6 +125,29 @@ class TestTransactions:
         )
         assert causes == 5
 
+    @pytest.mark.parametrize("batch_handler", [False, True])
+    def test_a_batch_with_marked_and_repeated_ids_has_each_effect_once(
+        self, bound: Engine, database_url: str, batch_handler: bool
+    ) -> None:
+        """The plain insert of a batch's marks is refused by the ones already there (and an
+        id twice in the batch): the careful insert then drops exactly the duplicates."""
+        app = app_for(database_url, "batch")
+        if batch_handler:
+            app.register_batch(TOPIC, Item, lambda batch: [write(c, i) for c, i in batch])
+        else:
+            app.register(TOPIC, Item, write)
+        metrics = ConsumerMetrics()
+        processor = Processor(app, bound, metrics, FakeSender())
+        ids = [str(uuid.uuid4()) for _ in range(6)]
+        assert processor.process([record(i, {"n": i}, ids[i]) for i in (0, 1, 2)]) == 3
+        again = [record(10 + i, {"n": i}, ids[i]) for i in (1, 3, 4, 2, 5, 5)]
+        assert processor.process(again) == 6
+        with bound.connect() as conn:
+            effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
+        assert effects == [0, 1, 2, 3, 4, 5]
+        assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 6
+        assert metrics.duplicates.labels(TOPIC)._value.get() == 3
+
     def test_in_batch_mode_one_failing_message_does_not_undo_the_others(
         self, bound: Engine, database_url: str
     ) -> None:
