@@ -227,8 +227,10 @@ class Runner:
                         timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
                     )
                 except kafka_errors.CorruptRecordError as exc:
-                    # Skipping marks the record's offset done: only once the batch before it is.
-                    self._collect(())
+                    # Skipping marks the record's offset done: only once the batch before it
+                    # is (if that failed, both are read again first).
+                    if not self._collect(()):
+                        continue
                     if not skip_unreadable(self.consumer, self.engine, group=self.app.group_id,
                                            error=exc, offsets=self.offsets,
                                            metrics=self.metrics):
