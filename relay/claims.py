@@ -125,23 +125,24 @@ def claim(
     order = sorted(lanes)
     shift = rotate % len(order)
     order = order[shift:] + order[:shift]
-    # The driver's cursor, not SQLAlchemy rows: decoding a thousand Row objects cost a sixth
-    # of the relay's loop.
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    # Executed through SQLAlchemy, so a database error is a SQLAlchemyError (the loop backs
+    # off on those) and a dropped connection is invalidated; but the rows are read from the
+    # driver's cursor as plain tuples: decoding a thousand Row objects cost a sixth of the
+    # relay's loop.
+    result = conn.exec_driver_sql(
+        _claim_sql(schema),
+        {
+            "lanes": order,
+            "tokens": [lanes[lane] for lane in order],
+            "relay_id": relay_id,
+            "limit": limit,
+            "exclude": list(exclude),
+        },
+    )
     try:
-        cursor.execute(
-            _claim_sql(schema),
-            {
-                "lanes": order,
-                "tokens": [lanes[lane] for lane in order],
-                "relay_id": relay_id,
-                "limit": limit,
-                "exclude": list(exclude),
-            },
-        )
-        fetched = cursor.fetchall()
+        fetched = result.cursor.fetchall()
     finally:
-        cursor.close()
+        result.close()
     return [
         OutboxRow(
             r[2], r[3], r[4], bytes(r[5]) if r[5] is not None else None, r[6], bytes(r[7]),
