@@ -126,14 +126,9 @@ class Processor:
             self.committed(records[:index])
             return index, _Failed(index, error)
         with self.engine.connect() as conn, conn.begin():
-            new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
-            fresh: list[Decoded] = []
-            for d in decoded:
-                if d.message_id in new:
-                    new.discard(d.message_id)  # a second copy in this batch is a duplicate
-                    fresh.append(d)
-                else:
-                    self._duplicate(d)
+            fresh, duplicates = self._mark_careful(conn, decoded)
+            for d in duplicates:
+                self._duplicate(d)
             ok, inner = self._handle_all(conn, fresh)
             if inner is not None:
                 # Stop at the failing message: unmark it and everything after it in the batch.
@@ -158,7 +153,7 @@ class Processor:
         back with it; their outside effects must be idempotent anyway (the operations
         ledger), as with any redelivery.
         """
-        fresh: list[Decoded] = []
+        fresh: list[Decoded] = decoded
         duplicates: list[Decoded] = []
         with self.engine.connect() as conn:
             tx = conn.begin()
@@ -166,15 +161,7 @@ class Processor:
                 if not self._all_new(conn, decoded):
                     tx.rollback()  # some were marked: the careful insert says which
                     tx = conn.begin()
-                    new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
-                    for d in decoded:
-                        if d.message_id in new:
-                            new.discard(d.message_id)  # a second copy in this batch: duplicate
-                            fresh.append(d)
-                        else:
-                            duplicates.append(d)
-                else:
-                    fresh = decoded
+                    fresh, duplicates = self._mark_careful(conn, decoded)
                 at = self._call_all(conn, fresh)
                 failpoint("consumer.after_handler")
                 tx.commit()
@@ -190,6 +177,21 @@ class Processor:
             self._duplicate(d)
         self._done(fresh)
         return None
+
+    def _mark_careful(
+        self, conn: Connection, decoded: list[Decoded]
+    ) -> tuple[list[Decoded], list[Decoded]]:
+        """Mark the batch with ``ON CONFLICT DO NOTHING``: (fresh, duplicates) in order."""
+        new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
+        fresh: list[Decoded] = []
+        duplicates: list[Decoded] = []
+        for d in decoded:
+            if d.message_id in new:
+                new.discard(d.message_id)  # a second copy in this batch is a duplicate
+                fresh.append(d)
+            else:
+                duplicates.append(d)
+        return fresh, duplicates
 
     def _all_new(self, conn: Connection, decoded: list[Decoded]) -> bool:
         """Mark the batch with a plain INSERT, the common case; False if a mark was there

@@ -24,12 +24,18 @@ from tests.e2e.consumer_support import InProcess, create_effects, effects, produ
 pytestmark = pytest.mark.timeout(180)
 
 
-def make_app(database_url: str, bootstrap: str, topic: str, **overrides: object) -> Consumer:
+def make_app(
+    database_url: str,
+    bootstrap: str,
+    topic: str,
+    handler: Callable[[HandlerContext, Item], None] = handle,
+    **overrides: object,
+) -> Consumer:
     app = Consumer(
         group_id=f"g-{uuid.uuid4().hex[:8]}",
         settings=settings(database_url, bootstrap, **overrides),
     )
-    app.register(topic, Item, handle)
+    app.register(topic, Item, handler)
     return app
 
 
@@ -121,11 +127,7 @@ class TestPipelinedLoop:
             threads.add(threading.current_thread().name)
             handle(ctx, item)
 
-        app = Consumer(
-            group_id=f"g-{uuid.uuid4().hex[:8]}",
-            settings=settings(database_url, kafka_bootstrap, max_poll_records=10),
-        )
-        app.register(topic, Item, record)
+        app = make_app(database_url, kafka_bootstrap, topic, record, max_poll_records=10)
         running = InProcess(app)
         processor = running.runner.processor
         real = processor.process
