@@ -65,7 +65,7 @@ QUICK_ARGS = {
         "--quick", "--seconds", "0.2", "--rounds", "1", "--clients", "4", "--no-threads",
     ],
     "relay_bench": [
-        "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "1",
+        "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "0",
         "--writers", "2", "--claim-backlog", "8000", "--rss-backlog", "8000",
     ],
     "consumer_bench": ["--quick", "--n", "2000", "--n-per-message", "300"],
