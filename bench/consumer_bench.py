@@ -50,7 +50,7 @@ from typing import Any
 import psycopg
 import throwaway  # bench/throwaway.py (this folder is on sys.path)
 from durable import make_durable  # bench/durable.py (this folder is on sys.path)
-from figures import Figure, print_table  # bench/figures.py (this folder is on sys.path)
+from figures import Figure, Spent, cpu_budget, print_table  # bench/figures.py (on sys.path)
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from pydantic import BaseModel
@@ -408,6 +408,13 @@ def main(argv: list[str] | None = None) -> int:
                  f"{spent([results.per_message])}",
         ),
     ]
+    cpus = os.cpu_count() or 1
+    for prefix, rates in (
+        ("consumer.raw", results.raw),
+        ("consumer.batch", results.batch),
+        ("consumer.batch_handler", results.batch_handler),
+    ):
+        figures += cpu_budget(prefix, [Spent(r.per_s, r.cores, r.busy) for r in rates], raw, cpus)
     print(
         f"\nmachine: {machine['cpus']} cpus ({machine['cpu_model']}), load avg at start "
         f"{', '.join(f'{x:.2f}' for x in machine['loadavg_start'])}, at end "

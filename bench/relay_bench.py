@@ -58,7 +58,7 @@ from typing import Any
 import psycopg
 import throwaway  # bench/throwaway.py (this folder is on sys.path)
 from durable import make_durable, show  # bench/durable.py (this folder is on sys.path)
-from figures import Figure, print_table  # bench/figures.py (this folder is on sys.path)
+from figures import Figure, Spent, cpu_budget, print_table  # bench/figures.py (on sys.path)
 from sqlalchemy import Engine, create_engine
 
 from outbox.dsn import sqlalchemy_url, with_database
@@ -877,6 +877,7 @@ def in_own_database(
 class Results:
     rounds: int = 0
     raw: list[float] = field(default_factory=list)
+    raw_spent: list[Spent] = field(default_factory=list)
     relay_runs: list[RelayRun] = field(default_factory=list)
     variants: list[tuple[str, RelayRun]] = field(default_factory=list)
     lat: dict[str, Latency] = field(default_factory=dict)
@@ -951,6 +952,7 @@ def phase_throughput(ctx: Ctx, plan: dict[str, Any], topic: str, res: Results) -
         log(f"round {r + 1}/{plan['rounds']}: (a) producer alone")
         took, cores, busy = raw_ceiling(ctx, messages)
         res.raw.append(n / took)
+        res.raw_spent.append(Spent(n / took, cores, busy))
         print(
             f"  round {r + 1}: (a) {res.raw[-1]:,.0f} msgs/s ({took:.2f} s), producer "
             f"{cores:.2f} cores, machine {busy:.0%} busy"
@@ -1097,6 +1099,14 @@ def figures_of(res: Results) -> list[Figure]:
     for label, run in res.variants:
         name = "relay.throughput_msgs_per_s_" + label.replace(" ", "").replace(",", "_")
         figures.append(Figure(name, run.rate, "msgs/s", ceiling, run.rate / ceiling))
+    cpus = os.cpu_count() or 1
+    figures += cpu_budget("kafka.producer_alone", res.raw_spent, ceiling, cpus)
+    figures += cpu_budget(
+        "relay",
+        [Spent(r.rate, r.relay_cores, r.machine_busy) for r in res.relay_runs],
+        ceiling,
+        cpus,
+    )
     figures += [
         Figure("relay.latency_p50_ms", n_p50, "ms", goal="≤ 10", met=n_p50 <= 10),
         Figure("relay.latency_p99_ms", n_p99, "ms", goal="≤ 50", met=n_p99 <= 50),
