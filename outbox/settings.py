@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox import kafka_fix
+
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -208,6 +210,9 @@ class ConnectionSettings(BaseSettings):
         """Keyword arguments for every kafka-python client of this daemon (producer, consumer,
         admin): the bootstrap servers and the TLS/SASL settings, under kafka-python 3.0's
         names. Only what the protocol uses is passed, so PLAINTEXT clients stay as before."""
+        # Every client is configured here: the place that makes sure kafka-python hands over
+        # what a broker sent before closing (a refused password's error, above all).
+        kafka_fix.install()
         protocol = self.kafka_security_protocol
         config: dict[str, Any] = {
             "bootstrap_servers": self.resolved_bootstrap().split(","),

@@ -1,0 +1,65 @@
+"""kafka-python's reader hands over the bytes a broker sent right before closing."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+from kafka.errors import KafkaConnectionError
+from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
+
+from outbox import kafka_fix
+from outbox.settings import ConnectionSettings
+
+
+@pytest.fixture
+def closed_after_reply() -> Iterator[socket.socket]:
+    """Our end of a connection whose peer wrote a reply and closed (both already arrived)."""
+    ours, peer = socket.socketpair()
+    peer.sendall(b"the broker's error response")
+    peer.close()
+    ours.setblocking(False)
+    try:
+        yield ours
+    finally:
+        ours.close()
+
+
+def test_the_reply_comes_first_and_the_close_on_the_next_read(
+    closed_after_reply: socket.socket,
+) -> None:
+    kafka_fix.install()
+    transport = KafkaTCPTransport(None, closed_after_reply)
+    assert transport._sock_recv() == (b"the broker's error response", None)
+    data, err = transport._sock_recv()
+    assert data == b""
+    assert isinstance(err, KafkaConnectionError)
+
+
+def test_without_the_fix_kafka_python_drops_the_reply(closed_after_reply: socket.socket) -> None:
+    # What the fix is for; if a kafka-python release stops doing this, the fix can go.
+    kafka_fix.install()
+    original = KafkaTCPTransport._sock_recv.__wrapped__  # type: ignore[attr-defined]
+    data, err = original(KafkaTCPTransport(None, closed_after_reply))
+    assert data == b"the broker's error response"
+    assert isinstance(err, KafkaConnectionError)
+
+
+def test_other_errors_pass_unchanged(closed_after_reply: socket.socket) -> None:
+    kafka_fix.install()
+    transport = KafkaTCPTransport(None, closed_after_reply)
+    transport._sock = None  # recv on None: kafka-python's own "error receiving" path
+    data, err = transport._sock_recv()
+    assert data == b""
+    assert isinstance(err, KafkaConnectionError)
+    assert err.args != ("socket disconnected",)
+
+
+def test_installed_once_on_both_transports_by_every_client_config() -> None:
+    ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
+    ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
+    for cls in (KafkaTCPTransport, KafkaSSLTransport):
+        reader = cls.__dict__["_sock_recv"]
+        assert getattr(reader, "_outboxkit_keeps_data_before_close", False), cls
+        assert not hasattr(reader.__wrapped__, "__wrapped__"), "wrapped twice"
