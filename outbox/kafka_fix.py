@@ -1,18 +1,30 @@
-"""A fix for kafka-python 3.0's socket reader: the bytes that arrive together with a close.
+"""Two fixes for kafka-python 3.0, installed once per process for every client in it.
 
-kafka-python 3.0 (``kafka.net.transport``) reads a socket until it would block. When that
-read ends with the peer's close, it drops the bytes it read before the close and reports
-only "socket disconnected". A broker that refuses a SASL password sends its error response
-and closes the connection right after it, so the refusal ("Authentication failed: Invalid
-username or password") was mostly lost: an operator with a wrong password saw nothing but
-disconnects. A response to any request that arrives just before a close is lost the same
-way (the request is then retried).
+**The bytes that arrive together with a close.** kafka-python 3.0 (``kafka.net.transport``)
+reads a socket until it would block. When that read ends with the peer's close, it drops
+the bytes it read before the close and reports only "socket disconnected". A broker that
+refuses a SASL password sends its error response and closes the connection right after it,
+so the refusal ("Authentication failed: Invalid username or password") was mostly lost: an
+operator with a wrong password saw nothing but disconnects. A response to any request that
+arrives just before a close is lost the same way (the request is then retried).
 
-:func:`install` wraps the reader of kafka-python's TCP and TLS transports, once per
-process, for every kafka-python client in it: the bytes read are handed over first, and the
-close is seen on the next read (a socket at end-of-file stays readable). Only that case
-changes; every other error is returned as kafka-python returns it. outboxkit's clients get
-it through :meth:`outbox.settings.ConnectionSettings.kafka_client_config`.
+:func:`install` wraps the reader of kafka-python's TCP and TLS transports: the bytes read
+are handed over first, and the close is seen on the next read (a socket at end-of-file stays
+readable). Only that case changes; every other error is returned as kafka-python returns it.
+
+**A join in flight that nobody finishes.** A consumer group member runs a join as a task
+(JoinGroup, then SyncGroup) and ``poll()`` awaits it for as long as ``need_rejoin()`` is
+true. When the rejoin was asked for only because the leader's metadata changed since its
+last assignment, ``need_rejoin()`` turns false as soon as the leader computes the new
+assignment, inside the task, before SyncGroup answers. ``poll()`` then stops awaiting the
+task: the assignment it brings is never applied, the heartbeat stays disabled, the broker
+drops the member after ``session_timeout_ms`` and the process polls nothing, forever, while
+looking alive. (The Java client checks "rejoin needed *or pending*" for this reason.)
+:func:`install` makes ``need_rejoin()`` true while a join kafka-python started is not
+complete. Two consumers starting together hit it once in 10 to 40 starts here.
+
+outboxkit's clients get both through
+:meth:`outbox.settings.ConnectionSettings.kafka_client_config`.
 """
 
 from __future__ import annotations
@@ -22,11 +34,16 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-_MARK = "_outboxkit_keeps_data_before_close"
+_MARK = "_outboxkit_fixed"
 
 
 def install() -> None:
-    """Wrap kafka-python 3.0's socket readers (idempotent; nothing when it has none)."""
+    """Apply both fixes (idempotent; nothing where kafka-python has no such parts)."""
+    _install_reader_fix()
+    _install_rejoin_fix()
+
+
+def _install_reader_fix() -> None:
     try:
         transport = importlib.import_module("kafka.net.transport")
         errors = importlib.import_module("kafka.errors")
@@ -53,3 +70,28 @@ def _keeping_data(
 
     setattr(_sock_recv, _MARK, True)
     return _sock_recv
+
+
+def _install_rejoin_fix() -> None:
+    try:
+        coordinator = importlib.import_module("kafka.coordinator.consumer")
+    except ImportError:
+        return
+    cls: Any = getattr(coordinator, "ConsumerCoordinator", None)
+    original = None if cls is None else cls.__dict__.get("need_rejoin")
+    if original is None or getattr(original, _MARK, False):
+        return
+    cls.need_rejoin = _pending_join_counts(original)
+
+
+def _pending_join_counts(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    @functools.wraps(original)
+    def need_rejoin(self: Any) -> bool:
+        # ``rejoining`` is set when a join is prepared (listeners called, task started) and
+        # cleared only once its assignment is applied.
+        if getattr(self, "rejoining", False):
+            return True
+        return original(self)
+
+    setattr(need_rejoin, _MARK, True)
+    return need_rejoin

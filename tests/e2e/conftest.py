@@ -105,6 +105,8 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60) -> list[Any
     )
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        if not partitions:  # not created yet (e.g. a dead-letter topic before its first record)
+            return []
         consumer.assign(partitions)
         end = consumer.end_offsets(partitions)
         consumer.seek_to_beginning(*partitions)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient
 from sqlalchemy import Engine, text
 
 from consumers import Consumer, ConsumerSettings, Runner
@@ -48,6 +49,25 @@ def produce(
     finally:
         producer.close()
     return ids
+
+
+def wait_for_group(bootstrap: str, group_id: str, members: int, timeout: float = 90) -> None:
+    """Wait until *group_id* is stable with *members* members, each holding a partition."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+
+    def settled() -> bool:
+        group = admin.describe_groups([group_id]).get(group_id) or {}
+        found = group.get("members") or []
+        return (
+            group.get("group_state") == "Stable"
+            and len(found) == members
+            and all((m.get("member_assignment") or {}).get("assigned_partitions") for m in found)
+        )
+
+    try:
+        wait_until(settled, timeout, f"{members} members in group {group_id}, each assigned")
+    finally:
+        admin.close()
 
 
 def create_effects(engine: Engine) -> None:

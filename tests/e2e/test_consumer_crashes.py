@@ -15,6 +15,7 @@ from tests.e2e.consumer_support import (
     effects,
     port,
     produce,
+    wait_for_group,
     wait_for_metric,
 )
 
@@ -75,12 +76,15 @@ def test_two_consumers_in_one_group_one_killed_mid_batch_every_effect_exactly_on
     topic = kafka_topic(partitions=4)
     create_effects(engine)
     total = 1200
-    ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(total)])
     procs = consumers_for(topic)
     # Slow handlers and small batches: the kill lands inside a batch's transaction.
     slow = {"TEST_CONSUMER_HANDLER_SLEEP": "0.004", "OUTBOXKIT_CONSUMER_MAX_POLL_RECORDS": "100"}
     a = procs.start(**slow)
     b = procs.start(**slow)
+    # Both in the group before the first record: else the first one up can drain all 1,200
+    # before the second joins, and the kill would land on an idle consumer.
+    wait_for_group(kafka_bootstrap, procs.group_id, 2)
+    ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(total)])
 
     def rows_by(pid: int) -> int:
         with engine.connect() as conn:

@@ -61,5 +61,15 @@ def test_installed_once_on_both_transports_by_every_client_config() -> None:
     ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
     for cls in (KafkaTCPTransport, KafkaSSLTransport):
         reader = cls.__dict__["_sock_recv"]
-        assert getattr(reader, "_outboxkit_keeps_data_before_close", False), cls
+        assert getattr(reader, "_outboxkit_fixed", False), cls
         assert not hasattr(reader.__wrapped__, "__wrapped__"), "wrapped twice"
+
+
+def test_need_rejoin_is_wrapped_once() -> None:
+    from kafka.coordinator.consumer import ConsumerCoordinator  # noqa: PLC0415
+
+    kafka_fix.install()
+    kafka_fix.install()
+    wrapped = ConsumerCoordinator.__dict__["need_rejoin"]
+    assert getattr(wrapped, "_outboxkit_fixed", False)
+    assert not hasattr(wrapped.__wrapped__, "__wrapped__"), "wrapped twice"
