@@ -105,9 +105,20 @@ class LaneManager:
         self._owned = OwnedLanes({}, 0.0)
         self._to_release: set[int] = set()
         self.live_relays = 1
+        # A heartbeat and ``leave`` never overlap, and none runs after ``leave``: a heartbeat
+        # still in its transaction when the relay left would register it again and take
+        # lanes back, which the other relays could then not use until the lease expired.
+        self._beat = threading.Lock()
+        self._left = False
 
     def heartbeat(self) -> OwnedLanes:
         """Renew, then rebalance toward a fair share. Safe to call from any thread."""
+        with self._beat:
+            if self._left:
+                return OwnedLanes({}, 0.0)
+            return self._heartbeat()
+
+    def _heartbeat(self) -> OwnedLanes:
         started = time.monotonic()
         params = {"relay_id": self.relay_id, "lease": self.lease, "lanes": self.lanes}
         with self._engine.begin() as conn:
@@ -163,13 +174,22 @@ class LaneManager:
 
     def leave(self) -> None:
         """Give back every lane and drop out of the relays table (graceful shutdown)."""
-        with self._lock:
-            lanes = list(range(self.lanes))
-            self._owned = OwnedLanes({}, 0.0)
-            self._to_release = set()
-        with self._engine.begin() as conn:
-            conn.execute(sql(RELEASE, self._schema), {"relay_id": self.relay_id, "lanes": lanes})
-            conn.execute(sql(LEAVE, self._schema), {"relay_id": self.relay_id})
+        # A heartbeat stuck on the database must not hold the shutdown past one lease.
+        beating = self._beat.acquire(timeout=self.lease)
+        try:
+            self._left = True
+            with self._lock:
+                lanes = list(range(self.lanes))
+                self._owned = OwnedLanes({}, 0.0)
+                self._to_release = set()
+            with self._engine.begin() as conn:
+                conn.execute(
+                    sql(RELEASE, self._schema), {"relay_id": self.relay_id, "lanes": lanes}
+                )
+                conn.execute(sql(LEAVE, self._schema), {"relay_id": self.relay_id})
+        finally:
+            if beating:
+                self._beat.release()
 
     def forget_dead_relays(self) -> None:
         """Remove relays rows silent for ten leases (their lanes expired long before)."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from relay.claims import claim
@@ -87,3 +88,42 @@ def test_a_database_error_in_a_claim_is_a_sqlalchemy_error(engine: Engine) -> No
         with pytest.raises(SQLAlchemyError, match="no_such_schema"):
             claim(conn, "no_such_schema", relay_id="a", lanes={0: 1}, limit=10)
         assert conn.invalidated is False  # a statement error, not a lost connection
+
+
+def test_a_heartbeat_in_flight_when_the_relay_leaves_does_not_bring_it_back(
+    engine: Engine,
+) -> None:
+    """Shutdown stops the scheduler without waiting; its heartbeat may still be running."""
+    a, b = manager(engine, "a"), manager(engine, "b")
+    settle(a, b)
+    inside, go_on = threading.Event(), threading.Event()
+
+    def pause_heartbeat(conn: object, cursor: object, statement: str, *args: object) -> None:
+        beating = threading.current_thread().name == "beat"
+        if beating and statement.lstrip().startswith("INSERT INTO \"outboxkit\".relays "):
+            inside.set()
+            go_on.wait(10)
+
+    event.listen(engine, "before_cursor_execute", pause_heartbeat)
+    beat = threading.Thread(target=b.heartbeat, name="beat")
+    leave = threading.Thread(target=b.leave)
+    try:
+        beat.start()
+        assert inside.wait(10), "the heartbeat did not reach its registration"
+        leave.start()
+        leave.join(0.5)
+        assert leave.is_alive(), "leave did not wait for the heartbeat in flight"
+    finally:
+        go_on.set()
+        for thread in (beat, leave):
+            if thread.is_alive():
+                thread.join(10)
+        event.remove(engine, "before_cursor_execute", pause_heartbeat)
+    b.heartbeat()  # a scheduler tick after leaving changes nothing either
+    with engine.connect() as conn:
+        relays = conn.execute(text("SELECT relay_id FROM outboxkit.relays")).scalars().all()
+        owners = conn.execute(
+            text("SELECT DISTINCT owner FROM outboxkit.relay_lanes WHERE owner IS NOT NULL")
+        ).scalars().all()
+    assert relays == ["a"]
+    assert owners == ["a"]
