@@ -1,4 +1,4 @@
-"""Two fixes for kafka-python 3.0, installed once per process for every client in it.
+"""Three fixes for kafka-python 3.0, installed once per process for every client in it.
 
 **The bytes that arrive together with a close.** kafka-python 3.0 (``kafka.net.transport``)
 reads a socket until it would block. When that read ends with the peer's close, it drops
@@ -23,7 +23,13 @@ looking alive. (The Java client checks "rejoin needed *or pending*" for this rea
 :func:`install` makes ``need_rejoin()`` true while a join kafka-python started is not
 complete. Two consumers starting together hit it once in 10 to 40 starts here.
 
-outboxkit's clients get both through
+**A socket left open by a connection attempt that did not finish.** When a connect times
+out, fails or is cancelled (a client closed while connecting), kafka-python drops the socket
+without closing it; Python closes it later, when the garbage collector finds it, with a
+``ResourceWarning`` (an error under ``-W error``, as in outboxkit's tests). :func:`install`
+closes it at once.
+
+outboxkit's clients get all three through
 :meth:`outbox.settings.ConnectionSettings.kafka_client_config`.
 """
 
@@ -38,9 +44,10 @@ _MARK = "_outboxkit_fixed"
 
 
 def install() -> None:
-    """Apply both fixes (idempotent; nothing where kafka-python has no such parts)."""
+    """Apply the fixes (idempotent; nothing where kafka-python has no such parts)."""
     _install_reader_fix()
     _install_rejoin_fix()
+    _install_connect_fix()
 
 
 def _install_reader_fix() -> None:
@@ -95,3 +102,28 @@ def _pending_join_counts(original: Callable[[Any], bool]) -> Callable[[Any], boo
 
     setattr(need_rejoin, _MARK, True)
     return need_rejoin
+
+
+def _install_connect_fix() -> None:
+    try:
+        inet = importlib.import_module("kafka.net.inet")
+    except ImportError:
+        return
+    cls: Any = getattr(inet, "KafkaNetSocket", None)
+    original = None if cls is None else cls.__dict__.get("sock_connect")
+    if original is None or getattr(original, _MARK, False):
+        return
+    cls.sock_connect = _closing_on_failure(original)
+
+
+def _closing_on_failure(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def sock_connect(self: Any, net: Any, sock: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await original(self, net, sock, *args, **kwargs)
+        except BaseException:  # cancelled (GeneratorExit) included
+            sock.close()
+            raise
+
+    setattr(sock_connect, _MARK, True)
+    return sock_connect

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from kafka.errors import KafkaConnectionError
+from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+from kafka.net.inet import KafkaNetSocket
 from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
 
 from outbox import kafka_fix
@@ -73,3 +76,50 @@ def test_need_rejoin_is_wrapped_once() -> None:
     wrapped = ConsumerCoordinator.__dict__["need_rejoin"]
     assert getattr(wrapped, "_outboxkit_fixed", False)
     assert not hasattr(wrapped.__wrapped__, "__wrapped__"), "wrapped twice"
+
+
+class _Pending:
+    """What kafka-python's event loop awaits while a connect is in progress."""
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        yield "wait-write"
+
+
+class _Net:
+    def wait_write(self, sock: object, timeout_at: object = None) -> _Pending:
+        return _Pending()
+
+
+def _connect_in_progress() -> tuple[Any, socket.socket]:
+    kafka_fix.install()
+    factory = KafkaNetSocket()
+    factory.connect_ex = lambda sock, addr: errno.EINPROGRESS  # type: ignore[method-assign]
+    sock = socket.socket()
+    coro = factory.sock_connect(_Net(), sock, ("127.0.0.1", 9))
+    assert coro.send(None) == "wait-write"
+    return coro, sock
+
+
+def test_a_cancelled_connect_closes_its_socket() -> None:
+    coro, sock = _connect_in_progress()
+    coro.close()  # what kafka-python's Task.cancel does
+    assert sock.fileno() == -1
+
+
+def test_a_connect_that_times_out_closes_its_socket() -> None:
+    coro, sock = _connect_in_progress()
+    with pytest.raises(KafkaTimeoutError):
+        coro.throw(KafkaTimeoutError("Connection timed out"))
+    assert sock.fileno() == -1
+
+
+def test_a_connect_that_succeeds_keeps_its_socket() -> None:
+    kafka_fix.install()
+    factory = KafkaNetSocket()
+    factory.connect_ex = lambda sock, addr: 0  # type: ignore[method-assign]
+    with socket.socket() as sock:
+        coro = factory.sock_connect(_Net(), sock, ("127.0.0.1", 9))
+        with pytest.raises(StopIteration) as done:
+            coro.send(None)
+        assert done.value.value is sock
+        assert sock.fileno() != -1
