@@ -123,3 +123,16 @@ def test_a_connect_that_succeeds_keeps_its_socket() -> None:
             coro.send(None)
         assert done.value.value is sock
         assert sock.fileno() != -1
+
+
+def test_without_the_fix_a_cancelled_connect_leaves_its_socket_open() -> None:
+    # What the fix is for; if a kafka-python release stops doing this, the fix can go.
+    kafka_fix.install()
+    factory = KafkaNetSocket()
+    factory.connect_ex = lambda sock, addr: errno.EINPROGRESS  # type: ignore[method-assign]
+    original = KafkaNetSocket.sock_connect.__wrapped__  # type: ignore[attr-defined]
+    with socket.socket() as sock:
+        coro = original(factory, _Net(), sock, ("127.0.0.1", 9))
+        assert coro.send(None) == "wait-write"
+        coro.close()
+        assert sock.fileno() != -1
