@@ -45,28 +45,36 @@ _MARK = "_outboxkit_fixed"
 
 def install() -> None:
     """Apply the fixes (idempotent; nothing where kafka-python has no such parts)."""
-    _install_reader_fix()
-    _install_rejoin_fix()
-    _install_connect_fix()
+    _wrap("kafka.net.transport", ("KafkaTCPTransport", "KafkaSSLTransport"), "_sock_recv",
+          _keeping_data)
+    _wrap("kafka.coordinator.consumer", ("ConsumerCoordinator",), "need_rejoin",
+          _pending_join_counts)
+    _wrap("kafka.net.inet", ("KafkaNetSocket",), "sock_connect", _closing_on_failure)
 
 
-def _install_reader_fix() -> None:
+def _wrap(
+    module: str, classes: tuple[str, ...], attribute: str, make: Callable[[Any], Any]
+) -> None:
+    """Replace ``attribute`` of each class by ``make(original)``, once."""
     try:
-        transport = importlib.import_module("kafka.net.transport")
-        errors = importlib.import_module("kafka.errors")
+        found = importlib.import_module(module)
     except ImportError:  # another kafka-python layout: nothing of this to fix
         return
-    for name in ("KafkaTCPTransport", "KafkaSSLTransport"):
-        cls: Any = getattr(transport, name, None)
-        original = None if cls is None else cls.__dict__.get("_sock_recv")
+    for name in classes:
+        cls: Any = getattr(found, name, None)
+        original = None if cls is None else cls.__dict__.get(attribute)
         if original is None or getattr(original, _MARK, False):
             continue
-        cls._sock_recv = _keeping_data(original, errors.KafkaConnectionError)
+        wrapped = make(original)
+        setattr(wrapped, _MARK, True)
+        setattr(cls, attribute, wrapped)
 
 
 def _keeping_data(
-    original: Callable[[Any], tuple[bytes, BaseException | None]], disconnected: type[BaseException]
+    original: Callable[[Any], tuple[bytes, BaseException | None]],
 ) -> Callable[[Any], tuple[bytes, BaseException | None]]:
+    disconnected = importlib.import_module("kafka.errors").KafkaConnectionError
+
     @functools.wraps(original)
     def _sock_recv(self: Any) -> tuple[bytes, BaseException | None]:
         data, err = original(self)
@@ -75,20 +83,7 @@ def _keeping_data(
             return data, None  # the next read finds the close again
         return data, err
 
-    setattr(_sock_recv, _MARK, True)
     return _sock_recv
-
-
-def _install_rejoin_fix() -> None:
-    try:
-        coordinator = importlib.import_module("kafka.coordinator.consumer")
-    except ImportError:
-        return
-    cls: Any = getattr(coordinator, "ConsumerCoordinator", None)
-    original = None if cls is None else cls.__dict__.get("need_rejoin")
-    if original is None or getattr(original, _MARK, False):
-        return
-    cls.need_rejoin = _pending_join_counts(original)
 
 
 def _pending_join_counts(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -100,20 +95,7 @@ def _pending_join_counts(original: Callable[[Any], bool]) -> Callable[[Any], boo
             return True
         return original(self)
 
-    setattr(need_rejoin, _MARK, True)
     return need_rejoin
-
-
-def _install_connect_fix() -> None:
-    try:
-        inet = importlib.import_module("kafka.net.inet")
-    except ImportError:
-        return
-    cls: Any = getattr(inet, "KafkaNetSocket", None)
-    original = None if cls is None else cls.__dict__.get("sock_connect")
-    if original is None or getattr(original, _MARK, False):
-        return
-    cls.sock_connect = _closing_on_failure(original)
 
 
 def _closing_on_failure(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -125,5 +107,4 @@ def _closing_on_failure(original: Callable[..., Any]) -> Callable[..., Any]:
             sock.close()
             raise
 
-    setattr(sock_connect, _MARK, True)
     return sock_connect
