@@ -6,6 +6,7 @@ its output to ``<workdir>/<name>.log``.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -184,7 +185,7 @@ class Pipeline:
             url = f"http://127.0.0.1:{proc.port}{path}"
             with urllib.request.urlopen(url, timeout=1) as response:
                 return int(response.status), response.read().decode()
-        except OSError:
+        except (OSError, http.client.HTTPException):  # also killed halfway through answering
             return None
 
     def metric(self, name: str, metric: str) -> float | None:
