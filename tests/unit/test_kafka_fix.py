@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kafka.coordinator.consumer import ConsumerCoordinator
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from kafka.net.inet import KafkaNetSocket
 from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
@@ -59,22 +60,20 @@ def test_other_errors_pass_unchanged(closed_after_reply: socket.socket) -> None:
     assert err.args != ("socket disconnected",)
 
 
-def test_installed_once_on_both_transports_by_every_client_config() -> None:
+@pytest.mark.parametrize(
+    ("cls", "attribute"),
+    [
+        (KafkaTCPTransport, "_sock_recv"),
+        (KafkaSSLTransport, "_sock_recv"),
+        (ConsumerCoordinator, "need_rejoin"),
+        (KafkaNetSocket, "sock_connect"),
+    ],
+)
+def test_installed_once_by_every_client_config(cls: type, attribute: str) -> None:
     ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
     ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
-    for cls in (KafkaTCPTransport, KafkaSSLTransport):
-        reader = cls.__dict__["_sock_recv"]
-        assert getattr(reader, "_outboxkit_fixed", False), cls
-        assert not hasattr(reader.__wrapped__, "__wrapped__"), "wrapped twice"
-
-
-def test_need_rejoin_is_wrapped_once() -> None:
-    from kafka.coordinator.consumer import ConsumerCoordinator  # noqa: PLC0415
-
-    kafka_fix.install()
-    kafka_fix.install()
-    wrapped = ConsumerCoordinator.__dict__["need_rejoin"]
-    assert getattr(wrapped, "_outboxkit_fixed", False)
+    wrapped = cls.__dict__[attribute]
+    assert getattr(wrapped, "_outboxkit_fixed", False), cls
     assert not hasattr(wrapped.__wrapped__, "__wrapped__"), "wrapped twice"
 
 
@@ -90,12 +89,20 @@ class _Net:
         return _Pending()
 
 
-def _connect_in_progress() -> tuple[Any, socket.socket]:
+def _factory(connect_ex_result: int) -> KafkaNetSocket:
     kafka_fix.install()
     factory = KafkaNetSocket()
-    factory.connect_ex = lambda sock, addr: errno.EINPROGRESS  # type: ignore[method-assign]
+    factory.connect_ex = lambda sock, addr: connect_ex_result  # type: ignore[method-assign]
+    return factory
+
+
+def _connect_in_progress(
+    sock_connect: Callable[..., Any] | None = None,
+) -> tuple[Any, socket.socket]:
+    """A connect waiting for the socket to be writable (through the fix unless given)."""
+    factory = _factory(errno.EINPROGRESS)
     sock = socket.socket()
-    coro = factory.sock_connect(_Net(), sock, ("127.0.0.1", 9))
+    coro = (sock_connect or KafkaNetSocket.sock_connect)(factory, _Net(), sock, ("127.0.0.1", 9))
     assert coro.send(None) == "wait-write"
     return coro, sock
 
@@ -114,11 +121,8 @@ def test_a_connect_that_times_out_closes_its_socket() -> None:
 
 
 def test_a_connect_that_succeeds_keeps_its_socket() -> None:
-    kafka_fix.install()
-    factory = KafkaNetSocket()
-    factory.connect_ex = lambda sock, addr: 0  # type: ignore[method-assign]
     with socket.socket() as sock:
-        coro = factory.sock_connect(_Net(), sock, ("127.0.0.1", 9))
+        coro = _factory(0).sock_connect(_Net(), sock, ("127.0.0.1", 9))
         with pytest.raises(StopIteration) as done:
             coro.send(None)
         assert done.value.value is sock
@@ -128,11 +132,8 @@ def test_a_connect_that_succeeds_keeps_its_socket() -> None:
 def test_without_the_fix_a_cancelled_connect_leaves_its_socket_open() -> None:
     # What the fix is for; if a kafka-python release stops doing this, the fix can go.
     kafka_fix.install()
-    factory = KafkaNetSocket()
-    factory.connect_ex = lambda sock, addr: errno.EINPROGRESS  # type: ignore[method-assign]
     original = KafkaNetSocket.sock_connect.__wrapped__  # type: ignore[attr-defined]
-    with socket.socket() as sock:
-        coro = original(factory, _Net(), sock, ("127.0.0.1", 9))
-        assert coro.send(None) == "wait-write"
+    coro, sock = _connect_in_progress(original)
+    with sock:
         coro.close()
         assert sock.fileno() != -1
