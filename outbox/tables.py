@@ -267,6 +267,7 @@ Index(
 # --- operations (migration 0004) -----------------------------------------------------------
 
 OPERATION_STATUSES = ("pending", "unknown", "not-applied", "confirmed", "rejected", "needs-human")
+OPERATION_ON_SETTLE = ("finish", "resume")
 
 # The ledger of calls to outside systems (dedup/operations.py). The intent is committed before
 # the call; an outcome we did not see stays open (pending/unknown) until a status query or a
@@ -296,10 +297,14 @@ operations = Table(
     _ts("created_at", nullable=False, default_now=True),
     _ts("updated_at", nullable=False, default_now=True),
     _ts("resolved_at"),
+    # What settling the operation does to its run: finish it (done/failed) or resume it
+    # (running, for the worker's next claim). Migration 0005.
+    Column("on_settle", Text, nullable=False, server_default=text("'finish'")),
     CheckConstraint(
         "status IN ('pending', 'unknown', 'not-applied', 'confirmed', 'rejected', 'needs-human')",
         name="operations_status_check",
     ),
+    CheckConstraint("on_settle IN ('finish', 'resume')", name="operations_on_settle_check"),
 )
 # The reconciler scans only open operations that are due.
 Index(
