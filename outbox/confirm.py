@@ -12,6 +12,10 @@ Outcomes and the moves they make (see :data:`outbox.states.ALLOWED`):
 * ``done`` — waiting → running → done (done is reachable only from running), two history
   rows, one statement; needs evidence;
 * ``failed`` — waiting → failed.
+
+``done`` and ``failed`` also set the run's ``step`` to the outcome: the step the worker
+recorded before waiting (``order-submitted``) is no longer where the run stands. ``running``
+keeps it: the resumed worker carries on from its step and checkpoint.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def apply_confirmation(
         RunNotFound: no such run.
         IllegalTransition: the run is not waiting (and this confirmation was not applied).
     """
-    plan = _plan(
+    plan = confirmation_plan(
         run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
     )
     return run_plan(conn, plan, settings)
@@ -74,13 +78,13 @@ async def apply_confirmation_async(
     settings: OutboxSettings | None = None,
 ) -> bool:
     """:func:`apply_confirmation` on an ``AsyncConnection`` / ``AsyncSession``; never commits."""
-    plan = _plan(
+    plan = confirmation_plan(
         run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
     )
     return await run_plan_async(conn, plan, settings)
 
 
-def _plan(
+def confirmation_plan(
     run_id: uuid.UUID,
     confirmation_id: str,
     *,
@@ -89,6 +93,8 @@ def _plan(
     actor: str,
     reason: str | None,
 ) -> Plan[bool]:
+    """The plan of :func:`apply_confirmation`, for callers composing it with their own writes
+    (the operations ledger settles a run together with its operation)."""
     if outcome not in OUTCOMES:
         raise ConfigurationError(f"outcome must be one of {sorted(OUTCOMES)}, got {outcome!r}")
     if not actor:
@@ -102,6 +108,7 @@ def _plan(
         values["last_evidence"] = evidence
     if outcome != RunState.RUNNING:
         values["finished_at"] = func.now()
+        values["step"] = outcome
     if outcome == RunState.DONE:
         # done is reached from running only: record both moves, as the state table demands.
         history.append(

@@ -105,6 +105,25 @@ class TestOutcomes:
         assert state["run"]["finished_at"] is not None
         assert [h[:2] for h in state["history"]] == [("waiting", "failed")]
 
+    @pytest.mark.parametrize("outcome", ["done", "failed"])
+    def test_a_finishing_confirmation_sets_the_step_to_its_outcome(
+        self, engine: Engine, outcome: str
+    ) -> None:
+        """A run confirmed done no longer shows the step it waited in (``await-supplier``)."""
+        run_id = waiting_run(engine)
+        assert confirm(engine, run_id, outcome) is True
+        state = snapshot(engine, run_id)
+        assert (state["run"]["state"], state["run"]["step"]) == (outcome, outcome)
+        with engine.connect() as conn:
+            steps = conn.execute(select(run_transitions.c.step)
+                                 .where(run_transitions.c.run_id == run_id)).scalars().all()
+        assert steps and set(steps) == {outcome}
+
+    def test_resuming_keeps_the_step_the_worker_carries_on_from(self, engine: Engine) -> None:
+        run_id = waiting_run(engine)
+        assert confirm(engine, run_id, "running") is True
+        assert snapshot(engine, run_id)["run"]["step"] == "await-supplier"
+
 
 class TestIdempotence:
     def test_the_same_confirmation_twice_changes_nothing_the_second_time(
