@@ -56,6 +56,14 @@ class ReconcilePolicy:
             raise ConfigurationError(
                 "backoff needs initial_backoff >= 0, max_backoff >= 0 and multiplier >= 1"
             )
+        if self.initial_backoff > self.max_backoff:
+            # Capped silently, the first check would come sooner than the caller asked for:
+            # one of the two values is a mistake, and only the caller knows which.
+            raise ConfigurationError(
+                f"initial_backoff ({self.initial_backoff:g} s) is over max_backoff "
+                f"({self.max_backoff:g} s): the first delay cannot exceed the largest; "
+                "raise max_backoff or lower initial_backoff"
+            )
         if not 0 <= self.jitter <= 1:
             raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
         if self.in_flight_grace < 0 or self.claim_seconds <= 0:

@@ -83,6 +83,14 @@ class TestPolicy:
         policy = ReconcilePolicy(initial_backoff=1, multiplier=2, max_backoff=5, jitter=0)
         assert [policy.backoff(n) for n in range(5)] == [1, 1, 2, 4, 5]
 
+    def test_an_initial_backoff_over_the_max_is_refused_naming_both(self) -> None:
+        # Regression (issue #13): initial_backoff=30, max_backoff=10 was capped to 10 silently.
+        with pytest.raises(ConfigurationError) as caught:
+            ReconcilePolicy(initial_backoff=30, max_backoff=10)
+        assert "initial_backoff (30 s)" in str(caught.value)
+        assert "max_backoff (10 s)" in str(caught.value)
+        assert ReconcilePolicy(initial_backoff=10, max_backoff=10).backoff(1) <= 10
+
     def test_jitter_only_shortens_the_delay(self) -> None:
         policy = ReconcilePolicy(initial_backoff=10, jitter=0.5)
         delays = [policy.backoff(1, random.Random(seed)) for seed in range(20)]
