@@ -26,7 +26,9 @@ ALLOWED: dict[RunState, frozenset[RunState]] = {
     ),
     RunState.WAITING: frozenset({RunState.RUNNING, RunState.FAILED, RunState.NEEDS_HUMAN}),
     RunState.FAILED: frozenset({RunState.QUEUED, RunState.NEEDS_HUMAN}),
-    RunState.NEEDS_HUMAN: frozenset({RunState.QUEUED, RunState.FAILED}),
+    # needs-human → waiting: a person resolved the operation the run was escalated for, and
+    # the run waits again for that operation's outcome (the ledger then confirms it).
+    RunState.NEEDS_HUMAN: frozenset({RunState.QUEUED, RunState.WAITING, RunState.FAILED}),
     RunState.DONE: frozenset(),
 }
 """Every allowed move, and nothing else: ``ALLOWED[from]`` is the set of reachable states."""

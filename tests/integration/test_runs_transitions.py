@@ -170,7 +170,9 @@ def _expect(model: Model, op: str, to: RunState | None, lease: Lease | None,
               and op != "transition_no_evidence")
     if ok:
         model.state, model.version, model.history = to, model.version + 1, model.history + 1
-        model.woken = False
+        # An operator's move keeps a due wake-up time (not_before) except a requeue, so a
+        # woken run moved to needs-human and back to waiting is claimable at once.
+        model.woken = model.woken and op == "move" and to is not RunState.QUEUED
     return ok
 
 

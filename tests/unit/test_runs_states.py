@@ -15,7 +15,7 @@ SPECIFIED = {
     ("running", "needs-human"),
     ("waiting", "running"), ("waiting", "failed"), ("waiting", "needs-human"),
     ("failed", "queued"), ("failed", "needs-human"),
-    ("needs-human", "queued"), ("needs-human", "failed"),
+    ("needs-human", "queued"), ("needs-human", "waiting"), ("needs-human", "failed"),
 }
 
 
@@ -44,6 +44,7 @@ def test_check_raises_for_every_move_not_in_the_table(from_state: RunState,
 def test_sources_inverts_the_table() -> None:
     assert sources(RunState.QUEUED) == {RunState.FAILED, RunState.NEEDS_HUMAN}
     assert sources(RunState.RUNNING) == {RunState.QUEUED, RunState.WAITING}
+    assert sources(RunState.WAITING) == {RunState.RUNNING, RunState.NEEDS_HUMAN}
 
 
 def test_state_values_match_the_database_check_constraint() -> None:
