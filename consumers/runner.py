@@ -114,7 +114,8 @@ class Runner:
             extra={"event": "consumer.start"},
         )
         try:
-            verify_window(s, app.topics)
+            if not verify_window(s, app.topics, self._stop):
+                return 0  # stopped while waiting for a topic to be created
             with self.engine.connect() as conn:
                 check_schema(conn, app.outbox_settings)
             if s.http_port:

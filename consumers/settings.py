@@ -48,7 +48,9 @@ class ConsumerSettings(ConnectionSettings):
     )
     topic_retention_seconds: float | None = Field(
         default=None,
-        description="The topics' retention; default: read retention.ms from the broker.",
+        description="The topics' retention, for a consumer the broker does not tell "
+        "(no DescribeConfigs); default: read retention.ms from the broker. Refused when "
+        "shorter than the retention.ms the broker gives.",
     )
     retention_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often old dedup marks are purged."

@@ -7,11 +7,43 @@ how duplicates come back (Wolverine #1725), so a shorter window is refused up fr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from outbox.errors import ConfigurationError
 
 KEEP_FOREVER = 0.0
+
+# Largest first: a duration reads in its largest unit, plus the next one down if not zero.
+_UNITS = ((86_400, "day"), (3_600, "h"), (60, "min"), (1, "s"))
+
+
+def human_duration(seconds: float) -> str:
+    """*seconds* as people read them: ``31 days``, ``2 h 5 min``, ``1 day 1 h``, ``0.5 s``.
+
+    Two units at most, rounded down to the second: enough to compare figures at a glance.
+    Where the exact figure matters (a value to type into a setting), print the seconds too.
+    """
+    if seconds < 0:
+        return f"-{human_duration(-seconds)}"
+    if round(seconds, 1) < 60:
+        return f"{round(seconds, 1):g} s"
+    left = round(seconds)
+    for index, (size, name) in enumerate(_UNITS):
+        if left < size:
+            continue
+        count, rest = divmod(left, size)
+        text = _counted(count, name)
+        if index + 1 < len(_UNITS):
+            next_size, next_name = _UNITS[index + 1]
+            if rest // next_size:
+                text += " " + _counted(rest // next_size, next_name)
+        return text
+    raise AssertionError("unreachable: at least a minute has a unit")
+
+
+def _counted(count: int, unit: str) -> str:
+    return f"{count} {unit}s" if unit == "day" and count != 1 else f"{count} {unit}"
 
 
 def required_window(topic_retention_s: float | None, max_lag_s: float) -> float | None:
@@ -37,16 +69,17 @@ def check_window(
         return
     for topic, retention in sorted(topic_retention_s.items()):
         needed = required_window(retention, max_lag_s)
-        if needed is None:
+        if needed is None or retention is None:
             raise ConfigurationError(
-                f"dedup retention of {dedup_retention_s:g} s is unsafe for topic {topic!r}, "
-                "which keeps messages forever (retention.ms=-1): set the dedup retention to 0 "
-                "(keep marks forever) or give the topic a retention"
+                f"dedup retention of {human_duration(dedup_retention_s)} is unsafe for topic "
+                f"{topic!r}, which keeps messages forever (retention.ms=-1): set the dedup "
+                "retention to 0 (keep marks forever) or give the topic a retention"
             )
         if dedup_retention_s < needed:
             raise ConfigurationError(
-                f"dedup retention of {dedup_retention_s:g} s is shorter than topic {topic!r}'s "
-                f"retention ({retention:g} s) plus the max consumer lag ({max_lag_s:g} s): "
-                f"marks would be purged while Kafka can still redeliver; set it to at least "
-                f"{needed:g} s"
+                f"dedup retention of {human_duration(dedup_retention_s)} is shorter than topic "
+                f"{topic!r}'s retention ({human_duration(retention)}) plus the max consumer "
+                f"lag ({human_duration(max_lag_s)}): marks would be purged while Kafka can "
+                f"still redeliver; set it to at least {math.ceil(needed)} s "
+                f"({human_duration(needed)})"
             )
