@@ -23,16 +23,17 @@ from outbox.errors import ConfigurationError, OutboxError
 from relay.logs import configure
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
-PROG = "consumers"
+# Help and errors name the command as typed; ``outbox consume`` passes its own.
+PROG = "python -m consumers"
 
 
 ENV_PREFIX = "OUTBOXKIT_CONSUMER_"
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The app path, then one flag per setting, named after it (``max_attempts`` →
     ``--max-attempts``)."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=prog, description="Run an idempotent consumer app.")
     p.add_argument("app", help="the Consumer object to run, as module:attribute")
     add_setting_flags(p, ConsumerSettings, ENV_PREFIX)
     return p
@@ -57,21 +58,22 @@ def load_app(path: str, settings: ConsumerSettings) -> Consumer:
     return app
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = vars(parser().parse_args(argv))
+def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
+    """Run the app named in *argv*; *prog* is how the user called this (for help, errors)."""
+    args = vars(parser(prog).parse_args(argv))
     path = args.pop("app")
     overrides = {k: v for k, v in args.items() if v is not None}
     try:
         settings = ConsumerSettings(**overrides)
     except ValidationError as exc:
-        print(f"{PROG}: {explain(exc, ENV_PREFIX)}", file=sys.stderr)
+        print(f"{prog}: {explain(exc, ENV_PREFIX)}", file=sys.stderr)
         return EXIT_CONFIG
     configure(settings.log_format, settings.log_level)
     try:
         app = load_app(path, settings)
         runner = Runner(app)
     except OutboxError as exc:
-        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
 
     # Past the bound: whatever was committed in PostgreSQL but not in Kafka is redelivered
@@ -80,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return runner.run()
     except ConfigurationError as exc:
-        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
     except OutboxError as exc:
-        print(f"{PROG}: {redact(str(exc))}", file=sys.stderr)
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_FAILED

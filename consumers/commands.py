@@ -36,7 +36,7 @@ from outbox.settings import OutboxSettings
 @click.pass_context
 def consume_command(ctx: click.Context) -> None:
     """Run an idempotent consumer app: outbox consume module:app [flags of python -m consumers]."""
-    sys.exit(cli.main(ctx.args))
+    sys.exit(cli.main(ctx.args, prog="outbox consume"))
 
 
 @click.group("dlq")

@@ -93,7 +93,7 @@ class TestCommandLine:
         done = self.run("os:path", OUTBOXKIT_CONSUMER_DATABASE_URL="postgresql://x@h/d")
         assert done.returncode == 2
         assert done.stderr.strip().splitlines() == [
-            "consumers: 'os:path' is not a consumers.Consumer (got module)"
+            "python -m consumers: 'os:path' is not a consumers.Consumer (got module)"
         ]
 
     def test_outbox_consume_is_registered_as_a_command(self) -> None:
