@@ -8,6 +8,7 @@ Each reads ``--database-url`` / ``OUTBOXKIT_DATABASE_URL``, prints data as a tab
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import uuid
@@ -24,10 +25,12 @@ from outbox.cli import (
     one_line_errors,
     open_engine,
 )
+from outbox.errors import IllegalTransition
 from outbox.messages import list_messages, retry_messages
 from outbox.retention import DEFAULT_STATES, purge, purgeable
-from outbox.runs import RunView, history, list_runs, view_run
+from outbox.runs import RunView, get_run, history, list_runs, move, view_run
 from outbox.settings import OutboxSettings
+from outbox.states import RunState, sources
 from outbox.tables import RUN_STATES
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the data as JSON.")
@@ -64,7 +67,7 @@ def _lease(view: RunView) -> str:
 
 @click.group("runs")
 def runs_group() -> None:
-    """Agent runs: list them, or show one with the history that led to its state."""
+    """Agent runs: list them, show one with the history behind its state, requeue one."""
 
 
 @runs_group.command("list")
@@ -125,6 +128,34 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
           compact_json(t.evidence)] for n, t in enumerate(moves, 1)],
         empty="no history",
     )
+
+
+@runs_group.command("requeue")
+@click.argument("run_id", type=click.UUID)
+@click.option("--reason", required=True,
+              help="Why it can run again (e.g. the operation a person resolved); recorded.")
+@click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
+              help="Who requeues it; recorded in the run's history.")
+@database_url_option
+@one_line_errors
+def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, database_url: str | None) -> None:
+    """Put a failed or needs-human run back in the queue (attempts reset), e.g. once a person
+    resolved what it waited on."""
+    if not reason.strip():
+        raise click.UsageError("--reason must say why the run can go again")
+    if not actor:
+        raise click.UsageError("say who requeues it: --actor (no $USER to default to)")
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        before = get_run(conn, run_id).state
+        allowed = sorted(s.value for s in sources(RunState.QUEUED))
+        if before.value not in allowed:
+            # Checked here, not only by move(): to say what a requeue needs, in its terms.
+            raise IllegalTransition(
+                run_id, before.value, RunState.QUEUED.value,
+                f"run {run_id} is {before.value!r}; only a run that is "
+                f"{' or '.join(allowed)} can be requeued")
+        move(conn, run_id, RunState.QUEUED, actor=actor, reason=reason)
+    click.echo(f"run {run_id}: {before.value} → queued (by {actor}: {reason})")
 
 
 # --- outbox messages ------------------------------------------------------------------------

@@ -78,3 +78,85 @@ def test_show_of_a_malformed_id_is_a_usage_error(database_url: str) -> None:
     result = outbox("runs", "show", "not-a-uuid", "--database-url", database_url)
     assert result.returncode == 2
     assert "not a valid UUID" in result.stderr
+
+
+# --- outbox runs requeue --------------------------------------------------------------------
+
+
+def _run_in(engine: Engine, state: str, key: str) -> uuid.UUID:
+    """A run claimed by a worker, then moved to *state* by it."""
+    with engine.begin() as conn:
+        start_run(conn, workflow="supplier-order", workflow_version="3", idempotency_key=key)
+    with engine.begin() as conn:
+        job = claim(conn, worker="worker-1", lease_seconds=30, workflows=["supplier-order"])
+        assert job is not None
+        evidence = {"supplier_ref": "PO-1"} if state == "done" else None
+        transition(conn, job.lease, state, step="order-submitted", reason="supplier unclear",
+                   evidence=evidence)
+    return job.run.id
+
+
+@pytest.mark.parametrize("state", ["failed", "needs-human"])
+def test_requeue_puts_a_failed_or_parked_run_back_in_the_queue_with_who_and_why(
+    engine: Engine, database_url: str, state: str
+) -> None:
+    run_id = _run_in(engine, state, f"rq-{state}")
+    result = outbox("runs", "requeue", str(run_id), "--reason", "supplier confirmed PO-77",
+                    "--actor", "alice", "--database-url", database_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"run {run_id}: {state} → queued (by alice: supplier confirmed PO-77)")
+    shown = json.loads(outbox("runs", "show", str(run_id), "--json",
+                              "--database-url", database_url).stdout)
+    assert shown["state"] == "queued"
+    assert shown["attempts"] == 0
+    last = shown["history"][-1]
+    assert (last["from_state"], last["to_state"], last["actor"], last["reason"]) == (
+        state, "queued", "alice", "supplier confirmed PO-77")
+    with engine.begin() as conn:  # a worker can claim it again
+        job = claim(conn, worker="worker-2", lease_seconds=30, workflows=["supplier-order"])
+    assert job is not None
+    assert job.run.id == run_id
+
+
+def test_requeue_of_a_run_in_another_state_names_its_state_and_what_is_allowed(
+    engine: Engine, database_url: str
+) -> None:
+    run_id = _run_in(engine, "done", "rq-done")
+    result = outbox("runs", "requeue", str(run_id), "--reason", "again",
+                    "--database-url", database_url, USER="bob")
+    assert result.returncode == 1
+    line = one_line(result)
+    assert f"run {run_id} is 'done'" in line
+    assert "only a run that is failed or needs-human can be requeued" in line
+    assert "nothing was written" in line
+    shown = json.loads(outbox("runs", "show", str(run_id), "--json",
+                              "--database-url", database_url).stdout)
+    assert shown["state"] == "done"
+
+
+def test_requeue_of_an_unknown_run_is_one_line_and_exit_1(database_url: str) -> None:
+    missing = uuid.uuid4()
+    result = outbox("runs", "requeue", str(missing), "--reason", "x", "--actor", "alice",
+                    "--database-url", database_url)
+    assert result.returncode == 1
+    assert f"run {missing} does not exist" in one_line(result)
+
+
+def test_requeue_needs_a_reason_and_someone_to_record(engine: Engine, database_url: str) -> None:
+    run_id = _run_in(engine, "failed", "rq-usage")
+    no_reason = outbox("runs", "requeue", str(run_id), "--actor", "alice",
+                       "--database-url", database_url)
+    assert no_reason.returncode == 2
+    assert "--reason" in no_reason.stderr
+    blank = outbox("runs", "requeue", str(run_id), "--reason", "  ", "--actor", "alice",
+                   "--database-url", database_url)
+    assert blank.returncode == 2
+    assert "--reason" in blank.stderr
+    nobody = outbox("runs", "requeue", str(run_id), "--reason", "fixed",
+                    "--database-url", database_url, USER="")  # no --actor and no $USER
+    assert nobody.returncode == 2
+    assert "--actor" in nobody.stderr
+    shown = json.loads(outbox("runs", "show", str(run_id), "--json",
+                              "--database-url", database_url).stdout)
+    assert shown["state"] == "failed"
