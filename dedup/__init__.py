@@ -5,6 +5,7 @@ from dedup.failures import Failure, get_failure, list_failures
 from dedup.inbox import Mark, is_marked, mark_many, purge_marks
 from dedup.operations import (
     Intent,
+    OnSettle,
     Operation,
     OperationEvent,
     OperationStatus,
@@ -28,7 +29,12 @@ from dedup.outcomes import (
 from dedup.perform import perform
 from dedup.policy import ReconcilePolicy
 from dedup.reconcile import ReconcileReport, reconcile_due, reconcile_operation
-from dedup.resolution import list_operations, resolve_confirmed, resolve_not_applied
+from dedup.resolution import (
+    count_operations,
+    list_operations,
+    resolve_confirmed,
+    resolve_not_applied,
+)
 from dedup.retention import OperationsPurge, count_purgeable_operations, purge_operations
 from dedup.scheduler import add_operations_retention_job, add_reconcile_job
 from dedup.systems import System
@@ -43,6 +49,7 @@ __all__ = [
     "Intent",
     "Mark",
     "NotFound",
+    "OnSettle",
     "Operation",
     "OperationError",
     "OperationEvent",
@@ -61,6 +68,7 @@ __all__ = [
     "add_reconcile_job",
     "begin",
     "check_window",
+    "count_operations",
     "count_purgeable_operations",
     "get_failure",
     "get_operation",

@@ -15,11 +15,20 @@ An operation left ``pending`` (the process died during the call) or ``unknown`` 
 reconciled by asking the outside system (:mod:`dedup.reconcile`), never by calling again
 blindly. :func:`dedup.perform.perform` does all three steps with its own transactions.
 
+An operation may carry the ``run_id`` of the agent run that waits on it. Whatever settles
+the operation — :func:`record_outcome` (the call's own answer, or a reconciler's status
+query) or a person (:mod:`dedup.resolution`) — settles that run in the same transaction
+(:func:`settle_run_plan`), as a confirmation whose id is the operation's ``message_id``: the
+run is finished (confirmed → ``done``, rejected → ``failed``) or resumed
+(:class:`OnSettle`), with the outside system's evidence. A run that cannot move (no longer
+waiting) never undoes the operation's outcome: the event says why.
+
 Every function here takes the caller's ``Connection``/``Session`` and **never commits**.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,11 +43,15 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from dedup.errors import OperationNotFound, RequestMismatch
 from dedup.outcomes import Applied, Evidence, Found, Refused, canonical_digest
 from outbox.checkpoints import json_value
-from outbox.errors import ConfigurationError
+from outbox.confirm import confirmation_plan
+from outbox.errors import ConfigurationError, OutboxError
 from outbox.execution import Plan, Rows, SyncConn, run_plan
+from outbox.runs import move_plan
 from outbox.settings import OutboxSettings
-from outbox.tables import operation_events, operations
+from outbox.states import RunState
+from outbox.tables import agent_runs, operation_events, operations, run_transitions
 
+log = logging.getLogger(__name__)
 ops, events = operations, operation_events
 
 
@@ -55,6 +68,18 @@ class OperationStatus(StrEnum):
     REJECTED = "rejected"
     NEEDS_HUMAN = "needs-human"
     """The outcome could not be established within the policy's bounds."""
+
+
+class OnSettle(StrEnum):
+    """What settling a run-linked operation does to the run that waits on it."""
+
+    FINISH = "finish"
+    """Confirmed → the run is ``done``, rejected → ``failed``, with the outside system's
+    evidence. The default: resuming a worker that does not check its checkpoint could make
+    the call a second time."""
+    RESUME = "resume"
+    """The run goes back to ``running`` (its worker's next claim carries on, the evidence in
+    ``last_evidence``), confirmed or rejected alike: for agents with steps after the call."""
 
 
 OPEN = frozenset({OperationStatus.PENDING, OperationStatus.UNKNOWN, OperationStatus.NOT_APPLIED})
@@ -88,6 +113,7 @@ class Operation:
     created_at: datetime
     updated_at: datetime
     resolved_at: datetime | None
+    on_settle: OnSettle = OnSettle.FINISH
 
     @property
     def settled(self) -> bool:
@@ -98,6 +124,7 @@ class Operation:
     def from_row(cls, row: Mapping[Any, Any]) -> Operation:
         values = {name: row[name] for name in cls.__dataclass_fields__}
         values["status"] = OperationStatus(row["status"])
+        values["on_settle"] = OnSettle(row["on_settle"])
         return cls(**values)
 
 
@@ -171,12 +198,24 @@ def fetch(conn: SyncConn, stmt: Select[Any] | Any,
 # --- plans ----------------------------------------------------------------------------------
 
 
+def on_settle_value(on_settle: OnSettle | str) -> OnSettle:
+    """*on_settle* as an :class:`OnSettle`, or a ConfigurationError naming the choices."""
+    try:
+        return OnSettle(on_settle)
+    except ValueError:
+        raise ConfigurationError(
+            f"on_settle must be one of {[o.value for o in OnSettle]}, got {on_settle!r}"
+        ) from None
+
+
 def begin_plan(
     *, key: str, system: str, operation: str, request: Any, run_id: uuid.UUID | None,
     message_id: str | None, in_flight_grace: float, store_request: bool, actor: str,
+    on_settle: OnSettle | str = OnSettle.FINISH,
 ) -> Plan[Intent]:
     if not key or not system or not operation:
         raise ConfigurationError("an operation needs a non-empty key, system and operation name")
+    settle = on_settle_value(on_settle)
     digest = canonical_digest(request)
     inserted = (
         pg_insert(ops)
@@ -184,7 +223,7 @@ def begin_plan(
             id=uuid.uuid4(), idempotency_key=key, system=system, operation=operation,
             message_id=message_id, run_id=run_id, request_digest=digest,
             request=json_value(request) if store_request else cast(null(), JSONB),
-            status=OperationStatus.PENDING.value, calls=1,
+            status=OperationStatus.PENDING.value, calls=1, on_settle=settle.value,
             next_check_at=func.now() + timedelta(seconds=in_flight_grace),
         )
         .on_conflict_do_nothing(index_elements=[ops.c.idempotency_key])
@@ -218,7 +257,7 @@ def record_outcome_plan(
     evidence: Evidence = outcome.evidence
     detail = {"answer": type(outcome).__name__, **evidence.as_json()}
     now = func.now()
-    changed = (
+    rows = yield (
         update(ops)
         .where(ops.c.id == operation_id, ops.c.status.in_([s.value for s in OPEN]))
         .values(
@@ -229,16 +268,117 @@ def record_outcome_plan(
             resolved_at=now,
         )
         .returning(*ops.c)
-        .cte("changed")
     )
-    hist = _returning_event(changed, kind, status.value, detail, actor)
-    rows = yield select(changed).add_cte(hist.cte("hist"))
-    if rows:
-        return Operation.from_row(rows[0])
-    # Already settled or with a human: keep the answer as evidence, change nothing else.
-    current = yield from get_operation_plan(operation_id)
-    yield event_insert(operation_id, "late-outcome", status.value, detail, actor)
-    return current
+    if not rows:
+        # Already settled or with a human: keep the answer as evidence, change nothing else.
+        current = yield from get_operation_plan(operation_id)
+        yield event_insert(operation_id, "late-outcome", status.value, detail, actor)
+        return current
+    settled = Operation.from_row(rows[0])
+    run_note = yield from settle_run_plan(settled, actor=actor)
+    yield event_insert(operation_id, kind, status.value, with_run_note(detail, run_note), actor)
+    return settled
+
+
+# --- the run that waits on an operation -----------------------------------------------------
+
+
+def with_run_note(detail: dict[str, Any], note: str | None) -> dict[str, Any]:
+    """An event's *detail* with what happened to the operation's run (if it has one)."""
+    return detail if note is None else {**detail, "run": note}
+
+
+def run_evidence(operation: Operation) -> dict[str, Any]:
+    """The evidence a settled operation gives its run: the outside system's answer and how
+    it was established (calls, status queries, who resolved it)."""
+    evidence: dict[str, Any] = {
+        "operation_id": str(operation.id), "system": operation.system,
+        "operation": operation.operation, "idempotency_key": operation.idempotency_key,
+        "status": operation.status.value, "reference": operation.reference,
+        "calls": operation.calls, "checks": operation.checks, "answer": operation.evidence,
+    }
+    if operation.resolved_by is not None:
+        evidence.update(resolved_by=operation.resolved_by,
+                        resolution_reason=operation.resolution_reason)
+    return evidence
+
+
+def confirmation_id(operation: Operation) -> str:
+    """The id under which the operation confirms its run: the message id when it has one,
+    so a handler that also calls ``ctx.confirm`` (same id) finds it already applied."""
+    return operation.message_id or f"operation:{operation.id}"
+
+
+def settle_run_plan(operation: Operation, *, actor: str) -> Plan[str | None]:
+    """Settle the run that waits on *operation* (just settled or resolved), in the caller's
+    transaction; return what happened to it, for the operation's event (None: no run).
+
+    A run this operation escalated to ``needs-human`` first goes back to ``waiting`` (a
+    person, or a late answer, settled what it was escalated for). Then, for a settled
+    operation, the run is confirmed (:func:`outbox.confirm.confirmation_plan`): finished or
+    resumed as ``on_settle`` says. A run that cannot move is left as it is; the note says
+    why and the operation's outcome stands.
+    """
+    if operation.run_id is None:
+        return None
+    what = f"operation {operation.operation} on {operation.system} ({operation.idempotency_key})"
+    reopened = yield from _reopen_plan(operation, actor=actor, what=what)
+    back = f"run {operation.run_id} back from needs-human to waiting"
+    if operation.status not in SETTLED:
+        # not-applied: the reconciler calls again; the run waits for that call's outcome.
+        return back if reopened else None
+    if operation.on_settle is OnSettle.RESUME:
+        outcome = RunState.RUNNING.value
+    else:
+        outcome = (RunState.DONE if operation.status is OperationStatus.CONFIRMED
+                   else RunState.FAILED).value
+    said = f": {operation.reference}" if operation.reference else ""
+    try:
+        applied = yield from confirmation_plan(
+            operation.run_id, confirmation_id(operation), outcome=outcome,
+            evidence=run_evidence(operation), actor=actor,
+            reason=f"{what} {operation.status.value}{said}",
+        )
+    except OutboxError as exc:
+        log.info("operation %s settled; its run %s was not moved: %s", operation.id,
+                 operation.run_id, exc, extra={"event": "dedup.run_not_settled"})
+        return f"run {operation.run_id} not settled: {exc}"
+    if not applied:
+        return f"run {operation.run_id} already confirmed by {confirmation_id(operation)}"
+    return f"{back}, then {outcome}" if reopened else f"run {operation.run_id} {outcome}"
+
+
+def _reopen_plan(operation: Operation, *, actor: str, what: str) -> Plan[bool]:
+    """Move the run back to ``waiting`` if it is ``needs-human`` because *operation* was
+    escalated (its latest transition is that escalation); True if it moved."""
+    assert operation.run_id is not None
+    run = yield (select(agent_runs.c.state).where(agent_runs.c.id == operation.run_id)
+                 .with_for_update())
+    if not run or run[0]["state"] != RunState.NEEDS_HUMAN.value:
+        return False
+    t = run_transitions
+    latest = yield (
+        select(t.c.to_state, t.c.evidence["operation"]["operation_id"].astext.label("op"))
+        .where(t.c.run_id == operation.run_id).order_by(t.c.id.desc()).limit(1)
+    )
+    if not latest or (latest[0]["to_state"], latest[0]["op"]) != (
+            RunState.NEEDS_HUMAN.value, str(operation.id)):
+        return False  # needs-human for another reason: a person decides about it
+    by = f" by {operation.resolved_by}" if operation.resolved_by else ""
+    because = f" ({operation.resolution_reason})" if operation.resolution_reason else ""
+    try:
+        yield from move_plan(
+            operation.run_id, RunState.WAITING, actor=actor, not_before=None,
+            reason=f"{what} resolved {operation.status.value}{by}{because}; "
+                   "the run waits for its outcome",
+            evidence={"operation": {"operation_id": str(operation.id),
+                                    "status": operation.status.value,
+                                    "resolved_by": operation.resolved_by,
+                                    "resolution_reason": operation.resolution_reason}},
+        )
+    except OutboxError:
+        return False  # not in practice (the row is locked): the confirmation will say why
+    return True
 
 
 def mark_unknown_plan(
@@ -294,6 +434,7 @@ def begin(
     in_flight_grace: float = 60.0,
     store_request: bool = True,
     actor: str = "ledger",
+    on_settle: OnSettle | str = OnSettle.FINISH,
     settings: OutboxSettings | None = None,
 ) -> Intent:
     """Record the intent to call *system* with *key*, or find the intent already recorded.
@@ -303,17 +444,22 @@ def begin(
     have sent the request. ``Intent.created`` says whether to call now; when False, the
     recorded operation says what is known (settle it with :mod:`dedup.reconcile`, don't
     call again). *in_flight_grace*: seconds during which the pending call belongs to this
-    process; a reconciler looks at it only afterwards.
+    process; a reconciler looks at it only afterwards. *run_id*: the agent run that waits on
+    the outcome; whatever settles the operation settles that run too, as *on_settle* says
+    (:class:`OnSettle`: ``finish`` it done/failed, the default, or ``resume`` it). A key
+    already recorded keeps the run and choice it was recorded with.
 
     Raises:
         RequestMismatch: *key* was recorded for another request (or system/operation);
             nothing was written.
-        ConfigurationError: empty key/system/operation, or a request that is not JSON.
+        ConfigurationError: empty key/system/operation, a request that is not JSON, or an
+            unknown *on_settle*.
     """
     plan = begin_plan(
         key=key, system=system, operation=operation, request=request, run_id=run_id,
         message_id=None if message_id is None else str(message_id),
         in_flight_grace=in_flight_grace, store_request=store_request, actor=actor,
+        on_settle=on_settle,
     )
     return run_plan(conn, plan, settings)
 
@@ -331,7 +477,8 @@ def record_outcome(
 
     Never commits. Applies only to an open operation (pending/unknown/not-applied); for one
     already settled or with a human, the answer is kept as a ``late-outcome`` event and the
-    operation is returned unchanged.
+    operation is returned unchanged. The run waiting on the operation (``run_id``) is
+    settled in the same transaction (:func:`settle_run_plan`); the event says how.
     """
     return run_plan(conn, record_outcome_plan(operation_id, outcome, actor=actor, kind=kind),
                     settings)

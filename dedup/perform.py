@@ -12,18 +12,29 @@ message) asks the outside system instead of calling again. Found on a second cal
 same key, the operation is returned as recorded if settled, or reconciled if it is open and
 due — the outside system is called again only after a definite *not found*.
 
+The run that waits
+------------------
+With ``run_id=``, whatever settles the operation settles that run in the same transaction:
+T2 above when the call answers, a reconciler's transaction when a status query does, a
+person's when they resolve it (:func:`dedup.operations.settle_run_plan`). ``on_settle``
+says how: ``"finish"`` (default) — confirmed → ``done``, rejected → ``failed``, with the
+outside system's evidence; ``"resume"`` — back to ``running`` for the worker's next claim.
+The confirmation id is the message id, so a handler that also calls ``ctx.confirm(...)``
+after :func:`perform` returned a settled operation gets False (already applied).
+
 Inside a Kafka consumer
 -----------------------
 Call :func:`perform` with an ``Engine`` (it opens its own connections), not with the
 connection of the message's transaction — the intent must be committed on its own, before
-the call. Then, in the message transaction: act on the result (e.g.
-``apply_confirmation(conn, run_id=..., confirmation_id=message_id, ...)``) and commit the
-dedup mark **after** the outcome is recorded. If the operation is still open
-(``pending``/``unknown``), do not commit the mark: let the message be redelivered (retry
-later); the redelivery finds the operation by its key (derived from the message id) and
-reconciles instead of calling. ``needs-human``: park the message; a human resolves it.
-Do not hold a lock on the operation's agent run while calling :func:`perform`: an escalation
-moves that run in perform's own transaction.
+the call. Then, in the message transaction, commit the dedup mark **after** the outcome is
+recorded (with ``run_id=`` the run is already settled; without it, act on the result). If
+the operation is still open (``pending``/``unknown``), do not commit the mark: let the
+message be redelivered (retry later); the redelivery finds the operation by its key
+(derived from the message id) and reconciles instead of calling — and should the message
+be dead-lettered first, the reconciler still settles the operation and its run.
+``needs-human``: the run was escalated with it; a person resolves the operation.
+Do not hold a lock on the operation's agent run while calling :func:`perform`: settling or
+escalating moves that run in perform's own transactions.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from dedup.operations import OPEN, Operation, begin, idempotency_key
+from dedup.operations import OPEN, OnSettle, Operation, begin, idempotency_key
 from dedup.policy import ReconcilePolicy
 from dedup.reconcile import DEFAULT_POLICY, reconcile_operation
 from dedup.systems import System, send
@@ -50,6 +61,7 @@ def perform(
     message_id: uuid.UUID | str | None = None,
     key: str | None = None,
     run_id: uuid.UUID | None = None,
+    on_settle: OnSettle | str = OnSettle.FINISH,
     policy: ReconcilePolicy = DEFAULT_POLICY,
     actor: str = "perform",
     settings: OutboxSettings | None = None,
@@ -61,8 +73,13 @@ def perform(
     evidence); ``pending`` / ``unknown`` mean the outcome is not established yet (a
     reconciler will ask the system); ``needs-human`` means a person must decide.
 
+    *run_id*: the agent run waiting on the outcome. It is settled with the operation, in
+    the same transaction, as *on_settle* says: ``"finish"`` (confirmed → done, rejected →
+    failed) or ``"resume"`` (back to running for its worker's next claim).
+
     Raises:
         RequestMismatch: the key was recorded for a different request; nothing was written.
+        ConfigurationError: no key or message id, or an unknown *on_settle*.
     """
     if key is None:
         if message_id is None:
@@ -72,7 +89,7 @@ def perform(
         intent = begin(
             conn, key=key, system=system.name, operation=operation, request=request,
             run_id=run_id, message_id=message_id, in_flight_grace=policy.in_flight_grace,
-            actor=actor, settings=settings,
+            actor=actor, on_settle=on_settle, settings=settings,
         )
     if intent.created:
         return send(engine, intent.operation, system, policy=policy, actor=actor,

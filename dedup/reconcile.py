@@ -3,7 +3,9 @@
 For each open operation that is due (``unknown``; ``pending`` past its in-flight grace, i.e.
 its process died after — or while — sending; ``not-applied`` by a human's word):
 
-* the status query finds it → ``confirmed`` with the system's evidence;
+* the status query finds it → ``confirmed`` with the system's evidence, and the run waiting
+  on it is settled in the same transaction (:func:`dedup.operations.record_outcome`; so is
+  the outcome of a call made again);
 * it definitely does not → the call is made again **with the same idempotency key**
   (recorded as a ``retry`` event; at most ``max_calls`` calls in all);
 * nobody can say (status endpoint down, timeout) → the next query is scheduled with backoff

@@ -1,10 +1,12 @@
 """A human settles what the ledger could not: list operations, confirm one, or declare it
 not applied (so it is called again with the same key). Each resolution records who and why.
 
-Functions take the caller's ``Connection``/``Session`` and never commit. The related agent
-run is not moved here: once the operation is settled, requeue the run with
-``outbox.runs.move(conn, run_id, "queued", actor=..., reason=...)`` (it resumes from its
-checkpoint and finds the operation settled under the same key).
+Functions take the caller's ``Connection``/``Session`` and never commit. The operation's
+agent run moves with the resolution, in the same transaction
+(:func:`dedup.operations.settle_run_plan`): a run this operation escalated to
+``needs-human`` goes back to ``waiting``; confirmed, it is then finished (``done``, with the
+person's evidence) or resumed, as the operation's ``on_settle`` says; not applied, it waits
+for the outcome of the call the reconciler makes again.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Collection
 from typing import Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from dedup.errors import ResolutionRefused
 from dedup.operations import (
@@ -24,10 +27,12 @@ from dedup.operations import (
     fetch,
     get_operation,
     ops,
+    settle_run_plan,
+    with_run_note,
 )
 from dedup.outcomes import Evidence
 from outbox.checkpoints import json_value
-from outbox.execution import SyncConn
+from outbox.execution import SyncConn, run_plan
 from outbox.settings import OutboxSettings
 
 
@@ -40,16 +45,37 @@ def list_operations(
     limit: int = 100,
     settings: OutboxSettings | None = None,
 ) -> list[Operation]:
-    """Operations, oldest first, filtered by status (one or several), system and run."""
-    query = select(ops).order_by(ops.c.created_at, ops.c.id).limit(limit)
+    """Operations, newest first, filtered by status (one or several), system and run."""
+    query = (select(ops).where(*_filters(status, system, run_id))
+             .order_by(ops.c.created_at.desc(), ops.c.id.desc()).limit(limit))
+    return [Operation.from_row(row) for row in fetch(conn, query, settings)]
+
+
+def count_operations(
+    conn: SyncConn,
+    *,
+    status: OperationStatus | str | Collection[OperationStatus | str] | None = None,
+    system: str | None = None,
+    run_id: uuid.UUID | None = None,
+    settings: OutboxSettings | None = None,
+) -> int:
+    """How many operations :func:`list_operations` would list without a limit."""
+    query = (select(func.count().label("n")).select_from(ops)
+             .where(*_filters(status, system, run_id)))
+    return int(fetch(conn, query, settings)[0]["n"])
+
+
+def _filters(status: OperationStatus | str | Collection[OperationStatus | str] | None,
+             system: str | None, run_id: uuid.UUID | None) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = []
     if status is not None:
         wanted = [status] if isinstance(status, str) else list(status)
-        query = query.where(ops.c.status.in_([OperationStatus(s).value for s in wanted]))
+        where.append(ops.c.status.in_([OperationStatus(s).value for s in wanted]))
     if system is not None:
-        query = query.where(ops.c.system == system)
+        where.append(ops.c.system == system)
     if run_id is not None:
-        query = query.where(ops.c.run_id == run_id)
-    return [Operation.from_row(row) for row in fetch(conn, query, settings)]
+        where.append(ops.c.run_id == run_id)
+    return where
 
 
 def resolve_confirmed(
@@ -63,6 +89,9 @@ def resolve_confirmed(
 ) -> Operation:
     """A human confirms the operation was applied, with the evidence they found (e.g. the
     supplier's order number from its portal). Never commits.
+
+    The operation's run is settled with it (``done`` with this evidence, or resumed); a run
+    this operation escalated to ``needs-human`` first goes back to ``waiting``.
 
     Raises:
         ResolutionRefused: already confirmed/rejected, no evidence, or no actor/reason.
@@ -90,6 +119,9 @@ def resolve_not_applied(
 ) -> Operation:
     """A human establishes the operation was **not** applied: the reconciler's next pass
     calls the system again with the same idempotency key. Never commits.
+
+    A run this operation escalated to ``needs-human`` goes back to ``waiting``: it waits for
+    the outcome of that call, which settles it as any outcome does (or escalates it again).
 
     Raises:
         ResolutionRefused: already confirmed/rejected, or no actor/reason.
@@ -129,5 +161,8 @@ def _resolve(conn: SyncConn, current: Operation, to: OperationStatus, *, actor: 
         raise ResolutionRefused(current.id, latest.status.value,
                                 "it changed while being resolved (a checker answered); "
                                 "look at it again")
-    fetch(conn, event_insert(current.id, "resolution", to.value, detail, actor), settings)
-    return Operation.from_row(rows[0])
+    resolved = Operation.from_row(rows[0])
+    run_note = run_plan(conn, settle_run_plan(resolved, actor=actor), settings)
+    fetch(conn, event_insert(current.id, "resolution", to.value,
+                             with_run_note(detail, run_note), actor), settings)
+    return resolved

@@ -34,7 +34,7 @@ OPERATIONS_API = {
     "StatusOutcome", "System", "Unclear", "add_reconcile_job", "begin", "get_operation",
     "idempotency_key", "list_operations", "mark_unknown", "operation_history", "perform",
     "reconcile_due", "reconcile_operation", "record_outcome", "resolve_confirmed",
-    "resolve_not_applied",
+    "resolve_not_applied", "OnSettle", "count_operations",
 }
 
 
