@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Row
@@ -99,14 +99,15 @@ def emit_many(
     """Emit several messages in the caller's transaction, deadlock-free; never commits.
 
     Every envelope is validated before the first statement is sent, so one bad message
-    leaves the transaction untouched. The per-key locks are then taken in one global order
-    (by lock key; a stable sort, so messages of one key keep the order given), which is what
-    keeps concurrent multi-key transactions from deadlocking on each other. Returns the
-    message ids in the order of *envelopes*.
+    leaves the transaction untouched (its :class:`InvalidMessage` says its ``index``). The
+    per-key locks are then taken in one global order (by lock key; a stable sort, so
+    messages of one key keep the order given), which is what keeps concurrent multi-key
+    transactions from deadlocking on each other. Returns the message ids in the order of
+    *envelopes*.
     """
     resolved = settings or default_settings()
     with tracing.start_span(_SPAN) as span:  # one span: every message carries its context
-        prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
+        prepared = _prepare_batch(envelopes, lease, resolved)
         _describe(span, [params for _, params in prepared])
         connection = conn.connection() if isinstance(conn, Session) else conn
         for sql, params in sorted(prepared, key=_lock_order):
@@ -128,7 +129,7 @@ async def emit_many_async(
     """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
     resolved = settings or default_settings()
     with tracing.start_span(_SPAN) as span:
-        prepared = [_prepare(envelope, lease, resolved) for envelope in envelopes]
+        prepared = _prepare_batch(envelopes, lease, resolved)
         _describe(span, [params for _, params in prepared])
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
         for sql, params in sorted(prepared, key=_lock_order):
@@ -167,11 +168,34 @@ def _lock_order(prepared: tuple[str, dict[str, Any]]) -> int:
     return lock_key if lock_key is not None else -(2**63) - 1
 
 
+def _prepare_batch(
+    envelopes: Sequence[Envelope], lease: Lease | None, settings: OutboxSettings
+) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`_prepare` for each envelope; a refusal says which one (its index)."""
+    if isinstance(envelopes, Envelope | str | bytes | Mapping):
+        raise InvalidMessage(
+            "envelopes",
+            f"is a {type(envelopes).__name__}: pass a list of Envelopes (emit takes one)",
+        )
+    prepared = []
+    for index, envelope in enumerate(envelopes):
+        try:
+            prepared.append(_prepare(envelope, lease, settings))
+        except InvalidMessage as exc:
+            # The cause of the first refusal (pydantic's, a codec's) stays the cause.
+            raise InvalidMessage(exc.field, exc.reason, index=index) from exc.__cause__ or exc
+    return prepared
+
+
 def _prepare(
     envelope: Envelope, lease: Lease | None, settings: OutboxSettings
 ) -> tuple[str, dict[str, Any]]:
     """The statement and its parameters; every check that can reject the message runs here,
     before anything reaches the caller's transaction."""
+    if not isinstance(envelope, Envelope):
+        raise InvalidMessage(
+            "envelope", f"is a {type(envelope).__name__}, not an outbox.Envelope: build one"
+        )
     if lease is not None:
         if envelope.run_id is None:
             envelope = envelope.model_copy(update={"run_id": lease.run_id})

@@ -10,7 +10,7 @@ stays attached::
     ├── ServiceError              a local PostgreSQL / Kafka service could not be run
     │   └── MissingToolError      a required program (java, mvn, initdb) is not installed
     ├── SchemaError               the database schema is missing or at another version
-    ├── InvalidMessage            an envelope failed validation; nothing was written
+    ├── InvalidMessage            a field of an envelope is invalid; nothing was written
     ├── RetryRefused              an outbox message asked to retry is not failed (or unknown)
     ├── RunError                  agent-run state machine errors
     │   ├── RunNotFound
@@ -59,12 +59,19 @@ class SchemaError(OutboxError):
 
 
 class InvalidMessage(OutboxError):
-    """An envelope failed validation before anything was written; fix *field* and emit again."""
+    """An envelope failed validation before anything was written; fix *field* and emit again.
 
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"invalid message: {field}: {reason}")
+    Raised both when an :class:`~outbox.envelope.Envelope` is built with a value of the wrong
+    type (pydantic's ``ValidationError`` is then its ``__cause__``) and when ``emit`` checks
+    its content. *index* is the envelope's position in an ``emit_many`` batch.
+    """
+
+    def __init__(self, field: str, reason: str, *, index: int | None = None) -> None:
+        where = f"envelopes[{index}]: " if index is not None else ""
+        super().__init__(f"invalid message: {where}{field}: {reason}")
         self.field = field
         self.reason = reason
+        self.index = index
 
 
 class RetryRefused(OutboxError):

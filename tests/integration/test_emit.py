@@ -309,3 +309,68 @@ class TestEmitMany:
                 "SELECT count(*) FROM outboxkit.outbox_messages")).scalar_one() == 0
             ids = emit_many(conn, good)
         assert ids == [g.message_id for g in good]
+
+    def test_the_refusal_says_which_envelope_was_bad(self, engine: Engine) -> None:
+        """Issue #13: emit_many named the field, not which of the envelopes it was in."""
+        from outbox.emit import emit_many  # noqa: PLC0415
+
+        good = [make(key=f"k{i}", payload={"i": i}) for i in range(4)]
+        bad = make(key="k", payload={"items": [{"name": "nul\x00"}]})
+        with engine.begin() as conn:
+            with pytest.raises(InvalidMessage) as caught:
+                emit_many(conn, [*good[:2], bad, *good[2:]])
+            assert caught.value.index == 2
+            assert caught.value.field == "payload.items[0].name"
+            assert str(caught.value).startswith(
+                "invalid message: envelopes[2]: payload.items[0].name: contains a NUL"
+            )
+            assert isinstance(caught.value.__cause__, InvalidMessage)  # the one encode raised
+        assert count_messages(engine) == 0
+
+    def test_the_cause_of_a_refusal_stays_attached_in_a_batch(self, engine: Engine) -> None:
+        from outbox.emit import emit_many  # noqa: PLC0415
+
+        with engine.begin() as conn, pytest.raises(InvalidMessage) as caught:
+            emit_many(conn, [make(), make(key="\udc80")])
+        assert (caught.value.index, caught.value.field) == (1, "key")
+        assert isinstance(caught.value.__cause__, UnicodeEncodeError)
+
+    @pytest.mark.parametrize(
+        ("given", "field", "index"),
+        [
+            ({"topic": "orders", "type": "t", "payload": {}}, "envelopes", None),
+            ([make(), {"topic": "orders"}], "envelope", 1),
+            (make(), "envelopes", None),
+        ],
+    )
+    def test_something_that_is_not_an_envelope_is_refused_by_name(
+        self, engine: Engine, given: Any, field: str, index: int | None
+    ) -> None:
+        from outbox.emit import emit_many  # noqa: PLC0415
+
+        with engine.begin() as conn, pytest.raises(InvalidMessage) as caught:
+            emit_many(conn, given)
+        assert (caught.value.field, caught.value.index) == (field, index)
+        assert "Envelope" in caught.value.reason
+        assert count_messages(engine) == 0
+
+    def test_emit_of_something_that_is_not_an_envelope_is_refused(self, engine: Engine) -> None:
+        with engine.begin() as conn, pytest.raises(InvalidMessage) as caught:
+            emit(conn, {"topic": "orders", "type": "t", "payload": {}})  # type: ignore[arg-type]
+        assert caught.value.field == "envelope"
+        assert "is a dict, not an outbox.Envelope" in str(caught.value)
+
+    def test_async_batch_refusal_says_which_envelope_was_bad(
+        self, engine: Engine, async_engine: AsyncEngine
+    ) -> None:
+        from outbox.emit import emit_many_async  # noqa: PLC0415
+
+        async def scenario() -> None:
+            async with async_engine.begin() as conn:
+                with pytest.raises(InvalidMessage) as caught:
+                    await emit_many_async(conn, [make(), make(), make(topic="x" * 5000)])
+                assert (caught.value.index, caught.value.field) == (2, "topic")
+                assert "(5000 characters) is too long" in str(caught.value)
+
+        run_async(async_engine, scenario())
+        assert count_messages(engine) == 0

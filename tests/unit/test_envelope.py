@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import random
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
+from pydantic import ValidationError
 
 from outbox import envelope as envelope_module
-from outbox.envelope import MAX_PAYLOAD_DEPTH, Envelope, encode
-from outbox.errors import InvalidMessage
+from outbox.envelope import (
+    COMPRESSION_ROOM_FIXED,
+    COMPRESSION_ROOM_PER_16_KIB,
+    MAX_PAYLOAD_DEPTH,
+    EncodedMessage,
+    Envelope,
+    encode,
+)
+from outbox.errors import InvalidMessage, OutboxError
 from outbox.lanes import lane_for, ordering_lock_key
 from outbox.settings import OutboxSettings
+from relay.claims import OutboxRow
+from relay.publisher import kafka_headers
 
 SETTINGS = OutboxSettings(max_message_bytes=4096, ordered_topics=frozenset({"orders"}))
 
@@ -120,10 +134,25 @@ class TestRejections:
         assert rejected_field(make(payload="x" * 5000)) == "message"
 
     def test_size_counts_key_and_headers_too(self) -> None:
-        just_fits = encode(make(payload="x"), SETTINGS)
-        room = SETTINGS.max_message_bytes - just_fits.size
-        assert encode(make(payload="x", headers={"pad": "y" * (room - 3)}), SETTINGS)
-        assert rejected_field(make(payload="x", headers={"pad": "y" * (room - 2)})) == "message"
+        bare = encode(make(payload="x"), SETTINGS).size
+        # A header costs its name and its value, each after its varint length (1 and 2 bytes).
+        room = SETTINGS.max_message_bytes - bare - (1 + len("pad")) - 2
+        assert encode(make(payload="x", headers={"pad": "y" * room}), SETTINGS).size == (
+            SETTINGS.max_message_bytes
+        )
+        assert rejected_field(make(payload="x", headers={"pad": "y" * (room + 1)})) == "message"
+        # No key is one byte (-1); a 10-byte key is its varint length and itself.
+        assert encode(make(payload="x", key="k" * 10), SETTINGS).size == bare - 1 + 1 + 10
+
+    def test_the_size_error_says_the_limit_and_how_big_the_message_is(self) -> None:
+        envelope = make(payload="x" * 5000)
+        with pytest.raises(InvalidMessage) as caught:
+            encode(envelope, SETTINGS)
+        size = encode(envelope, OutboxSettings()).size
+        assert f"is {size} bytes as a Kafka record (payload 5002" in str(caught.value)
+        assert f"over settings.max_message_bytes ({SETTINGS.max_message_bytes})" in str(
+            caught.value
+        )
 
     def test_missing_key_on_an_ordered_topic(self) -> None:
         assert rejected_field(make(topic="orders", key=None)) == "key"
@@ -131,6 +160,162 @@ class TestRejections:
 
     def test_empty_type(self) -> None:
         assert rejected_field(make(type="")) == "type"
+
+
+CLEAN = st.characters(codec="utf-8", exclude_characters="\x00")  # what emit accepts
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CODECS = {"gzip": 1, "lz4": 3}  # kafka-python's codec ids; the ones installed here
+
+
+def relay_record(message: EncodedMessage, traceparent: str = TRACEPARENT) -> list[Any]:
+    """The record the relay sends for *message*: its key, value and headers, with the
+    traceparent a tracing relay puts on it (its own publish span's)."""
+    row = OutboxRow(1, message.message_id, message.topic, message.key, message.type,
+                    message.payload, message.headers, datetime.now(UTC), 0, 0)
+    headers = [(n, v) for n, v in kafka_headers(row) if n not in {"traceparent", "tracestate"}]
+    headers += [("traceparent", traceparent.encode())]
+    headers += [("tracestate", v.encode()) for n, v in message.headers.items()
+                if n == "tracestate"]
+    return [message.key, message.payload, headers]
+
+
+
+class TestKafkaRecordSize:
+    """Issue #13: emit accepted 1,048,464 base64 characters that the relay's producer then
+    refused ("1048669 bytes when serialized"): emit must count what the producer counts."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        key=st.none() | st.binary(max_size=300),
+        payload=st.text(CLEAN, max_size=300),
+        headers=st.dictionaries(
+            st.text(CLEAN, min_size=1, max_size=20).filter(
+                lambda n: n not in envelope_module._OWN_HEADERS | {"traceparent", "tracestate"}
+            ),
+            st.text(CLEAN, max_size=200),
+            max_size=70,  # past 63 headers their count takes two varint bytes
+        ),
+        traced=st.booleans(),
+    )
+    def test_size_is_what_kafka_pythons_producer_estimates_plus_compression_room(
+        self, key: bytes | None, payload: str, headers: dict[str, str], traced: bool
+    ) -> None:
+        if traced:
+            headers = {**headers, "traceparent": TRACEPARENT, "tracestate": "a=1,b=2"}
+        message = encode(make(key=key, payload=payload, headers=headers), ROOMY)
+        estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes(*relay_record(message))
+        blocks = -(-estimate // 16_384)
+        assert message.size == estimate + COMPRESSION_ROOM_FIXED + (
+            COMPRESSION_ROOM_PER_16_KIB * blocks
+        )
+
+    def test_an_untraced_message_keeps_room_for_a_tracing_relays_traceparent(self) -> None:
+        plain = encode(make(), ROOMY)
+        traced = encode(make(headers={"traceparent": TRACEPARENT}), ROOMY)
+        assert plain.size == traced.size
+
+    @pytest.mark.parametrize("codec", sorted(CODECS))
+    def test_the_largest_message_emit_accepts_fits_the_producer_and_the_broker(
+        self, codec: str
+    ) -> None:
+        """With the defaults (1 MiB), under any codec, even when compression cannot shrink it."""
+        limit = OutboxSettings().max_message_bytes
+        message = largest_accepted(OutboxSettings())
+        assert message.size == limit
+        key, payload, headers = relay_record(message)
+        # Incompressible bytes of the same length (what the rule counts is lengths).
+        payload = random.Random(13).randbytes(len(payload))
+        assert DefaultRecordBatchBuilder.estimate_size_in_bytes(key, payload, headers) <= (
+            limit  # the relay's producer: max_request_bytes, 1 MiB by default
+        )
+        builder = DefaultRecordBatchBuilder(
+            magic=2, compression_type=CODECS[codec], is_transactional=False,
+            producer_id=1, producer_epoch=0, base_sequence=0, batch_size=262_144,
+        )
+        builder.append(0, timestamp=None, key=key, value=payload, headers=headers)
+        batch = builder.build()
+        assert len(batch) <= limit + 12  # the broker's message.max.bytes default: 1048588
+
+
+def largest_accepted(settings: OutboxSettings) -> EncodedMessage:
+    """The message with the longest payload encode accepts under *settings*."""
+    blob = base64.b64encode(random.Random(6).randbytes(settings.max_message_bytes)).decode()
+
+    def envelope(length: int) -> Envelope:
+        return make(key="supplier-acme", payload=blob[:length], run_id=uuid.UUID(int=7),
+                    message_id=uuid.UUID(int=8), correlation_id="corr-1")
+
+    low, high = 0, settings.max_message_bytes
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            encode(envelope(middle), settings)
+        except InvalidMessage:
+            high = middle - 1
+        else:
+            low = middle
+    with pytest.raises(InvalidMessage):
+        encode(envelope(low + 1), settings)
+    return encode(envelope(low), settings)
+
+
+class TestOneErrorType:
+    """Issue #13: a wrong type raised pydantic's ValidationError at ``Envelope(...)``, a bad
+    value InvalidMessage at emit; one type now, naming the field, the cause kept."""
+
+    @pytest.mark.parametrize(
+        ("fields", "field", "says"),
+        [
+            ({"headers": {"tenant": 1}}, "headers['tenant']", "should be a valid string (got int)"),
+            ({"headers": {7: "x"}}, "headers[7]", "should be a valid string (got int)"),
+            ({"key": 5}, "key", "valid string or should be a valid bytes (got int)"),
+            ({"run_id": "run-7"}, "run_id", "UUID"),
+            ({"priority": 1}, "priority", "is not a field of Envelope (the fields are topic,"),
+            ({"topic": None, "type": [1]}, "topic", "(also invalid: type)"),
+        ],
+    )
+    def test_a_wrong_type_is_an_invalid_message_naming_the_field(
+        self, fields: dict[str, Any], field: str, says: str
+    ) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            make(**fields)
+        assert caught.value.field == field
+        assert says in str(caught.value)
+        assert isinstance(caught.value, OutboxError)
+        assert isinstance(caught.value.__cause__, ValidationError)  # every error, for tools
+
+    def test_a_missing_field_is_an_invalid_message(self) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            Envelope(type="t", payload={})  # type: ignore[call-arg]
+        assert (caught.value.field, caught.value.reason) == ("topic", "is required")
+
+    def test_model_validate_refuses_with_the_same_type(self) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            Envelope.model_validate({"topic": "t", "type": "t", "payload": 1, "key": 1.5})
+        assert caught.value.field == "key"
+
+    def test_the_value_itself_is_not_quoted(self) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            make(correlation_id=["secret-token"] * 10_000)
+        assert "secret-token" not in str(caught.value)
+        assert len(str(caught.value)) < 200
+
+    def test_a_long_topic_name_is_shown_by_its_length_not_in_full(self) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            encode(make(topic="t" * 10_000), SETTINGS)
+        assert "(10000 characters) is too long" in str(caught.value)
+        assert len(str(caught.value)) < 200
+
+    def test_a_topic_with_a_bad_character_says_which_and_where(self) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            encode(make(topic="orders/eu"), SETTINGS)
+        assert "'orders/eu' has '/' at offset 6" in str(caught.value)
+
+    def test_a_long_header_name_is_shown_by_its_length_not_in_full(self) -> None:
+        with pytest.raises(InvalidMessage) as caught:
+            encode(make(headers={"h" * 10_000: "a\x00"}), SETTINGS)
+        assert "(10000 characters)" in caught.value.field
+        assert len(str(caught.value)) < 200
 
 
 class TestEncoding:

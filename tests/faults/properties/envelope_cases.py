@@ -3,8 +3,8 @@
 Each case knows its expected outcome, decided by construction (not by re-running the
 library's own checks): ``expect`` is ``None`` for a valid envelope, the field
 :class:`~outbox.errors.InvalidMessage` must name, or ``"validation:<field>"`` when building
-the :class:`~outbox.envelope.Envelope` itself must fail (pydantic's ``ValidationError``: the
-documented contract for wrong types, "checked for types when built").
+the :class:`~outbox.envelope.Envelope` itself must fail (wrong types are "checked when
+built": InvalidMessage too, with pydantic's ``ValidationError`` as its cause).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ _WRONG_TYPES: dict[str, st.SearchStrategy[Any]] = {
     "created_at": st.one_of(st.just("yesterday"), st.just([2024])),
     "priority": st.integers(),  # no such field (extra="forbid")
 }
-"""Values pydantic refuses for each field: building the Envelope fails."""
+"""Values pydantic refuses for each field: building the Envelope fails (InvalidMessage)."""
 
 FAULTS: dict[str, st.SearchStrategy[Change]] = {
     "topic": invalid_topic.map(lambda t: _change({"topic": t}, "topic")),

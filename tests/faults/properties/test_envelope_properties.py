@@ -75,12 +75,14 @@ def same(given_value: Any, stored: Any) -> bool:
 
 
 def expect_refused(case: Case) -> None:
-    """Building the envelope fails: pydantic names the field of the wrong type."""
+    """Building the envelope fails with InvalidMessage naming the field of the wrong type
+    (``headers[...]`` for one header), pydantic's ValidationError as its cause."""
     field = case.expect.removeprefix("validation:") if case.expect else ""
-    with pytest.raises(ValidationError) as caught:
+    with pytest.raises(InvalidMessage) as caught:
         Envelope(**case.fields)
-    assert caught.value.errors()[0]["loc"][0] == field
+    assert caught.value.field == field or caught.value.field.startswith(f"{field}[")
     assert field in str(caught.value)
+    assert isinstance(caught.value.__cause__, ValidationError)
 
 
 def check_row(conn: Connection, envelope: Envelope, lease: Lease | None) -> None:
@@ -148,9 +150,12 @@ def check_call(conn: Connection, lease: Lease, call: tuple[bool, list[Case]]) ->
         if faults:
             with pytest.raises(InvalidMessage) as caught:
                 write(conn, envelopes, used)
-            # emit_many validates in order before any statement: the first fault is named.
+            # emit_many validates in order before any statement: the first fault is named,
+            # with its place in the batch.
             assert caught.value.field == faults[0]
             assert faults[0] in str(caught.value)
+            first = next(i for i, case in enumerate(items) if case.expect is not None)
+            assert caught.value.index == (first if len(items) > 1 else None)
             assert count(conn) == before  # same transaction: still usable, nothing written
             return
         assert write(conn, envelopes, used) == [e.message_id for e in envelopes]
@@ -230,6 +235,8 @@ async def check_call_async(case: AsyncCase, call: tuple[bool, list[Case]]) -> No
             with pytest.raises(InvalidMessage) as caught:
                 await write_async(conn, envelopes, used)
             assert caught.value.field == faults[0]
+            first = next(i for i, item in enumerate(items) if item.expect is not None)
+            assert caught.value.index == (first if len(items) > 1 else None)
             assert await conn.run_sync(count) == before  # still usable, nothing written
             return
         assert await write_async(conn, envelopes, used) == [e.message_id for e in envelopes]
