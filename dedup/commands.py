@@ -19,9 +19,14 @@ from typing import Any
 
 import click
 
-from dedup.operations import Operation
+from dedup.operations import Operation, operation_history
 from dedup.outcomes import Evidence
-from dedup.resolution import list_operations, resolve_confirmed, resolve_not_applied
+from dedup.resolution import (
+    count_operations,
+    list_operations,
+    resolve_confirmed,
+    resolve_not_applied,
+)
 from dedup.retention import (
     DEFAULT_BATCH,
     DEFAULT_DEDUP_WINDOW_SECONDS,
@@ -52,19 +57,43 @@ def ops_group() -> None:
 @one_line_errors
 def ops_list(database_url: str | None, statuses: tuple[str, ...], system: str | None,
              limit: int, as_json: bool) -> None:
-    """Operations, oldest first."""
+    """Operations, newest first, with why each stands where it does (reason, last error)."""
+    wanted = list(statuses) or None
     with open_engine(database_url) as engine, engine.connect() as conn:
-        found = list_operations(conn, status=list(statuses) or None, system=system, limit=limit)
+        found = list_operations(conn, status=wanted, system=system, limit=limit)
+        # Counted only when the limit may have cut the list: one more query, not every time.
+        total = (count_operations(conn, status=wanted, system=system)
+                 if len(found) == limit else len(found))
+    cut = (f"showing the newest {len(found):,} of {total:,} operations; "
+           "--limit N for more" if total > len(found) else None)
     if as_json:
         echo_json([_as_dict(op) for op in found])
+        if cut:
+            click.echo(cut, err=True)  # stdout stays valid JSON
         return
     echo_table(
         ["id", "system", "operation", "status", "calls", "checks", "reference", "run",
-         "updated", "resolved by"],
+         "updated", "resolved by", "reason", "last error"],
         [[op.id, op.system, op.operation, op.status.value, op.calls, op.checks, op.reference,
-          op.run_id, op.updated_at, op.resolved_by] for op in found],
+          op.run_id, op.updated_at, op.resolved_by, _short(op.resolution_reason),
+          _short(op.last_error)] for op in found],
         empty="no operations",
     )
+    if cut:
+        click.echo(cut)
+
+
+SHORT_TEXT = 60
+"""Characters of a reason or error shown in the table (``--json`` has them in full)."""
+
+
+def _short(text: str | None) -> str | None:
+    """*text* on one line, cut to :data:`SHORT_TEXT` characters: a 4 kB error page must not
+    make the table unreadable."""
+    if text is None:
+        return None
+    line = " ".join(text.split())
+    return line if len(line) <= SHORT_TEXT else line[:SHORT_TEXT - 1] + "…"
 
 
 @ops_group.command("resolve")
@@ -99,11 +128,15 @@ def ops_resolve(*, op_id: uuid.UUID, outcome: str | None, evidence: str | None,
                 raise click.UsageError("--not-applied needs --reason (why you know)")
             resolved = resolve_not_applied(conn, op_id, actor=actor, reason=reason,
                                            evidence=found)
+        # The resolution's event says what happened to the run, in the same transaction.
+        last = operation_history(conn, resolved.id)[-1].detail if resolved.run_id else None
     click.echo(f"operation {resolved.id} is {resolved.status.value} "
                f"(by {actor}: {resolved.resolution_reason})")
-    if resolved.run_id is not None:
-        click.echo(f"its run {resolved.run_id} is not moved: requeue it when ready "
-                   "(outbox.runs.move(conn, run_id, 'queued', actor=..., reason=...))")
+    if isinstance(last, dict) and last.get("run"):
+        click.echo(f"its {last['run']}")
+    elif resolved.run_id is not None:
+        click.echo(f"its run {resolved.run_id} is not moved: it is settled when the "
+                   "operation is (the reconciler calls again with the same key)")
 
 
 def _evidence(raw: str | None) -> Evidence | None:

@@ -10,7 +10,9 @@ from sqlalchemy import Engine, text
 
 from dedup import OperationStatus, get_operation, operation_history
 from dedup.operations import begin
+from outbox import get_run
 from tests.integration.cli_support import one_line, outbox
+from tests.integration.operations_support import waiting_run
 
 
 @pytest.fixture
@@ -87,3 +89,67 @@ def test_resolve_refuses_an_unknown_or_settled_operation_in_one_line(
     bad_json = outbox("ops", "resolve", str(stuck), "--confirmed", "--evidence", "{nope",
                       "--actor", "bob", "--database-url", database_url)
     assert bad_json.returncode == 2
+
+
+def test_list_shows_the_reason_and_last_error_in_the_table(
+    stuck: uuid.UUID, database_url: str, engine: Engine
+) -> None:
+    """What a person needs to act on is in the table, not only in --json: the escalation's
+    last error (on one line, cut) and the resolution's reason."""
+    long_error = "outcome still unclear after 3 status queries: HTTP 503\n" + "x" * 500
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE outboxkit.operations SET last_error = :e WHERE id = :i"),
+                     {"e": long_error, "i": stuck})
+    outbox("ops", "resolve", str(stuck), "--not-applied", "--actor", "bob", "--reason",
+           "supplier support: no such order", "--database-url", database_url)
+    table = outbox("ops", "list", "--database-url", database_url)
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[-4:] == ["by", "reason", "last", "error"]
+    [row] = [r for r in rows if r.startswith(str(stuck))]
+    assert "supplier support: no such order" in row
+    assert "outcome still unclear after 3 status queries: HTTP 503 xxx" in row
+    assert "x" * 100 not in row  # cut, the full text is in --json
+    assert row.endswith("…")
+
+
+def test_list_is_newest_first_and_says_when_the_limit_cut_it(
+    engine: Engine, database_url: str
+) -> None:
+    with engine.begin() as conn:
+        for n in range(5):
+            begin(conn, key=f"place-order:m-{n}", system="supplier", operation="place-order",
+                  request={"n": n})
+        conn.execute(text("UPDATE outboxkit.operations SET created_at = created_at "
+                          "+ make_interval(secs => (request->>'n')::int)"))
+        ids = dict(conn.execute(text("SELECT idempotency_key, id::text "
+                                     "FROM outboxkit.operations")).all())
+    cut = outbox("ops", "list", "--limit", "2", "--database-url", database_url)
+    assert cut.returncode == 0, cut.stderr
+    lines = cut.stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:-1]] == [ids["place-order:m-4"],
+                                                         ids["place-order:m-3"]]
+    assert lines[-1] == "showing the newest 2 of 5 operations; --limit N for more"
+    as_json = outbox("ops", "list", "--limit", "2", "--json", "--database-url", database_url)
+    assert len(json.loads(as_json.stdout)) == 2  # stdout stays JSON, the note is on stderr
+    assert "showing the newest 2 of 5" in as_json.stderr
+    whole = outbox("ops", "list", "--limit", "5", "--database-url", database_url)
+    assert "showing" not in whole.stdout
+    assert len(whole.stdout.splitlines()) == 6
+
+
+def test_resolve_says_what_happened_to_the_run(engine: Engine, database_url: str) -> None:
+    """A person's resolution settles the run waiting on the operation: the command says so
+    instead of sending them to Python to requeue it."""
+    run_id = waiting_run(engine)
+    with engine.begin() as conn:
+        intent = begin(conn, key="place-order:m-9", system="supplier", operation="place-order",
+                       request={"item": "widget", "qty": 3}, message_id="m-9", run_id=run_id)
+    result = outbox("ops", "resolve", str(intent.operation.id), "--confirmed", "--evidence",
+                    '{"reference": "PO-9"}', "--actor", "alice", "--database-url", database_url)
+    assert result.returncode == 0, result.stderr
+    assert f"its run {run_id} done" in result.stdout
+    with engine.connect() as conn:
+        run = get_run(conn, run_id)
+    assert run.state.value == "done"
+    assert run.last_evidence["reference"] == "PO-9"
