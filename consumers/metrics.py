@@ -41,6 +41,11 @@ class ConsumerMetrics:
             ["topic"],
             registry=r,
         )
+        self.parked = Gauge(
+            "outboxkit_consumer_parked_partitions",
+            "Partitions paused while a failed message waits for its retry.",
+            registry=r,
+        )
         self.lag = Gauge(
             "outboxkit_consumer_lag_messages",
             "Messages behind the partition's high watermark.",

@@ -3,26 +3,31 @@
 For each message, in one PostgreSQL transaction: insert its mark (group, message id); if
 it was already there, the message is a duplicate and is dropped; otherwise the handler runs
 on that same transaction, so its writes and the mark commit together. The caller commits
-Kafka offsets only after :meth:`Processor.process` returns (the transaction has committed),
-so a crash in between redelivers messages whose marks are there: dropped.
+Kafka offsets only after the processor reported the commit (``committed``), so a crash in
+between redelivers messages whose marks are there: dropped.
 
 Batch mode puts a poll batch in one transaction: the marks in one statement, a savepoint
 per message (per-message handlers) or per bisected chunk (batch handlers), so a failing
-message is rolled back alone. The batch then stops at it (later messages of its partition
-must not overtake it), commits what came before, and the failing message is retried alone,
-with backoff, its attempts counted in the failures table (so restarts do not reset them),
-until it succeeds or goes to the dead-letter topic. Messages with no message id, a payload
-that is not JSON or does not fit the model, or whose handler raises ``DeadLetter`` go there
-at once.
+message is rolled back alone. The batch then commits what came before it; its attempt is
+counted in the failures table (so restarts do not reset the count) and the message is
+*parked*: nothing after it in its partition is handled, and its partition waits (paused by
+the runner, :mod:`consumers.parking`) until the retry is due, while the batch goes on with
+the other partitions. A retry is handled alone, before the rest of its batch. Messages with
+no message id, a payload that is not JSON or does not fit the model, or whose handler raises
+``DeadLetter`` go to the dead-letter topic at once; others after ``max_attempts`` attempts,
+unless an operation they started is still open in the ledger (its outcome will still be
+learnt: the message waits for it, :mod:`dedup.outstanding`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kafka.errors import MessageSizeTooLargeError
@@ -35,9 +40,12 @@ from consumers.deadletter import Sent, dead_letter_headers, slim_copy
 from consumers.decode import Decoded, decode, message_id_of
 from consumers.errors import MalformedMessage
 from consumers.metrics import ConsumerMetrics
+from consumers.parking import Parked
 from dedup import failures
 from dedup.failures import headers_json
 from dedup.inbox import Mark, insert_new, mark, mark_many, unmark
+from dedup.operations import Operation
+from dedup.outstanding import awaited_operation
 from outbox import tracing
 from outbox.envelope import HEADER_RUN_ID
 from outbox.failpoints import failpoint
@@ -59,6 +67,22 @@ class _HandlerFailed(Exception):
 class _Failed:
     index: int
     error: BaseException
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What :meth:`Processor.process` did with a batch.
+
+    ``handled``: records done for good (committed, dropped as duplicates, skipped or
+    dead-lettered). ``parked``: failed messages to retry later; nothing after one of them in
+    its partition was handled.
+    """
+
+    handled: int
+    parked: tuple[Parked, ...] = ()
+
+
+Position = tuple[str, int, int]  # (topic, partition, offset)
 
 
 class Processor:
@@ -85,22 +109,44 @@ class Processor:
         self.committed = committed
 
     # --- the entry point -----------------------------------------------------------------
-    def process(self, records: Sequence[Any]) -> int:
-        """Handle *records* (in order); return how many are done (all, unless stopping)."""
-        done = 0
-        while done < len(records) and not self.stop.is_set():
-            chunk = records[done:]
-            if self.settings.mode == "batch":
-                ok, failed = self._batch(chunk)
+    def process(self, records: Sequence[Any], retries: Collection[Position] = ()) -> Progress:
+        """Handle *records* in partition order; park failed ones instead of waiting for them.
+
+        *retries*: positions of records that are retries of parked messages; each is handled
+        alone, first (it is the first record of its partition in the batch).
+        """
+        parked: list[Parked] = []
+        pending = list(records)
+        handled = 0
+        for record in [r for r in pending if (r.topic, r.partition, r.offset) in retries]:
+            if self.stop.is_set():
+                return Progress(handled, tuple(parked))
+            error = self._once(record, recovering=True)
+            again = None if error is None else self._after_failure(record, error)
+            if again is None:
+                handled += 1
+                pending.remove(record)
             else:
-                ok, failed = self._one_by_one(chunk)
-            done += ok
+                parked.append(again)
+                pending = _without_partition(pending, record)
+        while pending and not self.stop.is_set():
+            if self.settings.mode == "batch":
+                ok, failed = self._batch(pending)
+            else:
+                ok, failed = self._one_by_one(pending)
+            handled += ok
             if failed is None:
+                pending = pending[ok:]
                 continue
-            if not self._settle(records[done], failed.error):
-                break  # stopping: the message stays unhandled and is redelivered later
-            done += 1
-        return done
+            bad, rest = pending[ok], pending[ok + 1 :]
+            again = self._after_failure(bad, failed.error)
+            if again is None:
+                handled += 1
+                pending = rest
+            else:
+                parked.append(again)
+                pending = _without_partition(rest, bad)
+        return Progress(handled, tuple(parked))
 
     # --- batch mode ----------------------------------------------------------------------
     def _batch(self, records: Sequence[Any]) -> tuple[int, _Failed | None]:
@@ -332,39 +378,49 @@ class Processor:
         return None
 
     # --- failures --------------------------------------------------------------------------
-    def _settle(self, record: Any, error: BaseException) -> bool:
-        """Retry *record* alone until it is handled or dead-lettered; False if stopping."""
-        while True:
-            attempt = self._count_attempt(record, error)
-            if attempt.status in ("dead-lettered", "replayed"):
-                # Dead-lettered before (a redelivery of a message without a mark): move on.
-                self.committed([record])
-                return True
-            if isinstance(error, MalformedMessage | DeadLetter) or (
-                attempt.attempts >= self.settings.max_attempts
-            ):
+    def _after_failure(self, record: Any, error: BaseException) -> Parked | None:
+        """Count the failed attempt, then dead-letter the message (None) or park it."""
+        attempt = self._count_attempt(record, error)
+        if attempt.status in ("dead-lettered", "replayed"):
+            # Dead-lettered before (a redelivery of a message without a mark): move on.
+            self.committed([record])
+            return None
+        if isinstance(error, MalformedMessage | DeadLetter):
+            self._dead_letter(record, error, attempt.attempts)
+            return None
+        delay = self.settings.backoff(attempt.attempts)
+        if isinstance(error, RetryLater) and error.delay_s is not None:
+            delay = error.delay_s
+        awaited = None
+        if attempt.attempts >= self.settings.max_attempts:
+            awaited = self._awaited(record)
+            if awaited is None:
                 self._dead_letter(record, error, attempt.attempts)
-                return True
-            delay = self.settings.backoff(attempt.attempts)
-            if isinstance(error, RetryLater) and error.delay_s is not None:
-                delay = error.delay_s
-            log.warning(
-                "message at %s[%d]@%d failed (attempt %d of %d), retrying in %.2f s: %s",
-                record.topic,
-                record.partition,
-                record.offset,
-                attempt.attempts,
-                self.settings.max_attempts,
-                delay,
-                _describe(error),
-                extra={"event": "consumer.retry"},
-            )
-            if self.stop.wait(delay):
-                return False
-            retried = self._once(record, recovering=True)
-            if retried is None:
-                return True
-            error = retried
+                return None
+            delay = max(delay, _until_check(awaited, self.settings.backoff_max_seconds))
+        log.warning(
+            "message at %s[%d]@%d failed (attempt %d%s), partition waits %.2f s: %s%s",
+            record.topic,
+            record.partition,
+            record.offset,
+            attempt.attempts,
+            "" if awaited else f" of {self.settings.max_attempts}",
+            delay,
+            _describe(error),
+            "" if awaited is None else (
+                f"; not dead-lettered: operation {awaited.id} ({awaited.operation} on "
+                f"{awaited.system}) is {awaited.status.value}, its outcome is still expected"),
+            extra={"event": "consumer.retry"},
+        )
+        return Parked(record.topic, record.partition, record.offset, time.monotonic() + delay)
+
+    def _awaited(self, record: Any) -> Operation | None:
+        """An open ledger operation started for this message: its outcome is still due."""
+        message_id = message_id_of(record)
+        if message_id is None:
+            return None
+        with self.engine.connect() as conn:
+            return awaited_operation(conn, message_id, settings=self.app.outbox_settings)
 
     def _count_attempt(self, record: Any, error: BaseException) -> failures.Attempt:
         self.metrics.failures.labels(record.topic).inc()
@@ -504,6 +560,19 @@ class Processor:
             by_topic[d.record.topic] = by_topic.get(d.record.topic, 0) + 1
         for topic, n in by_topic.items():
             self.metrics.processed.labels(topic).inc(n)
+
+
+def _without_partition(records: Sequence[Any], of: Any) -> list[Any]:
+    """*records* less those of *of*'s partition (they wait behind it)."""
+    return [r for r in records if (r.topic, r.partition) != (of.topic, of.partition)]
+
+
+def _until_check(operation: Operation, longest: float) -> float:
+    """Seconds until the ledger next checks *operation*, at most *longest*."""
+    if operation.next_check_at is None:
+        return longest
+    wait = (operation.next_check_at - datetime.now(UTC)).total_seconds()
+    return min(longest, max(0.0, wait))
 
 
 def _mark(d: Decoded) -> Mark:

@@ -7,8 +7,9 @@ handler thread waits on PostgreSQL for batch N, the loop parses batch N+1 out of
 responses (most of a poll's cost): the two overlap instead of adding up. Batch N+1 is
 handed over only once N is done; if N failed, N+1 is dropped and both are read again from
 the first unhandled offset. Offsets are sent only for work whose database transaction
-committed. Background work (dedup retention) runs as APScheduler jobs whose bodies are plain
-functions.
+committed. A message that failed parks its partition (paused, seeked back to it) until its
+retry is due; the other partitions keep flowing (:mod:`consumers.parking`). Background
+work (dedup retention) runs as APScheduler jobs whose bodies are plain functions.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from consumers.app import Consumer
 from consumers.deadletter import KafkaSender, Sent
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker, Rebalance
-from consumers.processing import Processor
+from consumers.parking import ParkingLot
+from consumers.processing import Position, Processor, Progress
 from consumers.unreadable import skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
@@ -78,7 +80,9 @@ class Runner:
         )
         self.consumer: Any = None
         self._handler_thread: ThreadPoolExecutor | None = None
-        self._in_hand: tuple[Future[int], list[Any]] | None = None  # the batch being handled
+        self.parking = ParkingLot()
+        # The batch being handled, and which of its records are retries of parked messages.
+        self._in_hand: tuple[Future[Progress], list[Any], frozenset[Position]] | None = None
         self.http: HealthServer | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._ready = False
@@ -126,7 +130,9 @@ class Runner:
             self.consumer = self._make_consumer()
             self._await_topic_metadata()
             self.consumer.subscribe(
-                app.topics, listener=Rebalance(self.consumer, self.offsets, self.metrics)
+                app.topics,
+                listener=Rebalance(self.consumer, self.offsets, self.metrics,
+                                   on_change=self.parking.forget),
             )
             self._start_scheduler()
             self._set_ready(True)
@@ -223,9 +229,10 @@ class Runner:
         try:
             while not self._stop.is_set():
                 self._last_loop = time.monotonic()
+                self.parking.wake_due(self.consumer)
                 try:
                     polled = self.consumer.poll(
-                        timeout_ms=s.poll_timeout_ms, max_records=s.max_poll_records
+                        timeout_ms=self._poll_timeout_ms(), max_records=s.max_poll_records
                     )
                 except kafka_errors.CorruptRecordError as exc:
                     # Skipping marks the record's offset done: only once the batch before it
@@ -240,32 +247,44 @@ class Runner:
                 records = [r for batch in polled.values() for r in batch]
                 if not self._collect(records):
                     continue
+                # Polled before a partition of the batch in hand was parked: read again later.
+                records = self.parking.without_parked(records)
                 if records:
-                    self._in_hand = (self._handler_thread.submit(self._handle, records), records)
+                    retries = self.parking.retries_in(records)
+                    future = self._handler_thread.submit(self._handle, records, retries)
+                    self._in_hand = (future, records, retries)
                 self.offsets.commit_async(self.consumer)
                 self._update_lag()
         finally:
             self._collect(())  # stopping: the batch in hand finishes (or gives up) first
             self._handler_thread.shutdown(wait=True)
 
-    def _handle(self, records: list[Any]) -> int:
-        """Process one batch (on the handler thread); how many records are done."""
+    def _poll_timeout_ms(self) -> int:
+        """The poll's wait, cut short when a parked message is due before it ends."""
+        due = self.parking.next_due()
+        if due is None:
+            return self.settings.poll_timeout_ms
+        return max(1, min(self.settings.poll_timeout_ms, int((due - time.monotonic()) * 1000)))
+
+    def _handle(self, records: list[Any], retries: frozenset[Position]) -> Progress:
+        """Process one batch (on the handler thread)."""
         started = time.perf_counter()
-        done = self.processor.process(records)
+        progress = self.processor.process(records, retries)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        return done
+        return progress
 
     def _collect(self, polled: Sequence[Any]) -> bool:
-        """Wait for the batch in hand; False if it failed (then *polled*, read behind it, is
-        dropped and both are read again from the first record not handled)."""
+        """Wait for the batch in hand and park what it parked; False if it failed (then
+        *polled*, read behind it, is dropped and both are read again from the first record
+        not handled)."""
         if self._in_hand is None:
             return True
-        future, records = self._in_hand
+        future, records, retries = self._in_hand
         self._in_hand = None
         try:
-            future.result()
+            progress = future.result()
         except Exception as exc:
-            self._rewind([*records, *polled])
+            self._rewind(self.parking.without_parked([*records, *polled]))
             self._set_ready(False)
             log.error(
                 "processing a batch failed: %s: %s", type(exc).__name__, exc,
@@ -273,6 +292,10 @@ class Runner:
             )
             self._backoff(f"batch failed: {type(exc).__name__}: {exc}")
             return False
+        self.parking.handled(retries)
+        for parked in progress.parked:
+            self.parking.park(self.consumer, parked)
+        self.metrics.parked.set(len(self.parking))
         self._failures = 0
         self._set_ready(True)
         return True

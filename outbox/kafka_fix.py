@@ -1,4 +1,4 @@
-"""Three fixes for kafka-python 3.0, installed once per process for every client in it.
+"""Four fixes for kafka-python 3.0, installed once per process for every client in it.
 
 **The bytes that arrive together with a close.** kafka-python 3.0 (``kafka.net.transport``)
 reads a socket until it would block. When that read ends with the peer's close, it drops
@@ -29,7 +29,15 @@ without closing it; Python closes it later, when the garbage collector finds it,
 ``ResourceWarning`` (an error under ``-W error``, as in outboxkit's tests). :func:`install`
 closes it at once.
 
-outboxkit's clients get all three through
+**A paused partition whose fetched data is never handed back.** A consumer keeps what it
+fetched for a partition that is paused meanwhile, and gives it back when the partition is
+resumed (KAFKA-7548), but only when no other partition's records are "next in line"; a
+partition's records that were all taken stay next in line (empty, not ``None``), so the kept
+data is never given back, and the partition is never fetched again while it is kept: the
+partition stops for good after a ``pause()`` (outboxkit pauses a partition whose message
+waits for a retry). :func:`install` clears the emptied records first, as if taken.
+
+outboxkit's clients get all four through
 :meth:`outbox.settings.ConnectionSettings.kafka_client_config`.
 """
 
@@ -50,6 +58,7 @@ def install() -> None:
     _wrap("kafka.coordinator.consumer", ("ConsumerCoordinator",), "need_rejoin",
           _pending_join_counts)
     _wrap("kafka.net.inet", ("KafkaNetSocket",), "sock_connect", _closing_on_failure)
+    _wrap("kafka.consumer.fetcher", ("Fetcher",), "fetched_records", _resuming_kept_data)
 
 
 def _wrap(
@@ -108,3 +117,14 @@ def _closing_on_failure(original: Callable[..., Any]) -> Callable[..., Any]:
             raise
 
     return sock_connect
+
+
+def _resuming_kept_data(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def fetched_records(self: Any, *args: Any, **kwargs: Any) -> Any:
+        current = getattr(self, "_next_partition_records", None)
+        if current is not None and not current:  # all taken: nothing is next in line
+            self._next_partition_records = None
+        return original(self, *args, **kwargs)
+
+    return fetched_records

@@ -12,8 +12,9 @@ from kafka import KafkaConsumer, OffsetAndMetadata, TopicPartition
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
-from consumers import Consumer, HandlerContext, rehandle, republish
+from consumers import Consumer, HandlerContext, RetryLater, rehandle, republish
 from consumers.deadletter import KafkaSender
+from consumers.processing import Progress
 from dedup import list_failures
 from outbox.schema import translate
 from outbox.settings import OutboxSettings
@@ -133,11 +134,11 @@ class TestPipelinedLoop:
         real = processor.process
         calls = [0]
 
-        def failing_third_batch(records: Any) -> int:
+        def failing_third_batch(records: Any, retries: Any = ()) -> Progress:
             calls[0] += 1
             if calls[0] == 3:
                 raise OperationalError("SELECT 1", {}, Exception("the database went away"))
-            return real(records)
+            return real(records, retries)
 
         processor.process = failing_third_batch  # type: ignore[method-assign]
         with running:
@@ -146,6 +147,47 @@ class TestPipelinedLoop:
         assert handled == list(range(120)), "each record handled once, in offset order"
         assert set(effects(engine).values()) == {1}
         assert len(threads) == 1  # every handler on the one handler thread
+
+
+class TestRetryIsolation:
+    @pytest.mark.parametrize("mode", ["batch", "per-message"])
+    def test_a_partition_waiting_on_a_retry_does_not_hold_up_the_others(
+        self,
+        engine: Engine,
+        database_url: str,
+        kafka_bootstrap: str,
+        kafka_topic: Callable[..., str],
+        mode: str,
+    ) -> None:
+        """Partition 0's first message keeps failing (its outside system hangs): the other
+        partitions are handled in full meanwhile; partition 0's messages wait behind it, its
+        committed offset stays at it, and once it succeeds the partition follows in order."""
+        topic = kafka_topic(partitions=3)
+        create_effects(engine)
+        for partition in range(3):
+            produce(kafka_bootstrap, topic, [{"n": partition * 100 + i} for i in range(20)],
+                    partition=partition)
+        supplier_back = threading.Event()
+        handled: list[tuple[int, int]] = []
+
+        def record(ctx: HandlerContext, item: Item) -> None:
+            if item.n == 0 and not supplier_back.is_set():
+                raise RetryLater("the supplier hangs", 0.2)
+            handled.append((ctx.partition, ctx.offset))
+            handle(ctx, item)
+
+        app = make_app(database_url, kafka_bootstrap, topic, record, mode=mode,
+                       max_attempts=1000, max_poll_records=7)
+        with InProcess(app) as running:
+            wait_until(lambda: len(effects(engine)) >= 40, 60, "partitions 1 and 2 handled")
+            assert not [h for h in handled if h[0] == 0]
+            assert running.runner.metrics.parked._value.get() == 1
+            # Nothing of partition 0 is done, so no offset of it is there to commit.
+            assert TopicPartition(topic, 0) not in running.runner.offsets.pending
+            supplier_back.set()
+            wait_until(lambda: len(effects(engine)) >= 60, 60, "partition 0 handled")
+        assert [o for p, o in handled if p == 0] == list(range(20))
+        assert set(effects(engine).values()) == {1}
 
 
 class TestPoisonMessages:

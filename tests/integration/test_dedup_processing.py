@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,10 +14,11 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
-from consumers import Consumer, HandlerContext, SkipMessage
+from consumers import Consumer, HandlerContext, RetryLater, SkipMessage
 from consumers.deadletter import Sent
 from consumers.metrics import ConsumerMetrics
-from consumers.processing import Processor
+from consumers.processing import Processor, Progress
+from dedup import Applied, Evidence, begin, get_operation, record_outcome
 from dedup.failures import list_failures
 from outbox.envelope import Envelope
 from outbox.schema import translate
@@ -76,6 +78,25 @@ def app_for(database_url: str, mode: str, **overrides: Any) -> Consumer:
     )
 
 
+def drain(processor: Processor, records: Sequence[Record], deadline_s: float = 20) -> int:
+    """Process *records* as the runner does: a parked message is fed again, as a retry with
+    the rest of its partition behind it, once it is due. How many records were handled."""
+    handled, batch, retries = 0, list(records), frozenset[tuple[str, int, int]]()
+    give_up = time.monotonic() + deadline_s
+    while batch:
+        progress: Progress = processor.process(batch, retries)
+        handled += progress.handled
+        if not progress.parked:
+            break
+        assert time.monotonic() < give_up, f"still parked after {deadline_s} s: {progress}"
+        time.sleep(max(0.0, max(p.due for p in progress.parked) - time.monotonic()))
+        retries = frozenset((p.topic, p.partition, p.offset) for p in progress.parked)
+        batch = [r for r in records if any(
+            (r.topic, r.partition) == (p.topic, p.partition) and r.offset >= p.offset
+            for p in progress.parked)]
+    return handled
+
+
 def write(ctx: HandlerContext, item: Item) -> None:
     ctx.conn.execute(text("INSERT INTO public.effects (n) VALUES (:n)"), {"n": item.n})
     ctx.emit(Envelope(topic="follow-up", type="t", key="k", payload={"n": item.n}))
@@ -98,7 +119,7 @@ class TestTransactions:
 
         app.register(TOPIC, Item, fail_then_stop)
         processor = Processor(app, bound, ConsumerMetrics(), FakeSender(), stop=stop)
-        assert processor.process([record(0, {"n": 1})]) == 0
+        assert processor.process([record(0, {"n": 1})]).handled == 0
         assert count(bound, "SELECT count(*) FROM public.effects") == 0
         assert count(bound, "SELECT count(*) FROM outboxkit.outbox_messages") == 0
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 0
@@ -115,7 +136,7 @@ class TestTransactions:
             app, bound, ConsumerMetrics(), FakeSender(), committed=committed.extend
         )
         records = [record(i, {"n": i}) for i in range(5)]
-        assert processor.process(records) == 5
+        assert processor.process(records).handled == 5
         assert committed == records
         assert count(bound, "SELECT count(*) FROM public.effects") == 5
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 5
@@ -139,9 +160,9 @@ class TestTransactions:
         metrics = ConsumerMetrics()
         processor = Processor(app, bound, metrics, FakeSender())
         ids = [str(uuid.uuid4()) for _ in range(6)]
-        assert processor.process([record(i, {"n": i}, ids[i]) for i in (0, 1, 2)]) == 3
+        assert processor.process([record(i, {"n": i}, ids[i]) for i in (0, 1, 2)]).handled == 3
         again = [record(10 + i, {"n": i}, ids[i]) for i in (1, 3, 4, 2, 5, 5)]
-        assert processor.process(again) == 6
+        assert processor.process(again).handled == 6
         with bound.connect() as conn:
             effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
         assert effects == [0, 1, 2, 3, 4, 5]
@@ -156,7 +177,7 @@ class TestTransactions:
         sender = FakeSender()
         processor = Processor(app, bound, ConsumerMetrics(), sender)
         records = [record(i, {"n": i, "fail": i == 2}) for i in range(5)]
-        assert processor.process(records) == 5
+        assert drain(processor, records) == 5
         with bound.connect() as conn:
             effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
         assert effects == [0, 1, 3, 4]
@@ -180,7 +201,7 @@ class TestTransactions:
         sender = FakeSender()
         processor = Processor(app, bound, ConsumerMetrics(), sender)
         records = [record(i, {"n": i, "fail": i == 5}) for i in range(8)]
-        assert processor.process(records) == 8
+        assert processor.process(records).handled == 8
         with bound.connect() as conn:
             effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
         assert effects == [0, 1, 2, 3, 4, 6, 7]
@@ -201,7 +222,7 @@ class TestTransactions:
         app.register(TOPIC, Item, skip_odd)
         metrics = ConsumerMetrics()
         processor = Processor(app, bound, metrics, FakeSender())
-        assert processor.process([record(i, {"n": i}) for i in range(4)]) == 4
+        assert processor.process([record(i, {"n": i}) for i in range(4)]).handled == 4
         assert count(bound, "SELECT count(*) FROM public.effects") == 2
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 4
         assert metrics.skipped.labels(TOPIC)._value.get() == 2
@@ -224,15 +245,131 @@ class TestAttemptsSurviveRestarts:
         poison = record(0, {"n": 0})
         for _ in range(2):  # two "processes", each stopped after one attempt
             stop.clear()
-            assert (
-                Processor(app, bound, ConsumerMetrics(), sender, stop=stop).process([poison]) == 0
-            )
+            processor = Processor(app, bound, ConsumerMetrics(), sender, stop=stop)
+            assert processor.process([poison]).handled == 0
         stop.clear()
         # The third process: its first attempt is the third; it dead-letters at once.
-        assert Processor(app, bound, ConsumerMetrics(), sender, stop=stop).process([poison]) == 1
+        processor = Processor(app, bound, ConsumerMetrics(), sender, stop=stop)
+        assert processor.process([poison]).handled == 1
         assert len(sender.sent) == 1
         with bound.connect() as conn:
             (failure,) = list_failures(conn, group=app.group_id)
         assert failure.attempts == 3
         assert failure.status == "dead-lettered"
         assert failure.payload == poison.value
+
+
+class TestParking:
+    @pytest.mark.parametrize("mode", ["batch", "per-message"])
+    def test_a_failing_message_holds_back_its_partition_only(
+        self, bound: Engine, database_url: str, mode: str
+    ) -> None:
+        """The batch goes on with the other partitions; nothing after the failing message in
+        its own partition is handled or reported committed; the message is parked, not
+        waited for (process returns at once, well before its retry is due)."""
+        app = app_for(database_url, mode, backoff_initial_seconds=30, backoff_max_seconds=30)
+        app.register(TOPIC, Item, write)
+        committed: list[Any] = []
+        processor = Processor(app, bound, ConsumerMetrics(), FakeSender(),
+                              committed=committed.extend)
+        records = []
+        for offset in range(4):
+            for partition in (0, 1, 2):
+                r = record(offset, {"n": partition * 10 + offset,
+                                    "fail": (partition, offset) == (1, 1)})
+                r.partition = partition
+                records.append(r)
+        started = time.monotonic()
+        progress = processor.process(records)
+        assert time.monotonic() - started < 20  # the 30 s retry is not waited for
+        (parked,) = progress.parked
+        assert (parked.partition, parked.offset) == (1, 1)
+        assert parked.due - time.monotonic() > 20
+        assert progress.handled == 9  # partitions 0 and 2 whole, partition 1 up to offset 0
+        with bound.connect() as conn:
+            effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
+        assert effects == [0, 1, 2, 3, 10, 20, 21, 22, 23]
+        assert sorted((r.partition, r.offset) for r in committed) == sorted(
+            [(p, o) for p in (0, 2) for o in range(4)] + [(1, 0)])
+
+    def test_a_retry_is_handled_alone_and_first_then_its_partition_follows(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch", backoff_initial_seconds=0.05)
+        seen: list[int] = []
+        fail_once = {1}
+
+        def flaky(ctx: HandlerContext, item: Item) -> None:
+            seen.append(item.n)
+            if item.n in fail_once:
+                fail_once.discard(item.n)
+                raise RuntimeError("not yet")
+            write(ctx, item)
+
+        app.register(TOPIC, Item, flaky)
+        processor = Processor(app, bound, ConsumerMetrics(), FakeSender())
+        records = [record(i, {"n": i}) for i in range(4)]
+        assert drain(processor, records) == 4
+        # The plain batch fails at 1 and its prefix [0] runs again alone; then 1 is retried
+        # alone, before the records behind it.
+        assert seen == [0, 1, 0, 1, 2, 3]
+        with bound.connect() as conn:
+            (failure,) = list_failures(conn, group=app.group_id, status=None)
+        assert (failure.attempts, failure.status) == (1, "recovered")
+
+
+class TestAwaitedOperations:
+    def test_a_message_whose_operation_is_open_is_not_dead_lettered_until_it_settles(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        """max_attempts is spent, but the ledger still expects the outcome of the operation
+        the message started: the message waits for it instead of going to the dead-letter
+        topic, and is handled once the operation settled."""
+        app = app_for(database_url, "batch", max_attempts=2, backoff_initial_seconds=0.05,
+                      backoff_max_seconds=0.1)
+        outcomes: list[str] = []
+
+        def place(ctx: HandlerContext, item: Item) -> None:
+            with bound.begin() as conn:  # the intent commits on its own, as perform's does
+                intent = begin(conn, key=f"place:{ctx.message_id}", system="supplier",
+                               operation="place", request={"n": item.n},
+                               message_id=ctx.message_id, in_flight_grace=0.0)
+            outcomes.append(intent.operation.status.value)
+            if intent.operation.status.value != "confirmed":
+                raise RetryLater("the order's outcome is not known yet")
+            write(ctx, item)
+
+        app.register(TOPIC, Item, place)
+        sender = FakeSender()
+        processor = Processor(app, bound, ConsumerMetrics(), sender)
+        poison = record(0, {"n": 7})
+        progress = processor.process([poison])
+        for _ in range(4):  # attempts 2..5: over max_attempts, still parked
+            (parked,) = progress.parked
+            time.sleep(max(0.0, parked.due - time.monotonic()))
+            progress = processor.process([poison], {(TOPIC, 0, 0)})
+        assert sender.sent == []
+        assert progress.handled == 0
+        message_id = poison.headers[0][1].decode()
+        with bound.begin() as conn:
+            op = get_operation(conn, key=f"place:{message_id}")
+            record_outcome(conn, op.id, Applied(Evidence(reference="SUP-1")))
+        (parked,) = progress.parked
+        time.sleep(max(0.0, parked.due - time.monotonic()))
+        assert processor.process([poison], {(TOPIC, 0, 0)}).handled == 1
+        assert sender.sent == []
+        assert count(bound, "SELECT count(*) FROM public.effects") == 1
+        assert outcomes[-1] == "confirmed"
+
+    def test_without_an_open_operation_the_budget_still_dead_letters(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch", max_attempts=2, backoff_initial_seconds=0.05)
+
+        def refuse(ctx: HandlerContext, item: Item) -> None:
+            raise RetryLater("the supplier is down")
+
+        app.register(TOPIC, Item, refuse)
+        sender = FakeSender()
+        assert drain(Processor(app, bound, ConsumerMetrics(), sender), [record(0, {"n": 1})]) == 1
+        assert [t for t, _ in sender.sent] == [f"{TOPIC}.dlq"]

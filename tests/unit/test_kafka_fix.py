@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kafka.consumer.fetcher import Fetcher
 from kafka.coordinator.consumer import ConsumerCoordinator
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from kafka.net.inet import KafkaNetSocket
@@ -67,6 +68,7 @@ def test_other_errors_pass_unchanged(closed_after_reply: socket.socket) -> None:
         (KafkaSSLTransport, "_sock_recv"),
         (ConsumerCoordinator, "need_rejoin"),
         (KafkaNetSocket, "sock_connect"),
+        (Fetcher, "fetched_records"),
     ],
 )
 def test_installed_once_by_every_client_config(cls: type, attribute: str) -> None:

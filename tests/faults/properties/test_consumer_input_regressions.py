@@ -65,7 +65,7 @@ def bound(engine: Engine) -> Engine:
 def process(database_url: str, engine: Engine, sender: Sender, *records: Record) -> int:
     app = Consumer(f"g-{uuid.uuid4().hex[:6]}", settings=settings(database_url, "127.0.0.1:1"))
     app.register(TOPIC, Order, handle)
-    return Processor(app, engine, ConsumerMetrics(), sender).process(list(records))
+    return Processor(app, engine, ConsumerMetrics(), sender).process(list(records)).handled
 
 
 def failure(engine: Engine) -> dict[str, Any]:
@@ -153,7 +153,7 @@ def test_an_error_quoting_a_lone_surrogate_is_sent_and_stored_escaped(
     app.register("echo", Echo, refuse)
     sender = Sender()
     record = Record(0, b'{"data": "x\\ud800y"}', [("message-id", b"s-1")], topic="echo")
-    assert Processor(app, bound, ConsumerMetrics(), sender).process([record]) == 1
+    assert Processor(app, bound, ConsumerMetrics(), sender).process([record]).handled == 1
     assert b"x\\ud800y" in sender.sent[0][2]["x-outboxkit-error"]
     assert "x\\ud800y" in failure(bound)["last_error"]
 
