@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from outbox.settings import ConnectionSettings
@@ -61,7 +61,8 @@ class ConsumerSettings(ConnectionSettings):
     )
     session_timeout_ms: int = Field(default=10_000, gt=0, description="Kafka session timeout.")
     max_poll_interval_ms: int = Field(
-        default=300_000, gt=0, description="Kafka max.poll.interval.ms (bounds retries too)."
+        default=300_000, gt=0,
+        description="Kafka max.poll.interval.ms: the longest one batch's handlers may take.",
     )
     http_host: str = Field(default="127.0.0.1", description="Address of /metrics, /healthz.")
     http_port: int = Field(
@@ -72,19 +73,6 @@ class ConsumerSettings(ConnectionSettings):
     )
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
-
-    @model_validator(mode="after")
-    def _retries_fit_the_poll_interval(self) -> ConsumerSettings:
-        # Retries happen between polls: all of them must fit in max.poll.interval.ms, or the
-        # broker presumes this consumer dead and rebalances while it waits.
-        worst = sum(self.backoff(n) for n in range(1, self.max_attempts))
-        if worst >= self.max_poll_interval_ms / 1000 * 0.8:
-            raise ValueError(
-                f"max_attempts={self.max_attempts} with backoff up to "
-                f"{self.backoff_max_seconds:g} s waits {worst:g} s in the worst case, over 80% "
-                f"of max_poll_interval_ms={self.max_poll_interval_ms}: lower one or raise it"
-            )
-        return self
 
     def backoff(self, attempt: int) -> float:
         """The delay after failed attempt number *attempt* (1-based), before the next one."""
