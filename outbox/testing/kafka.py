@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +37,12 @@ logger.kafka.level = WARN
 logger.apache.name = org.apache.kafka
 logger.apache.level = WARN
 """
+
+
+PID_FILE = "broker.pid"
+"""The broker's pid and nothing else, so ``kill $(cat broker.pid)`` signals just the broker."""
+PORTS_FILE = "broker.json"
+"""The broker's ports: ``{"port": ..., "controller_port": ...}``."""
 
 
 # Brokers started by this process. Keeping the Popen objects alive stops Python from
@@ -169,15 +176,31 @@ def _java_argv(home: Path, libs: Path, main: str, *args: str) -> list[str]:
     ]
 
 
-def running_broker(home: Path) -> KafkaBroker | None:
-    state = home / "broker.pid"
+def _recorded(home: Path) -> tuple[int, int, int] | None:
+    """The pid, port and controller port recorded in *home*, if any."""
     try:
-        pid_s, port_s, cport_s = state.read_text().split()
-    except (FileNotFoundError, ValueError):
+        words = (home / PID_FILE).read_text().split()
+        if len(words) == 3:
+            # Written before one pid per file ("pid port controller_port"): brokers started
+            # then are still running somewhere, and must still be found and stopped.
+            pid, port, controller_port = (int(w) for w in words)
+            return pid, port, controller_port
+        if len(words) != 1:
+            return None
+        ports = json.loads((home / PORTS_FILE).read_text())
+        return int(words[0]), int(ports["port"]), int(ports["controller_port"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
-    pid, port = int(pid_s), int(port_s)
+
+
+def running_broker(home: Path) -> KafkaBroker | None:
+    """The broker recorded in *home*, if it is still running and listening."""
+    recorded = _recorded(home)
+    if recorded is None:
+        return None
+    pid, port, controller_port = recorded
     if pid_alive(pid) and port_open(port):
-        return KafkaBroker(home, port, int(cport_s), pid)
+        return KafkaBroker(home, port, controller_port, pid)
     return None
 
 
@@ -225,7 +248,9 @@ def start(
     )
     out.close()
     _CHILDREN[proc.pid] = proc
-    (home / "broker.pid").write_text(f"{proc.pid} {port} {controller_port}\n")
+    # Ports first: a pid file is only ever read with its ports already beside it.
+    (home / PORTS_FILE).write_text(json.dumps({"port": port, "controller_port": controller_port}))
+    (home / PID_FILE).write_text(f"{proc.pid}\n")
     broker = KafkaBroker(home, port, controller_port, proc.pid)
     try:
         wait_ready(broker, timeout_s=ready_timeout_s)
@@ -233,6 +258,7 @@ def start(
         stop_pid(proc.pid, grace_s=5)
         _CHILDREN.pop(proc.pid, None)
         proc.wait(timeout=5)
+        (home / PID_FILE).unlink(missing_ok=True)
         raise
     return broker
 
@@ -287,4 +313,6 @@ def stop(home: Path, *, grace_s: float = 20.0) -> bool:
     child = _CHILDREN.pop(broker.pid, None)
     if child is not None:
         child.wait(timeout=5)
+    # A stale pid could be another process's by the next ``kill $(cat broker.pid)``.
+    (home / PID_FILE).unlink(missing_ok=True)
     return True
