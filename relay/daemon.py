@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, create_engine
@@ -204,7 +204,7 @@ class Relay:
         sched.add_job(
             self._job(self.lanes.forget_dead_relays),
             "interval",
-            seconds=max(30.0, s.lane_lease_seconds * 5),
+            seconds=s.lane_lease_seconds,
             id="sweep",
         )
         if s.published_retention_seconds > 0:
@@ -239,6 +239,10 @@ class Relay:
         try:
             owned = self.lanes.heartbeat()
             self.metrics.lanes_owned.set(len(owned.tokens))
+            if owned.acquired:
+                self.wake.set()  # their rows may have waited a lease already: claim them now
+            if owned.others_expire_in is not None:
+                self._look_again_in(owned.others_expire_in)
         except SQLAlchemyError as exc:
             self._set_ready(False)
             log.warning(
@@ -246,6 +250,20 @@ class Relay:
                 describe(exc),
                 extra={"event": "relay.heartbeat_failed"},
             )
+
+    def _look_again_in(self, seconds: float) -> None:
+        """Run one more heartbeat just after another relay's lanes run out.
+
+        The interval heartbeat alone would take them up to a third of a lease late.
+        """
+        if self._scheduler is None or self._stop.is_set():
+            return
+        # A little after the expiry: the heartbeat's acquire needs the lease to be over by the
+        # database's clock; a look-again that comes too early schedules the next one itself.
+        when = datetime.now(UTC) + timedelta(seconds=seconds + 0.05)
+        self._scheduler.add_job(
+            self._heartbeat_job, "date", run_date=when, id="lanes-expiry", replace_existing=True
+        )
 
     def _retention(self) -> None:
         deleted = purge_published(

@@ -6,7 +6,11 @@ lease row in ``relay_lanes``; acquiring a lane bumps its fencing token, and a re
 rows only for lanes whose (owner, token) still match and whose lease has not run out — in
 the same SQL statement as the claim. A relay takes its fair share (lanes / live relays),
 gives back the excess when others join (between batches, never with a batch in flight),
-and a dead relay's lanes move to the others once its lease expires. Within a lane the
+and a dead relay's lanes move to the others once its lease expires: a relay is counted
+live exactly while its lanes' leases run (both are written by one heartbeat transaction),
+and each heartbeat reports when another relay's lanes will run out before the next
+renewal, so the daemon looks again at that moment instead of up to a heartbeat later.
+Within a lane the
 owner publishes in id order, and ids of one key are in commit order (emit serialises them),
 so per-key order holds across relays, restarts and rebalances.
 """
@@ -58,6 +62,14 @@ WHERE l.lane = free.lane
 RETURNING l.lane, l.token
 """
 
+# Seconds until the soonest lease of another relay runs out. A live relay renews every third
+# of a lease, so its leases always have more than two thirds to run: a sooner expiry means
+# its owner missed a renewal (dead, or stuck), and the lanes are free at that moment.
+OTHERS_EXPIRE = """
+SELECT extract(epoch FROM min(expires_at) - now()) FROM {schema}.relay_lanes
+WHERE lane < :lanes AND owner IS NOT NULL AND owner <> :relay_id AND expires_at > now()
+"""
+
 RELEASE = """
 UPDATE {schema}.relay_lanes SET owner = NULL, expires_at = NULL
 WHERE owner = :relay_id AND lane = ANY(:lanes)
@@ -69,6 +81,9 @@ FORGET_DEAD = """
 DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => :horizon)
 """
 
+# A dead relay stays listed (as dead, in ``outbox status``) this many leases, then goes.
+FORGET_AFTER_LEASES = 6
+
 
 @dataclass(frozen=True)
 class OwnedLanes:
@@ -76,6 +91,11 @@ class OwnedLanes:
 
     tokens: dict[int, int]
     valid_until: float  # time.monotonic()
+    # What the heartbeat that took the snapshot learned besides: the lanes it newly acquired
+    # (the loop should claim them now) and, when another relay's lanes run out before they
+    # could be renewed, in how many seconds (the moment to look again and take them).
+    acquired: frozenset[int] = frozenset()
+    others_expire_in: float | None = None
 
     def usable(self) -> dict[int, int]:
         return self.tokens if time.monotonic() < self.valid_until else {}
@@ -128,18 +148,26 @@ class LaneManager:
             ).scalar_one()
             tokens = {r.lane: r.token for r in conn.execute(sql(RENEW, self._schema), params)}
             fair = math.ceil(self.lanes / max(1, int(live)))
+            acquired: set[int] = set()
             if len(tokens) < fair:
-                acquired = conn.execute(
+                rows = conn.execute(
                     sql(ACQUIRE, self._schema), {**params, "wanted": fair - len(tokens)}
                 )
-                for row in acquired:
+                for row in rows:
                     tokens[row.lane] = row.token
+                    acquired.add(row.lane)
+            expire_in = conn.execute(sql(OTHERS_EXPIRE, self._schema), params).scalar_one()
+        # Counted from after the commit (not from the database's now(), which was earlier), so
+        # a look-again scheduled with it comes after the expiry, never before.
+        others = None
+        if expire_in is not None and float(expire_in) < self.lease * 2 / 3:
+            others = float(expire_in)
         # Our clock started before the database's now(): a conservative deadline, with a
         # margin so a batch never runs up to the very end of the lease.
         valid_until = started + self.lease * 2 / 3
         excess = sorted(tokens)[fair:] if len(tokens) > fair else []
         with self._lock:
-            self._owned = OwnedLanes(tokens, valid_until)
+            self._owned = OwnedLanes(tokens, valid_until, frozenset(acquired), others)
             self._to_release = set(excess)
             self.live_relays = int(live)
         if excess:
@@ -191,7 +219,17 @@ class LaneManager:
             if beating:
                 self._beat.release()
 
-    def forget_dead_relays(self) -> None:
-        """Remove relays rows silent for ten leases (their lanes expired long before)."""
+    def forget_dead_relays(self) -> int:
+        """Remove relays rows silent for several leases (their lanes moved on long before)."""
         with self._engine.begin() as conn:
-            conn.execute(sql(FORGET_DEAD, self._schema), {"horizon": self.lease * 10})
+            result = conn.execute(
+                sql(FORGET_DEAD, self._schema), {"horizon": self.lease * FORGET_AFTER_LEASES}
+            )
+        if result.rowcount:
+            log.info(
+                "forgot %d dead relays (silent for %d leases)",
+                result.rowcount,
+                FORGET_AFTER_LEASES,
+                extra={"event": "relay.forget_dead"},
+            )
+        return int(result.rowcount)

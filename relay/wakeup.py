@@ -6,6 +6,11 @@ statement as their INSERT. The relay declares itself idle only after a claim cam
 empty, re-checks once after declaring, and then waits for a notification or for the
 fallback poll, whichever comes first. A notification lost in the gap between an emit's
 INSERT and the relay's declaration is covered by that poll.
+
+Flipping the flag leaves ``heartbeat_at`` alone: only the lane heartbeat, which renews the
+relay's leases in the same transaction, may say the relay is alive. A relay killed right
+after flipping would otherwise look alive for a lease after its lanes ran out, and the
+others would wait that long before taking them (their fair share still counted it).
 """
 
 from __future__ import annotations
@@ -17,9 +22,7 @@ import psycopg
 
 log = logging.getLogger(__name__)
 
-SET_IDLE = (
-    "UPDATE {schema}.relays SET idle = :idle, heartbeat_at = now() WHERE relay_id = :relay_id"
-)
+SET_IDLE = "UPDATE {schema}.relays SET idle = :idle WHERE relay_id = :relay_id"
 
 
 class Listener:

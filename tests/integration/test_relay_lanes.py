@@ -11,6 +11,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from relay.claims import claim
 from relay.lanes import LaneManager
+from relay.sql import sql
+from relay.wakeup import SET_IDLE
 
 
 def manager(engine: Engine, relay_id: str, lease: float = 3.0) -> LaneManager:
@@ -127,3 +129,33 @@ def test_a_heartbeat_in_flight_when_the_relay_leaves_does_not_bring_it_back(
         ).scalars().all()
     assert relays == ["a"]
     assert owners == ["a"]
+
+
+def test_declaring_itself_idle_does_not_make_a_relay_look_alive(engine: Engine) -> None:
+    """Only the heartbeat that renews its leases says a relay lives, or a dead one is counted."""
+    a = manager(engine, "a")
+    settle(a)
+    read = text("SELECT heartbeat_at FROM outboxkit.relays WHERE relay_id = 'a'")
+    with engine.connect() as conn:
+        beat = conn.execute(read).scalar_one()
+    time.sleep(0.05)
+    for idle in (True, False):
+        with engine.begin() as conn:
+            conn.execute(sql(SET_IDLE, "outboxkit"), {"idle": idle, "relay_id": "a"})
+    with engine.connect() as conn:
+        assert conn.execute(read).scalar_one() == beat
+
+
+def test_a_heartbeat_says_when_a_silent_relays_lanes_run_out(engine: Engine) -> None:
+    a, b = manager(engine, "a"), manager(engine, "b")
+    settle(a, b)
+    assert a.heartbeat().others_expire_in is None  # b renews in time: nothing to watch
+    silent = set(b.owned())
+    time.sleep(1.5)  # b misses a renewal (a third of its 3 s lease)
+    beat = a.heartbeat()
+    assert beat.others_expire_in is not None
+    assert 0 < beat.others_expire_in <= 1.5
+    time.sleep(beat.others_expire_in + 0.05)
+    taken = a.heartbeat()  # at that moment b no longer counts, and its lanes are free
+    assert sorted(taken.tokens) == list(range(64))
+    assert taken.acquired == silent
