@@ -321,7 +321,8 @@ def settle_run_plan(operation: Operation, *, actor: str) -> Plan[str | None]:
     """
     if operation.run_id is None:
         return None
-    what = f"operation {operation.operation} on {operation.system} ({operation.idempotency_key})"
+    # Short: the run's reason is shown in tables; the key and the rest are in the evidence.
+    what = f"{operation.operation} on {operation.system}"
     reopened = yield from _reopen_plan(operation, actor=actor, what=what)
     back = f"run {operation.run_id} back from needs-human to waiting"
     if operation.status not in SETTLED:

@@ -5,18 +5,21 @@
 
 The call goes through the operations ledger (:func:`dedup.perform`) with an idempotency key
 derived from the message id, so a redelivery — after a crash, a rebalance, a retry — finds
-the operation already recorded and never places a second order. Each outcome takes its own
-path:
+the operation already recorded and never places a second order. The operation carries the
+run's id, so whatever settles it settles the run too, in the same transaction, with the
+supplier's evidence (``reference``, the operation id, calls and status checks):
 
 * ``confirmed`` (the supplier answered, or a status query found the order after a
-  timeout): the run moves to ``done`` with the supplier's reference as evidence;
-* ``rejected`` (a definite refusal): the run moves to ``failed`` with the refusal;
-* ``pending`` / ``unknown`` (no answer seen): retry the message later; the redelivery
-  reconciles by asking the supplier, and so does the reconciler process;
+  timeout): the run is ``done``;
+* ``rejected`` (a definite refusal): the run is ``failed`` with the refusal;
 * ``needs-human`` (the supplier could not tell us): the run was escalated with the
-  evidence; the message is done, a person resolves the operation (``outbox ops resolve``).
+  evidence; a person resolves the operation (``outbox ops resolve``), which settles the run;
+* ``pending`` / ``unknown`` / ``not-applied`` (no answer seen yet): retry the message later;
+  the redelivery reconciles by asking the supplier, and so does the reconciler process —
+  which settles the run even if this message was dead-lettered meanwhile.
 
-The run moves in the same transaction as the consumer's dedup mark.
+So the handler has nothing to confirm itself; the dedup mark commits once the operation is
+settled or with a person.
 """
 
 from __future__ import annotations
@@ -38,11 +41,7 @@ class OrderSubmit(BaseModel):
 
 
 app = Consumer(group_id=config.group_id())
-
-
-def evidence_of(op: Operation) -> dict[str, object]:
-    return {"supplier_ref": op.reference, "operation_id": str(op.id), "calls": op.calls,
-            "status_checks": op.checks, "supplier_answer": op.evidence}
+UNSETTLED = frozenset({"pending", "unknown", "not-applied"})
 
 
 def retry_delay(op: Operation) -> float:
@@ -59,13 +58,7 @@ def place_order(ctx: HandlerContext, order: OrderSubmit) -> None:
         request=order.model_dump(mode="json"), message_id=ctx.message_id,
         run_id=order.run_id, policy=config.POLICY, actor=ctx.group_id,
     )
-    if op.status == "confirmed":
-        ctx.confirm(outcome="done", run_id=order.run_id, evidence=evidence_of(op),
-                    reason="the supplier confirmed the order")
-    elif op.status == "rejected":
-        ctx.confirm(outcome="failed", run_id=order.run_id, evidence=evidence_of(op),
-                    reason="the supplier refused the order")
-    elif op.status != "needs-human":
+    if op.status in UNSETTLED:
         raise RetryLater(f"the order's outcome is {op.status}: reconciling", retry_delay(op))
 
 

@@ -186,7 +186,8 @@ def _supplier(f: Findings, record: dict[str, Any], runs: dict[str, Any]) -> None
             f.undecided_orders.append(run_id)
     for run_id, run in runs.items():
         if run["state"] == "done":
-            ref = (run["last_evidence"] or {}).get("supplier_ref")
+            # The operations ledger settles the run with the supplier's order id as reference.
+            ref = (run["last_evidence"] or {}).get("reference")
             if orders_by_run.get(run_id) != [ref]:
                 f.wrong_evidence.append(run_id)
 
