@@ -15,6 +15,7 @@ from sqlalchemy import create_engine
 from outbox.cli import EXIT_USAGE, database_url_option, one_line_errors, require_url
 from outbox.settings import OutboxSettings
 from relay import cli
+from relay.settings import RelaySettings
 from relay.status import read_status
 
 
@@ -33,13 +34,22 @@ def relay_command(ctx: click.Context) -> None:
 @click.command("status")
 @database_url_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option(
+    "--lease-seconds",
+    type=click.FloatRange(min=1.0),
+    default=RelaySettings.model_fields["lane_lease_seconds"].default,
+    envvar="OUTBOXKIT_RELAY_LANE_LEASE_SECONDS",
+    show_envvar=True,
+    show_default=True,
+    help="The relays' lane lease: a relay whose heartbeat is older than this is shown dead.",
+)
 @one_line_errors
-def status_command(database_url: str | None, as_json: bool) -> None:
+def status_command(database_url: str | None, as_json: bool, lease_seconds: float) -> None:
     """Backlog, oldest pending age, failed messages, and each relay with its lanes."""
     engine = create_engine(require_url(database_url))
     try:
         with engine.connect() as conn:
-            status = read_status(conn, OutboxSettings().schema_name)
+            status = read_status(conn, OutboxSettings().schema_name, lease_seconds=lease_seconds)
     finally:
         engine.dispose()
     if as_json:
@@ -49,12 +59,12 @@ def status_command(database_url: str | None, as_json: bool) -> None:
     click.echo(f"oldest pending age   {status.oldest_pending_age_s:.1f} s")
     click.echo(f"failed messages      {status.failed}")
     click.echo(f"published (kept)     {status.published}")
-    if not status.relays:
+    if not any(not relay.dead for relay in status.relays):
         click.echo("relays               none alive")
     for relay in status.relays:
-        state = "idle" if relay.idle else "busy"
-        click.echo(f"relay {relay.relay_id:<24} {state}, heartbeat {relay.heartbeat_age_s:.1f} s "
-                   f"ago, {len(relay.lanes)} lanes {compact(relay.lanes)}")
+        click.echo(f"relay {relay.relay_id:<24} {relay.state}, heartbeat "
+                   f"{relay.heartbeat_age_s:.1f} s ago, {len(relay.lanes)} lanes "
+                   f"{compact(relay.lanes)}".rstrip())
     if status.unowned_lanes:
         click.echo(f"lanes without owner  {compact(status.unowned_lanes)}")
 

@@ -1,4 +1,10 @@
-"""What ``outbox status`` shows: the backlog and who publishes what."""
+"""What ``outbox status`` shows: the backlog and who publishes what.
+
+Ages are computed with the database's clock (the one that wrote the timestamps), read when
+the statement runs rather than when its transaction began, and never shown below zero. A
+relay whose heartbeat is older than the lane lease is dead: its lanes are (or are about to
+be) taken over, and the relays sweep its row away after a few leases.
+"""
 
 from __future__ import annotations
 
@@ -13,24 +19,29 @@ COUNTS = """
 SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
        count(*) FILTER (WHERE status = 'failed') AS failed,
        count(*) FILTER (WHERE status = 'published') AS published,
-       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)
+       greatest(0, coalesce(extract(epoch FROM clock_timestamp()
+                                    - min(created_at) FILTER (WHERE status = 'pending')), 0))
            AS oldest_age
 FROM {schema}.outbox_messages
 """
 
+# now() would be when this transaction began: a heartbeat committed since then is "in the
+# future" (a negative age). clock_timestamp() is read as the statement runs.
 RELAYS = """
-SELECT r.relay_id, r.idle, extract(epoch FROM now() - r.heartbeat_at) AS heartbeat_age,
+SELECT r.relay_id, r.idle,
+       greatest(0, extract(epoch FROM clock_timestamp() - r.heartbeat_at)) AS heartbeat_age,
        coalesce(array_agg(l.lane ORDER BY l.lane) FILTER (WHERE l.lane IS NOT NULL), '{}')
            AS lanes
 FROM {schema}.relays AS r
-LEFT JOIN {schema}.relay_lanes AS l ON l.owner = r.relay_id AND l.expires_at > now()
+LEFT JOIN {schema}.relay_lanes AS l
+  ON l.owner = r.relay_id AND l.expires_at > clock_timestamp()
 GROUP BY r.relay_id, r.idle, r.heartbeat_at
 ORDER BY r.relay_id
 """
 
 UNOWNED = """
 SELECT lane FROM {schema}.relay_lanes
-WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= now() ORDER BY lane
+WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= clock_timestamp() ORDER BY lane
 """
 
 
@@ -40,6 +51,12 @@ class RelayInfo:
     idle: bool
     heartbeat_age_s: float
     lanes: list[int]
+    # Silent for longer than the lane lease: killed, or cut off from the database.
+    dead: bool = False
+
+    @property
+    def state(self) -> str:
+        return "dead" if self.dead else "idle" if self.idle else "busy"
 
 
 @dataclass(frozen=True)
@@ -52,13 +69,20 @@ class Status:
     unowned_lanes: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for relay, info in zip(data["relays"], self.relays, strict=True):
+            relay["state"] = info.state
+        return data
 
 
-def read_status(conn: Connection, schema: str) -> Status:
+def read_status(conn: Connection, schema: str, *, lease_seconds: float) -> Status:
+    """The outbox's counts and the relays, judging a relay dead after *lease_seconds* silent."""
     counts = conn.execute(sql(COUNTS, schema)).one()
-    relays = [RelayInfo(r.relay_id, r.idle, float(r.heartbeat_age), list(r.lanes))
-              for r in conn.execute(sql(RELAYS, schema))]
+    relays = [
+        RelayInfo(r.relay_id, r.idle, float(r.heartbeat_age), list(r.lanes),
+                  dead=float(r.heartbeat_age) > lease_seconds)
+        for r in conn.execute(sql(RELAYS, schema))
+    ]
     unowned = list(conn.execute(sql(UNOWNED, schema)).scalars())
     return Status(counts.pending, counts.failed, counts.published, float(counts.oldest_age),
                   relays, unowned)
