@@ -57,6 +57,7 @@ REQUIRED = (
     "relay.peak_rss_mb",
     "consumer.batch_msgs_per_s",
     "consumer.batch_ratio",
+    "consumer.retry_isolation_ratio",
 )
 
 # Smoke sizes: every phase runs, briefly (the benches' own --quick is still minutes long).
@@ -68,7 +69,9 @@ QUICK_ARGS = {
         "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "0",
         "--writers", "2", "--claim-backlog", "8000", "--rss-backlog", "8000",
     ],
-    "consumer_bench": ["--quick", "--n", "2000", "--n-per-message", "300"],
+    "consumer_bench": [
+        "--quick", "--n", "2000", "--n-per-message", "300", "--n-isolation", "300",
+    ],
 }
 
 

@@ -32,6 +32,7 @@ REQUIRED = (
     "relay.peak_rss_mb",
     "consumer.batch_msgs_per_s",
     "consumer.batch_ratio",
+    "consumer.retry_isolation_ratio",
 )
 FIGURE_KEYS = {"name", "value", "unit", "ceiling", "ratio", "goal", "met"}
 
