@@ -12,7 +12,9 @@ from examples.supplier_client import SupplierClient
 WORKFLOW = "supplier-order"
 WORKFLOW_VERSION = "1"
 ACCOUNTS = 4  # message keys: the per-key order that Kafka must keep is per account
-CALL_TIMEOUT_S = 1.5  # the supplier client's timeout; "apply-then-timeout" answers later
+# The supplier client's timeout; "apply-then-timeout" answers later. A fault scenario that
+# kills the consumer during a hanging call lengthens it (and the in-flight grace below).
+CALL_TIMEOUT_S = float(os.environ.get("OUTBOXKIT_EXAMPLE_CALL_TIMEOUT", "1.5"))
 
 # Short bounds so a demo or a fault scenario settles in seconds; a real deployment keeps
 # the defaults (minutes to hours).
@@ -22,7 +24,8 @@ POLICY = ReconcilePolicy(
     initial_backoff=0.3,
     multiplier=2.0,
     max_backoff=2.0,
-    in_flight_grace=3.0,  # longer than CALL_TIMEOUT_S: a live call is never second-guessed
+    # Longer than CALL_TIMEOUT_S: a live call is never second-guessed.
+    in_flight_grace=float(os.environ.get("OUTBOXKIT_EXAMPLE_IN_FLIGHT_GRACE", "3.0")),
     claim_seconds=10.0,
     max_age_seconds=120.0,
 )

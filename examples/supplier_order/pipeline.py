@@ -63,6 +63,8 @@ class Pipeline:
         self.quiet = quiet
         self.supplier_url = ""
         self.procs: dict[str, Proc] = {}
+        # Extra environment per process kind (a fault scenario's settings), kept by restarts.
+        self.overrides: dict[str, dict[str, str]] = {}
         self.deaths: list[tuple[str, int]] = []  # (name, exit code) of every process gone
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -116,6 +118,7 @@ class Pipeline:
                        OUTBOXKIT_CONSUMER_SESSION_TIMEOUT_MS="6000")
             if metrics_port:
                 env["OUTBOXKIT_CONSUMER_HTTP_PORT"] = str(metrics_port)
+        env.update(self.overrides.get(kind, {}))
         return env
 
     # --- processes -----------------------------------------------------------------------

@@ -27,6 +27,11 @@ def run_scenario(h: Harness, scenario: Scenario) -> ScenarioResult:
     if not h.wait_final(run_ids, scenario.settle_s):
         r.notes.append(f"not settled within {scenario.settle_s:.0f} s")
     r.recovery_s = round(time.monotonic() - fault_ended, 2)
+    if scenario.after is not None:
+        try:
+            scenario.after(h)
+        except Exception as exc:
+            r.error = r.error or f"undoing the scenario failed: {type(exc).__name__}: {exc}"
     h.check(r, run_ids)
     r.duplicates_dropped -= dropped_before
     _expectations(h, r, scenario)

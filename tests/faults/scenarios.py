@@ -36,6 +36,8 @@ class Scenario:
     run: Callable[[Harness, ScenarioResult], list[uuid.UUID]]
     settle_s: float = 90.0
     expect: dict[uuid.UUID, str] | None = None
+    # Run once the scenario's runs settled (or did not): undo what it changed.
+    after: Callable[[Harness], None] | None = None
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -189,6 +191,57 @@ def status_down() -> Scenario:
     return scenario
 
 
+def hanging_call(grace_s: float) -> Scenario:
+    """The supplier takes an order and hangs; every consumer is SIGKILLed during the POST and
+    restarted with the consumer's default retry budget (5 attempts, about 8 s here), far
+    shorter than the ledger's in-flight grace: the operation stays ``pending`` until the
+    reconciler asks the supplier. The message must wait for that outcome instead of being
+    dead-lettered, and the run must end ``done`` with the supplier's evidence."""
+    scenario = Scenario(f"hanging-call:{grace_s:.0f}s", lambda h, r: [], settle_s=grace_s + 90)
+    tuned = ("consumer", "reconciler")
+
+    def run(h: Harness, r: ScenarioResult) -> list[uuid.UUID]:
+        assert h.supplier is not None
+        ledger = {"OUTBOXKIT_EXAMPLE_IN_FLIGHT_GRACE": str(grace_s),
+                  "OUTBOXKIT_EXAMPLE_CALL_TIMEOUT": str(grace_s / 2)}
+        h.p.overrides["consumer"] = {**ledger, "OUTBOXKIT_CONSUMER_MAX_ATTEMPTS": "5",
+                                     "OUTBOXKIT_CONSUMER_BACKOFF_MAX_SECONDS": "10"}
+        h.p.overrides["reconciler"] = ledger
+        for name in [n for kind in tuned for n in h.names(kind)]:
+            h.p.restart(name)
+        h.wait_ready()
+        item = f"hanging-{uuid.uuid4().hex[:4]}"
+        h.supplier.control(items={item: {"mode": "apply-then-timeout", "delay": grace_s * 4,
+                                         "times": 1}})
+        run_ids = h.seed_orders("hanging-call", [item])
+        scenario.expect = {run_ids[0]: "done"}
+        if not _wait(lambda: any((o.get("request") or {}).get("item") == item
+                                 for o in h.supplier.all_orders()), 60):
+            r.error = "the supplier never received the hanging order"
+            return run_ids
+        consumers = h.names("consumer")
+        for name in consumers:  # one of them is inside the POST, which hangs
+            h.p.kill(name)
+            r.kills += 1
+        killed = time.monotonic()
+        for name in consumers:
+            h.p.restart(name)
+        r.notes.append(f"consumers killed during the POST; in-flight grace {grace_s:.0f} s, "
+                       "consumer retries at their defaults")
+        r.fault_ended = killed
+        return run_ids
+
+    def restore(h: Harness) -> None:
+        for kind in tuned:
+            h.p.overrides.pop(kind, None)
+        for name in [n for kind in tuned for n in h.names(kind)]:
+            h.p.restart(name)
+        h.wait_ready()
+
+    scenario.run, scenario.after = run, restore
+    return scenario
+
+
 def scale_out(rounds: int) -> Scenario:
     """4 agents, 3 relays, 2 consumers at once, with random kills among them."""
     kills = random_kills(rounds)
@@ -214,9 +267,11 @@ def ci_subset(outage_s: float = 20.0) -> list[Scenario]:
         random_kills(4),
         postgres_restart(),
         broker_outage(outage_s),
+        hanging_call(30.0),
     ]
 
 
 def full(outage_s: float, kill_rounds: int = 10) -> list[Scenario]:
     """Every scenario; the soak passes more kill rounds."""
-    return [*ci_subset(outage_s), random_kills(kill_rounds), scale_out(kill_rounds)]
+    return [*ci_subset(outage_s), random_kills(kill_rounds), scale_out(kill_rounds),
+            hanging_call(60.0)]  # the ledger's default in-flight grace

@@ -1,5 +1,6 @@
 """The fault harness's CI subset: every failpoint kills its process at least once, a few
-random kills, a PostgreSQL restart, a 20 s broker outage and the supplier's failure paths —
+random kills, a PostgreSQL restart, a 20 s broker outage, the supplier's failure paths and a
+consumer killed during a hanging call —
 and after each, nothing lost, no effect repeated, every run settled with evidence.
 
 The seed is fixed so CI is repeatable (``OUTBOXKIT_FAULTS_SEED`` picks another); the long
@@ -39,4 +40,6 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     assert paths["refuse"] == "call:rejected", shown
     assert paths["timeout"] == "call:unknown → check:confirmed", shown
     assert results["status-endpoint-down"]["runs_by_state"] == {"needs-human": 1}, shown
+    # Killed during a hanging call, with the consumer's default retries: settled, not stranded.
+    assert results["hanging-call:30s"]["runs_by_state"] == {"done": 1}, shown
     assert report["ok"], f"seed {seed}: {report['replay']}\n{shown}"
