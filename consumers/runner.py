@@ -94,6 +94,9 @@ class Runner:
         return self._ready and not self._stop.is_set()
 
     def healthy(self) -> bool:
+        """Alive: starting up (e.g. waiting for its topic to be created), or looping."""
+        if self._handler_thread is None:
+            return True  # the loop has not started: start-up waits are not a hang
         bound = self.settings.max_poll_interval_ms / 1000 + 30
         return time.monotonic() - self._last_loop < bound
 
@@ -118,15 +121,16 @@ class Runner:
             extra={"event": "consumer.start"},
         )
         try:
-            if not verify_window(s, app.topics, self._stop):
-                return 0  # stopped while waiting for a topic to be created
-            with self.engine.connect() as conn:
-                check_schema(conn, app.outbox_settings)
             if s.http_port:
+                # Up before the waits of start-up: healthy (alive) while not yet ready.
                 self.http = HealthServer(
                     s.http_host, s.http_port, self.metrics.registry, self.healthy, self.ready
                 )
                 self.http.start()
+            if not verify_window(s, app.topics, self._stop):
+                return 0  # stopped while waiting for a topic to be created
+            with self.engine.connect() as conn:
+                check_schema(conn, app.outbox_settings)
             self.consumer = self._make_consumer()
             self._await_topic_metadata()
             self.consumer.subscribe(

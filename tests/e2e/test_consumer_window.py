@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -15,10 +17,19 @@ from pydantic import BaseModel
 from consumers import Consumer, ConsumerSettings
 from consumers.window import verify_window
 from outbox.errors import ConfigurationError
+from outbox.testing.processes import free_port
 from tests.e2e.conftest import wait_until
 from tests.e2e.consumer_support import InProcess, settings
 
 DAY = 86_400.0
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
 
 
 @pytest.fixture
@@ -137,7 +148,9 @@ class TestMissingTopic:
         topics: Callable[[str, float | None], None], caplog: pytest.LogCaptureFixture,
     ) -> None:
         topic = unique("win-consumer")
-        app = Consumer(f"g-{topic}", settings=settings(database_url, kafka_bootstrap))
+        port = free_port()
+        app = Consumer(f"g-{topic}",
+                       settings=settings(database_url, kafka_bootstrap, http_port=port))
         app.register(topic, _Item, lambda ctx, item: None)
         caplog.set_level(logging.INFO, logger="consumers.window")
         with InProcess(app) as running:
@@ -145,6 +158,9 @@ class TestMissingTopic:
                                    for r in caplog.records), 60, "the waiting line")
             assert running.thread.is_alive()
             assert not running.runner.ready()
+            # A probe sees a live consumer that is not ready (not one to restart in a loop).
+            assert _status(port, "/healthz") == 200
+            assert _status(port, "/readyz") == 503
             topics(topic, DAY)
             wait_until(running.runner.ready, 90, "the consumer to start once its topic exists")
         assert running.error is None
