@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, exists, func, or_, select
 
 from dedup.operations import SETTLED, events, ops
+from dedup.window import human_duration
 from outbox.errors import ConfigurationError
 from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
@@ -58,7 +59,7 @@ class OperationsPurge:
 
 
 def _span(seconds: float) -> str:
-    return f"{seconds:.0f} s ({seconds / DAY:.4g} days)"
+    return f"{seconds:.0f} s ({human_duration(seconds)})"
 
 
 def check_retention_window(older_than_seconds: float,

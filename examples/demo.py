@@ -195,7 +195,7 @@ def summary(engine: Engine, p: Pipeline, supplier: SupplierClient, run_ids: list
     dropped = int(p.metric("consumer", "outboxkit_consumer_duplicates_total") or 0)
     with engine.connect() as conn:
         runs = conn.execute(text(
-            "SELECT checkpoint->>'item', state, last_evidence->>'supplier_ref', reason "
+            "SELECT checkpoint->>'item', state, last_evidence->>'reference', reason "
             "FROM outboxkit.agent_runs WHERE id = ANY(:ids) ORDER BY checkpoint->>'item'"),
             {"ids": run_ids}).all()
         paths = dict(conn.execute(text(
