@@ -15,8 +15,9 @@ supplier's evidence (``reference``, the operation id, calls and status checks):
 * ``needs-human`` (the supplier could not tell us): the run was escalated with the
   evidence; a person resolves the operation (``outbox ops resolve``), which settles the run;
 * ``pending`` / ``unknown`` / ``not-applied`` (no answer seen yet): retry the message later;
-  the redelivery reconciles by asking the supplier, and so does the reconciler process —
-  which settles the run even if this message was dead-lettered meanwhile.
+  the redelivery reconciles by asking the supplier, and so does the reconciler process. The
+  consumer does not dead-letter the message while its operation is open (only this
+  message's partition waits), and whichever learns the outcome first settles the run.
 
 So the handler has nothing to confirm itself; the dedup mark commits once the operation is
 settled or with a person.
