@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +77,10 @@ class ParkingLot:
             if due:
                 consumer.resume(*[p.tp for p in due])
 
-    def without_parked(self, records: Sequence[Any]) -> list[Any]:
+    def without_parked(self, records: list[Any]) -> list[Any]:
         """*records* less those of parked partitions (fetched before the pause took effect)."""
         if not self._parked:
-            return list(records)
+            return records
         with self._lock:
             return [r for r in records
                     if TopicPartition(r.topic, r.partition) not in self._parked]

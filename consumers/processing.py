@@ -118,7 +118,9 @@ class Processor:
         parked: list[Parked] = []
         pending = list(records)
         handled = 0
-        for record in [r for r in pending if (r.topic, r.partition, r.offset) in retries]:
+        heads = [r for r in pending if (r.topic, r.partition, r.offset) in retries] if (
+            retries) else []
+        for record in heads:
             if self.stop.is_set():
                 return Progress(handled, tuple(parked))
             error = self._once(record, recovering=True)
