@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from outbox.dsn import redact
 from outbox.entrypoints import add_setting_flags, explain, stop_gracefully_on_signals
-from outbox.errors import OutboxError
+from outbox.errors import ConfigurationError, OutboxError
 from outbox.settings import OutboxSettings
 from relay.daemon import Relay
 from relay.logs import configure
@@ -54,7 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Past the bound, rows not yet marked are published again by the next relay (same
     # message ids, dropped by consumers).
     stop_gracefully_on_signals(relay.stop, settings.shutdown_timeout_seconds)
-    return relay.run()
+    try:
+        return relay.run()
+    except ConfigurationError as exc:  # found only on connecting, e.g. the producer's checks
+        print(f"relay: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

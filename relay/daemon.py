@@ -16,7 +16,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
+from kafka import errors as kafka_errors
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
@@ -28,7 +30,7 @@ from relay.claims import Failed, OutboxRow, Published, claim, record
 from relay.http import HealthServer
 from relay.lanes import LaneManager
 from relay.metrics import RelayMetrics
-from relay.publisher import Publisher, describe
+from relay.publisher import Publisher, describe_briefly
 from relay.retention import purge_published
 from relay.settings import RelaySettings
 from relay.sql import sql
@@ -60,6 +62,19 @@ FROM {schema}.operations WHERE status IN ('unknown', 'needs-human')
 """
 # The relay's role may not read it (least privilege), or the schema predates it.
 OPERATIONS_UNREADABLE = frozenset({"42501", "42P01"})  # insufficient privilege, no such table
+
+# A batch whose acknowledgements take longer than this makes the relay not ready (and counts
+# as one transient Kafka error): the broker is stopped, unreachable or not answering.
+SLOW_ACKS_SECONDS = 5.0
+
+
+def error_source(exc: BaseException) -> str | None:
+    """Which side a transient error came from (a label value), or None for anything else."""
+    if isinstance(exc, SQLAlchemyError | psycopg.Error):
+        return "postgres"
+    if isinstance(exc, kafka_errors.KafkaError):
+        return "kafka"
+    return None
 
 
 class Relay:
@@ -103,6 +118,8 @@ class Relay:
         self._idle = False
         self._rotate = 0
         self._failures = 0
+        self._batch_counted = False  # this batch's slow acks were counted as a Kafka error
+        self._unready_source: str | None = None  # the side whose error made it not ready
         self._operations_readable = True
         # Marking a batch runs on this thread while the next batch is claimed and sent: the
         # next batch is sent only after this one was acknowledged, so order is unaffected.
@@ -123,16 +140,40 @@ class Relay:
         bound = self.settings.delivery_timeout_ms / 1000 + 60
         return time.monotonic() - self._last_loop < bound
 
-    def _set_ready(self, value: bool) -> None:
+    def _set_ready(self, value: bool, cause: str = "") -> None:
+        """Say so when readiness changes: becoming not ready is a warning that names *cause*."""
         if value != self._ready:
-            log.info(
-                "relay %s is %s",
-                self.settings.relay_id,
-                "ready" if value else "not ready",
-                extra={"event": "relay.ready" if value else "relay.not_ready"},
-            )
+            if value:
+                log.info(
+                    "relay %s is ready", self.settings.relay_id, extra={"event": "relay.ready"}
+                )
+            else:
+                log.warning(
+                    "relay %s is not ready: %s",
+                    self.settings.relay_id,
+                    cause or "reason unknown",
+                    extra={"event": "relay.not_ready"},
+                )
         self._ready = value
+        if value:
+            self._unready_source = None
         self.metrics.ready.set(1 if value else 0)
+
+    def _database_answered(self) -> None:
+        """Ready again when only the database had failed: an idle relay sends nothing that
+        could prove it otherwise, and would stay not ready until the next message."""
+        if not self._ready and self._unready_source == "postgres":
+            self._set_ready(True)
+
+    def _transient(self, exc: BaseException, doing: str) -> str:
+        """Count a transient error, report not ready, and say in one line what failed."""
+        source = error_source(exc)
+        if source is not None:
+            self.metrics.transient_errors.labels(source).inc()
+        reason = f"{doing} failed: {describe_briefly(exc)}"
+        self._set_ready(False, reason)
+        self._unready_source = source
+        return reason
 
     # --- lifecycle ----------------------------------------------------------------------
     def stop(self) -> None:
@@ -178,13 +219,13 @@ class Relay:
             except ConfigurationError:
                 raise
             except Exception as exc:
-                self._set_ready(False)
-                self._backoff(f"start-up failed: {describe(exc)}")
+                self._backoff(self._transient(exc, "start-up"))
 
     def _make_publisher(self) -> Publisher:
         try:
             return Publisher(self.settings)
-        except (ValueError, TypeError) as exc:  # kafka-python's word for a bad config
+        except (ValueError, TypeError, kafka_errors.KafkaConfigurationError) as exc:
+            # kafka-python's words for a bad config: retrying would not change them.
             raise ConfigurationError(f"the Kafka producer refused its settings: {exc}") from exc
 
     def _start_scheduler(self) -> None:
@@ -229,27 +270,25 @@ class Relay:
                 log.warning(
                     "relay job %s failed: %s",
                     getattr(fn, "__name__", fn),
-                    describe(exc),
+                    describe_briefly(exc),
                     extra={"event": "relay.job_failed"},
                 )
 
         return run
 
     def _heartbeat_job(self) -> None:
+        """Renew and rebalance the lanes (a scheduler job; the loop goes on meanwhile)."""
         try:
             owned = self.lanes.heartbeat()
+            self._database_answered()
             self.metrics.lanes_owned.set(len(owned.tokens))
             if owned.acquired:
                 self.wake.set()  # their rows may have waited a lease already: claim them now
             if owned.others_expire_in is not None:
                 self._look_again_in(owned.others_expire_in)
         except SQLAlchemyError as exc:
-            self._set_ready(False)
-            log.warning(
-                "lane heartbeat failed: %s",
-                describe(exc),
-                extra={"event": "relay.heartbeat_failed"},
-            )
+            reason = self._transient(exc, "lane heartbeat")
+            log.warning("%s", reason, extra={"event": "relay.heartbeat_failed"})
 
     def _look_again_in(self, seconds: float) -> None:
         """Run one more heartbeat just after another relay's lanes run out.
@@ -298,7 +337,7 @@ class Relay:
                 "cannot read %s.operations (%s), so outboxkit_relay_unsettled_operations is "
                 "not exported; to export it, GRANT SELECT (status) ON %s.operations to the "
                 "relay's role",
-                self.schema, describe(exc).splitlines()[0], self.schema,
+                self.schema, describe_briefly(exc), self.schema,
                 extra={"event": "relay.operations_unreadable"},
             )
             return
@@ -314,7 +353,9 @@ class Relay:
             self.lanes.leave()
         except Exception as exc:
             log.warning(
-                "could not release lanes: %s", describe(exc), extra={"event": "relay.leave_failed"}
+                "could not release lanes: %s",
+                describe_briefly(exc),
+                extra={"event": "relay.leave_failed"},
             )
         if self.publisher is not None:
             self.publisher.close(timeout_s=5)
@@ -354,10 +395,10 @@ class Relay:
                     self.wake.clear()
                     rows = self._claim(owned)
             except SQLAlchemyError as exc:
-                self._set_ready(False)
-                self._backoff(f"claiming failed: {describe(exc)}")
+                self._backoff(self._transient(exc, "claiming"))
                 continue
             if not rows:
+                self._database_answered()
                 self._wait()
                 continue
             try:
@@ -368,11 +409,12 @@ class Relay:
                     self._declare_idle(False)
             except Exception as exc:
                 # The batch's rows stay pending (or were marked); the next claim retries them.
-                log.exception(
-                    "publishing a batch failed unexpectedly", extra={"event": "relay.batch_crashed"}
-                )
-                self._set_ready(False)
-                self._backoff(f"batch failed: {describe(exc)}")
+                if error_source(exc) is None:  # a bug, not an outage: keep the traceback
+                    log.exception(
+                        "publishing a batch failed unexpectedly",
+                        extra={"event": "relay.batch_crashed"},
+                    )
+                self._backoff(self._transient(exc, "batch"))
 
     def _wait(self) -> None:
         self.wake.wait(self.settings.poll_interval_seconds)
@@ -402,6 +444,7 @@ class Relay:
 
     def _process(self, rows: list[OutboxRow]) -> None:
         assert self.publisher is not None
+        self._batch_counted = False
         published, failed = self._publish(rows)
         failpoint("relay.after_ack")
         self._finish_marking()  # at most one batch being marked at a time
@@ -414,9 +457,15 @@ class Relay:
             self._finish_marking()
         transient = [f for f in failed if not f.permanent]
         if transient:
-            self.metrics.transient_errors.inc()
-            self._set_ready(False)
-            self._backoff(f"{len(transient)} messages not acknowledged ({transient[0].error})")
+            if not self._batch_counted:  # one error per batch, also when it was slow first
+                self.metrics.transient_errors.labels("kafka").inc()
+            reason = (
+                f"{len(transient)} messages not acknowledged "
+                f"({transient[0].error.splitlines()[0]})"
+            )
+            self._set_ready(False, reason)
+            self._unready_source = "kafka"
+            self._backoff(reason)
         else:
             self._failures = 0
             self._set_ready(True)
@@ -443,7 +492,9 @@ class Relay:
             # Not marked: those rows are still pending and will be sent again (duplicates
             # with the same message ids). Nothing is lost.
             log.error(
-                "marking a batch failed: %s", describe(exc), extra={"event": "relay.mark_failed"}
+                "marking a batch failed: %s",
+                describe_briefly(exc),
+                extra={"event": "relay.mark_failed"},
             )
         self._marking = None
         self._in_flight = []
@@ -504,8 +555,15 @@ class Relay:
 
     def _slow_acks(self, waited: float) -> None:
         self._last_loop = time.monotonic()  # waiting on Kafka is not being stuck
-        if waited > 5 and self._ready:
-            self._set_ready(False)  # Kafka does not acknowledge: not ready until it does
+        if waited > SLOW_ACKS_SECONDS and not self._batch_counted:
+            # A stopped or silent broker fails nothing until the delivery timeout (minutes):
+            # counted once per batch, and not ready until it acknowledges.
+            self._batch_counted = True
+            self.metrics.transient_errors.labels("kafka").inc()
+            self._set_ready(
+                False, f"Kafka has not acknowledged a batch for {SLOW_ACKS_SECONDS:.0f} s"
+            )
+            self._unready_source = "kafka"
 
     def _record(self, published: list[Published], failed: list[Failed]) -> None:
         """Mark what Kafka acknowledged; keep trying, since giving up means re-sending."""
@@ -525,20 +583,20 @@ class Relay:
                 return
             except SQLAlchemyError as exc:
                 attempt += 1
-                self._set_ready(False)
+                self._transient(exc, "marking published rows")
                 if self._stop.is_set() and attempt >= 3:
                     # Unmarked rows are published again after restart: duplicates with the
                     # same message id, which consumers drop. Nothing is lost.
                     log.error(
                         "could not mark %d published rows before shutdown: %s",
                         len(published),
-                        describe(exc),
+                        describe_briefly(exc),
                         extra={"event": "relay.mark_failed"},
                     )
                     return
                 log.warning(
                     "marking published rows failed: %s; retrying in %.2f s",
-                    describe(exc),
+                    describe_briefly(exc),
                     delay,
                     extra={"event": "relay.backoff"},
                 )

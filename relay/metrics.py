@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# Where a transient error came from: the label values of outboxkit_relay_transient_errors_total.
+TRANSIENT_SOURCES = ("kafka", "postgres")
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -43,9 +46,14 @@ class RelayMetrics:
         )
         self.transient_errors = Counter(
             "outboxkit_relay_transient_errors_total",
-            "Batches that hit a transient error and will retry.",
+            "Transient errors the relay retries after, by source: kafka (a batch refused "
+            "or not acknowledged for 5 s, once per batch; the producer unable to start) or "
+            "postgres (a claim, mark, idle flag or lane heartbeat that failed).",
+            ["source"],
             registry=r,
         )
+        for source in TRANSIENT_SOURCES:
+            self.transient_errors.labels(source)  # exported as 0 before the first error
         self.latency = Histogram(
             "outboxkit_relay_publish_latency_seconds",
             "From the row's creation to Kafka's acknowledgement.",

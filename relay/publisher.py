@@ -95,6 +95,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+def describe_briefly(exc: BaseException) -> str:
+    """The first line of :func:`describe`: enough for a log line about an expected error.
+
+    A dropped PostgreSQL connection's message runs over several lines (the server's hint,
+    SQLAlchemy's link); none of them helps an operator more than the first.
+    """
+    return describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 class Publisher:
     """One idempotent producer (acks=all) plus the admin client that checks topics."""
 
@@ -113,7 +122,10 @@ class Publisher:
             "compression_type": compression,
             "max_request_size": settings.max_request_bytes,
             "delivery_timeout_ms": settings.delivery_timeout_ms,
-            "request_timeout_ms": min(30_000, settings.delivery_timeout_ms),
+            # kafka-python refuses a delivery timeout below linger + request timeout.
+            "request_timeout_ms": min(
+                30_000, max(1, settings.delivery_timeout_ms - settings.linger_ms)
+            ),
             "allow_auto_create_topics": False,
             "max_block_ms": 10_000,
             "partitioner": CachedKeyPartitioner(),

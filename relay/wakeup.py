@@ -62,7 +62,7 @@ class Listener:
                 self.connected.clear()
                 log.warning(
                     "LISTEN connection lost (%s); retrying in %.1f s",
-                    exc,
+                    (str(exc).splitlines() or [type(exc).__name__])[0],
                     pause,
                     extra={"event": "relay.listen_lost"},
                 )

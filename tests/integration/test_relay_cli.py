@@ -55,3 +55,17 @@ def test_the_database_password_never_appears_in_logs_or_errors() -> None:
         output, _ = proc.communicate(timeout=30)
     assert "outbox:***@127.0.0.1:9" in output  # it did log where it connects
     assert secret not in output
+
+
+def test_settings_the_kafka_producer_refuses_end_the_relay_with_one_line(
+    database_url: str, kafka_bootstrap: str
+) -> None:
+    """A delivery timeout shorter than linger + request timeout: no retrying that forever."""
+    result = run_relay("--delivery-timeout-ms", "3", "--linger-ms", "5",
+                       "--log-format", "json", OUTBOXKIT_RELAY_DATABASE_URL=database_url,
+                       OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP=kafka_bootstrap)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("relay: ")]
+    assert errors == ["relay: the Kafka producer refused its settings: KafkaConfigurationError: "
+                      "Must set delivery_timeout_ms higher than linger_ms + request_timeout_ms"]
+    assert "Traceback" not in result.stderr
