@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer, OffsetSpec, TopicPartition
 from kafka import errors as kafka_errors
 from kafka.admin import NewTopic
 
@@ -205,15 +205,40 @@ class Publisher:
         return problems
 
     def _wait_for_metadata(self, topics: set[str]) -> None:
+        """Wait until the producer knows each new topic and every partition's leader serves it.
+
+        The broker's metadata names a partition's leader before that broker has taken the
+        partition on: a produce sent in between is refused with NotLeaderForPartitionError,
+        which the producer retries but logs as a warning, right after every topic creation.
+        Only a partition's leader answers a ListOffsets request, so once each partition
+        answered one, the first batch goes to leaders that accept it.
+        """
         deadline = time.monotonic() + 10
-        for topic in topics:
+        for topic in sorted(topics):
+            partitions: set[int] | None = None
             while time.monotonic() < deadline:
                 try:
-                    if self.producer.partitions_for(topic):
+                    partitions = self.producer.partitions_for(topic)
+                    if partitions:
                         break
                 except kafka_errors.KafkaError:
                     pass
                 time.sleep(0.05)
+            if not partitions:
+                continue
+            try:
+                self._admin_client().list_partition_offsets(
+                    {TopicPartition(topic, p): OffsetSpec.LATEST for p in partitions},
+                    timeout_ms=max(100, int((deadline - time.monotonic()) * 1000)),
+                )
+            except kafka_errors.KafkaError as exc:
+                # Not worth failing the batch for: the producer retries what a leader refuses.
+                log.debug(
+                    "the leaders of new topic %s did not all answer: %s",
+                    topic,
+                    describe_briefly(exc),
+                    extra={"event": "relay.topic_leaders_wait"},
+                )
 
     def send(
         self,
