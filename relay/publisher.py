@@ -39,6 +39,14 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# What a broker or the producer says of a record too large: a dead-letter copy is then
+# tried again without the payload.
+TOO_LARGE: tuple[type[BaseException], ...] = (
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.RecordListTooLargeError,
+)
+
+
 def is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, PERMANENT_ERRORS)
 
@@ -351,11 +359,16 @@ class Publisher:
         return published, permanent, []
 
     def dead_letter(self, failure: Failed) -> Failed:
-        """Copy a refused row to ``<topic><suffix>`` with the error in its headers."""
+        """Copy a refused row to ``<topic><suffix>`` with the error in its headers.
+
+        The copy carries the payload whenever Kafka takes it. When the payload is what is too
+        large, the copy goes with an empty value and says so in its headers: the payload's
+        size, and that the full payload stays in the outbox row (``x-outboxkit-outbox-id``),
+        which stays ``failed`` (`outbox messages list --failed`) until an operator retries it.
+        """
         row = failure.row
         topic = row.topic + self.settings.dlq_suffix
-        headers = [
-            *kafka_headers(row),
+        evidence = [
             ("x-outboxkit-error", failure.error.encode()),
             ("x-outboxkit-original-topic", row.topic.encode()),
             ("x-outboxkit-outbox-id", str(row.id).encode()),
@@ -363,20 +376,47 @@ class Publisher:
         problems = self.missing_topics([topic])
         if problems:
             return failure
-        value: bytes | None = row.payload
-        if len(row.payload) + len(row.key or b"") > self.settings.max_request_bytes - 4096:
-            value = None  # the payload itself is what Kafka refused: keep the evidence only
-        try:
-            meta = self.producer.send(topic, value=value, key=row.key, headers=headers).get(
-                timeout=self.settings.delivery_timeout_ms / 1000
-            )
-        except Exception as exc:
-            self.reset()
-            log.warning(
-                "dead-lettering message %s failed: %s",
-                row.message_id,
-                describe(exc),
-                extra={"event": "relay.dead_letter_failed"},
-            )
-            return failure
-        return Failed(row, failure.error, True, meta.partition, meta.offset)
+        own = kafka_headers(row)
+        attempts = [(row.payload, [*own, *evidence])]
+        for kept in (own, own[:2]):  # then without the envelope's headers: they may be the bulk
+            omitted = omitted_headers(row, topic, headers_too=kept is not own)
+            attempts.append((b"", [*kept, *evidence, *omitted]))
+        for value, headers in attempts:
+            try:
+                meta = self.producer.send(topic, value=value, key=row.key, headers=headers).get(
+                    timeout=self.settings.delivery_timeout_ms / 1000
+                )
+            except TOO_LARGE:
+                self.reset()  # a refused batch can leave the idempotent producer failing
+                continue
+            except Exception as exc:
+                self.reset()
+                log.warning(
+                    "dead-lettering message %s failed: %s",
+                    row.message_id,
+                    describe_briefly(exc),
+                    extra={"event": "relay.dead_letter_failed"},
+                )
+                return failure
+            return Failed(row, failure.error, True, meta.partition, meta.offset)
+        log.warning(
+            "dead-lettering message %s failed: even its copy without payload or headers is "
+            "too large for %s",
+            row.message_id,
+            topic,
+            extra={"event": "relay.dead_letter_failed"},
+        )
+        return failure
+
+
+def omitted_headers(row: OutboxRow, topic: str, *, headers_too: bool) -> list[tuple[str, bytes]]:
+    """Headers that say what a dead-letter copy left out, and where to find it."""
+    what = "payload and headers" if headers_too else "payload"
+    note = (
+        f"the {what} ({len(row.payload)} payload bytes) did not fit in {topic}; the full "
+        f"message stays in outbox row {row.id} (status failed): read it there"
+    )
+    return [
+        ("x-outboxkit-payload-omitted", note.encode()),
+        ("x-outboxkit-payload-bytes", str(len(row.payload)).encode()),
+    ]
