@@ -1,9 +1,20 @@
-"""Turning a Kafka record into (context, payload model), or naming why it cannot be."""
+"""Turning a Kafka record into (context, payload model), or naming why it cannot be.
+
+The contract is what the relay sends: UTF-8 JSON (RFC 8259), each object naming a key once.
+Anything else is malformed and dead-lettered, whichever parser would have guessed what it
+meant: UTF-16 or UTF-32 text, bytes that are not UTF-8, a UTF-8 byte order mark (RFC 8259
+forbids senders to add one; refused rather than skipped so that every reader, replays
+included, sees the same bytes the same way) and duplicate keys (parsers disagree on which
+value counts).
+"""
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,22 +100,22 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
     if record.value is None:
         raise MalformedMessage(*where, "the record has no value")
     headers = {name: bytes(value or b"") for name, value in record.headers or ()}
+    value = record.value if isinstance(record.value, bytes) else bytes(record.value)
     try:
         # The fast path: pydantic parses and validates the bytes in one pass (about three
-        # times faster than json.loads and model_validate). Any refusal goes the slow way
-        # below, so that what is accepted, and the error a refusal names, stay those of
-        # Python's json module: it takes NaN, a BOM, UTF-16 and deeper nesting, and its
-        # messages are the documented ones.
-        return Decoded(record, message_id, headers, registration.model.model_validate_json(
-            record.value))
+        # times faster than json.loads and model_validate). Its parser takes only UTF-8
+        # without a BOM, but keeps the last of a repeated key silently: a count over the
+        # result rules repeats out without a second parse (see _kept_keys_and_colons).
+        payload = registration.model.model_validate_json(value)
     except ValidationError:
         pass
-    try:
-        data = json.loads(record.value)
-    except ValueError as exc:
-        raise MalformedMessage(*where, f"the payload is not JSON: {exc}") from exc
-    except RecursionError as exc:  # not a ValueError: it would fail the batch for ever
-        raise MalformedMessage(*where, "the payload is JSON nested too deeply to parse") from exc
+    else:
+        if _kept_keys_and_colons(payload, len(value)) != _colons(value):
+            _strict_json(value, where)  # raises on a repeated key; usually there is none
+        return Decoded(record, message_id, headers, payload)
+    # Any refusal goes the slow way, so that what is accepted, and the error a refusal
+    # names, stay those of Python's json module (it takes NaN and deeper nesting).
+    data = _strict_json(value, where)
     try:
         payload = registration.model.model_validate(data)
     except ValidationError as exc:
@@ -115,6 +126,147 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
             *where, f"the payload does not match {registration.model.__name__}: {detail}"
         ) from exc
     return Decoded(record, message_id, headers, payload)
+
+
+class _RepeatedKey(Exception):
+    """Raised from inside ``json.loads`` (not a ValueError: that would read as bad syntax)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return data
+
+
+def _strict_json(value: bytes, where: tuple[str, int, int]) -> Any:
+    """*value* parsed as UTF-8 JSON whose objects name each key once; else MalformedMessage."""
+    not_utf8 = "the payload is not UTF-8 JSON"
+    if value.startswith(codecs.BOM_UTF8):
+        raise MalformedMessage(
+            *where, f"{not_utf8}: it starts with a byte order mark (EF BB BF); send it without"
+        )
+    if b"\x00" in value:  # JSON text has no NUL byte; UTF-16 and UTF-32 JSON are full of them
+        raise MalformedMessage(
+            *where,
+            f"{not_utf8}: it has a NUL byte at offset {value.index(0)} (UTF-16 or UTF-32?)",
+        )
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedMessage(
+            *where, f"{not_utf8}: byte 0x{value[exc.start]:02x} at offset {exc.start} is not "
+            "UTF-8",
+        ) from exc
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        shown = exc.key if len(exc.key) <= 60 else f"{exc.key[:30]}... ({len(exc.key)} chars)"
+        raise MalformedMessage(
+            *where,
+            f"the payload has a duplicate key {shown!r} in one object: parsers differ on which "
+            "value counts, so send each key once",
+        ) from exc
+    except ValueError as exc:
+        raise MalformedMessage(*where, f"the payload is not JSON: {exc}") from exc
+    except RecursionError as exc:  # not a ValueError: it would fail the batch for ever
+        raise MalformedMessage(*where, "the payload is JSON nested too deeply to parse") from exc
+
+
+def _colons(value: bytes) -> int:
+    """':' in the JSON text, escaped ones (\\u003a) included: one per key, plus those in
+    strings."""
+    return value.count(b":") + value.count(b"\\u003a") + value.count(b"\\u003A")
+
+
+def _kept_keys_and_colons(payload: BaseModel, size: int) -> int:
+    """Keys the validated *payload* kept plus the ':' in its strings: a repeated key is
+    certainly absent from the JSON it came from when this reaches :func:`_colons` of it.
+
+    Each ':' of JSON text outside a string ends a key, so the text holds at most
+    ``_colons`` keys plus string colons. A key named twice in one object is kept once,
+    which leaves this count short of it. Whatever the walk does not know (a datetime
+    parsed from text, a dataclass, an ignored extra field) only lowers the count, which
+    sends the message to the exact check in :func:`_strict_json`. The one blind spot: a
+    model whose own validators invent keys or ':' characters can hide a repeat.
+
+    JSON of *size* bytes holds at most *size* values: a walk longer than that went through
+    something no parser made (a cycle a validator built) and gives up (-1).
+    """
+    count = 0
+    pending: list[Any] = [payload]
+    while pending:
+        size -= 1
+        if size < 0:
+            return -1
+        value = pending.pop()
+        kind = _KINDS.get(type(value))
+        if kind is None:
+            kind = _classify(type(value))
+        if kind == _TEXT:
+            count += value.count(":")
+            continue
+        if kind == _OTHER:
+            continue
+        keys, children = _opened(value, kind)
+        count += keys
+        # Leaves are handled here rather than pushed: most values are leaves.
+        for child in children:
+            leaf = type(child)
+            if leaf is str:
+                count += child.count(":")
+            elif leaf not in _SCALARS:
+                pending.append(child)
+    return count
+
+
+def _opened(value: Any, kind: int) -> tuple[int, Iterable[Any]]:
+    """The keys a container holds, and its values (for a mapping, its keys too)."""
+    if kind == _MODEL:
+        fields = value.__pydantic_fields_set__  # extra fields included
+        declared = value.__dict__
+        if len(fields) == len(declared) and not value.__pydantic_extra__:
+            return len(fields), declared.values()  # every field given: common, cheaper
+        return len(fields), [getattr(value, name) for name in fields]
+    if kind == _MAPPING:
+        return len(value), itertools.chain(value, value.values())
+    if kind == _ROOT:
+        return 0, (value.root,)  # a root is not a key of the JSON
+    return 0, value  # a sequence
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+# What each type is to the walk, cached per type: isinstance against pydantic's (ABC)
+# metaclass on every value would cost more than parsing a small payload (and plain ints,
+# because looking up an Enum member costs more than the rest of a step).
+_OTHER, _TEXT, _SEQUENCE, _MAPPING, _MODEL, _ROOT = range(6)
+_KINDS: dict[type, int] = {
+    str: _TEXT, int: _OTHER, float: _OTHER, bool: _OTHER,
+    type(None): _OTHER, list: _SEQUENCE, tuple: _SEQUENCE, dict: _MAPPING,
+}
+
+
+def _classify(kind: type) -> int:
+    if issubclass(kind, BaseModel):
+        found = _ROOT if kind.__pydantic_root_model__ else _MODEL
+    elif issubclass(kind, str):  # a StrEnum member: the text it came from
+        found = _TEXT
+    elif issubclass(kind, Mapping):
+        found = _MAPPING
+    elif issubclass(kind, list | tuple | set | frozenset):
+        found = _SEQUENCE
+    else:
+        found = _OTHER
+    _KINDS[kind] = found
+    return found
 
 
 def _run_id(raw: bytes | None) -> uuid.UUID | None:

@@ -25,6 +25,7 @@ from tests.faults.properties.consumer_app import Order
 # consumer reads those as empty).
 Headers = list[tuple[str, bytes]]
 PRODUCER_MAX_BYTES = 1_048_576  # kafka-python's max_request_size (and the broker's limit)
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark: refused (the contract is UTF-8 JSON without)
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,24 @@ def message_id(record: RawRecord) -> str | None:
 
 
 def expected_valid(record: RawRecord) -> bool:
+    """The contract: UTF-8 JSON (no byte order mark), each key once per object, that fits
+    the model; and a usable message id."""
     if message_id(record) is None or record.value is None:
         return False
     try:
-        Order.model_validate(json.loads(record.value))
-    except (ValueError, RecursionError, ValidationError):  # JSONDecodeError is a ValueError
+        text = record.value.decode("utf-8")  # strict: no other encoding, no surrogates
+        if text.startswith("\ufeff"):
+            return False
+        Order.model_validate(json.loads(text, object_pairs_hook=_each_key_once))
+    except (ValueError, RecursionError, ValidationError):  # UnicodeDecodeError, JSONDecodeError
         return False
     return True
+
+
+def _each_key_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    if len({key for key, _ in pairs}) != len(pairs):
+        raise ValueError("a key is repeated")
+    return dict(pairs)
 
 
 # --- building blocks ---------------------------------------------------------------------
@@ -170,6 +182,16 @@ def _padded(order: dict[str, Any], size: int) -> bytes:
     return body + b" " * max(0, size - len(body))
 
 
+def _repeated(order: dict[str, Any], key: str, nested: bool) -> bytes:
+    """A valid order whose JSON names *key* twice (in ``tags`` when *nested*)."""
+    if nested:
+        body = json.dumps({**order, "tags": {}})
+        return body.replace('"tags": {}', '"tags": {"k": 1, "k": 2}').encode()
+    order = {key: {"n": 1, "label": "", "tags": {}}[key], **order}
+    repeat = json.dumps({key: order[key]})
+    return (json.dumps(order)[:-1] + ", " + repeat[1:]).encode()
+
+
 NO_HEADERS: st.SearchStrategy[Headers] = st.just([])
 
 
@@ -193,6 +215,14 @@ KINDS: dict[str, tuple[int, st.SearchStrategy[Template]]] = {
         lambda b: b'{"n": 1, "label": "' + b"\xff\xc3" + b + b'"}'))),
     "wrong-schema": (200, _template("wrong-schema", good_id, json_bytes(bad_order),
                                     st.one_of(NO_HEADERS, garbled_headers))),
+    "other-unicode-encoding": (30, _template("other-unicode-encoding", good_id, st.tuples(
+        json_bytes(good_order), st.sampled_from(["utf-16", "utf-16-le", "utf-16-be", "utf-32",
+                                                 "utf-32-le"])).map(
+        lambda t: t[0].decode("utf-8", "surrogatepass").encode(t[1], "surrogatepass")))),
+    "utf8-byte-order-mark": (20, _template(
+        "utf8-byte-order-mark", good_id, json_bytes(good_order).map(lambda b: BOM + b))),
+    "duplicate-key": (30, _template("duplicate-key", good_id, st.builds(
+        _repeated, good_order, st.sampled_from(["n", "label", "tags"]), st.booleans()))),
     "deeply-nested": (40, _template("deeply-nested", good_id,
                                     st.integers(1_000, 200_000).map(_nested))),
     "tombstone": (40, _template("tombstone", good_id, st.none())),
