@@ -51,6 +51,11 @@ class RetryPolicy:
             raise ConfigurationError(
                 "backoff needs initial_backoff >= 0, max_backoff >= 0 and multiplier >= 1"
             )
+        if self.initial_backoff > self.max_backoff:
+            raise ConfigurationError(
+                f"initial_backoff ({self.initial_backoff:g} s) is over max_backoff "
+                f"({self.max_backoff:g} s): lower the first or raise the second"
+            )
         if not 0 <= self.jitter <= 1:
             raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
         if RunState(self.give_up_state) not in _TERMINAL:

@@ -51,3 +51,9 @@ def test_unlisted_errors_and_outboxkit_run_errors_are_final() -> None:
 def test_invalid_policies_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_an_initial_backoff_over_the_max_is_refused_naming_both() -> None:
+    # It used to be capped silently at max_backoff.
+    with pytest.raises(ConfigurationError, match=r"initial_backoff \(30 s\).*max_backoff \(5 s\)"):
+        RetryPolicy(initial_backoff=30, max_backoff=5)
