@@ -43,7 +43,7 @@ class ConsumerMetrics:
         )
         self.parked = Gauge(
             "outboxkit_consumer_parked_partitions",
-            "Partitions paused while a failed message waits for its retry.",
+            "Partitions held back by a failed message: paused until its retry, or resumed for it.",
             registry=r,
         )
         self.lag = Gauge(

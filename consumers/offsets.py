@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
@@ -144,17 +144,8 @@ class Rebalance(AsyncConsumerRebalanceListener):  # type: ignore[misc]
     included, keeps running meanwhile).
     """
 
-    def __init__(
-        self,
-        consumer: Any,
-        tracker: OffsetTracker,
-        metrics: ConsumerMetrics,
-        *,
-        on_change: Callable[[Iterable[TopicPartition]], None] = lambda partitions: None,
-    ) -> None:
-        """*on_change* is told of partitions revoked, lost or assigned (anew)."""
+    def __init__(self, consumer: Any, tracker: OffsetTracker, metrics: ConsumerMetrics) -> None:
         self.consumer, self.tracker, self.metrics = consumer, tracker, metrics
-        self.on_change = on_change
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         offsets = self.tracker.uncommitted(revoked)
@@ -166,19 +157,16 @@ class Rebalance(AsyncConsumerRebalanceListener):  # type: ignore[misc]
                 log.warning("offset commit before revocation failed: %s", exc,
                             extra={"event": "consumer.commit_failed"})
         self.tracker.revoke(revoked)
-        self.on_change(revoked)
         self._drop_lag(revoked)
         log.info("partitions revoked: %s", _names(revoked), extra={"event": "consumer.revoked"})
 
     async def on_partitions_lost(self, lost: Any) -> None:
         self.tracker.revoke(lost)
-        self.on_change(lost)
         self._drop_lag(lost)
         log.warning("partitions lost: %s", _names(lost), extra={"event": "consumer.lost"})
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.tracker.assign(assigned)
-        self.on_change(assigned)
         log.info("partitions assigned: %s", _names(assigned), extra={"event": "consumer.assigned"})
 
     def _drop_lag(self, partitions: Iterable[TopicPartition]) -> None:

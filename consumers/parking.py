@@ -10,14 +10,15 @@ message is read again, and the processor takes it as a retry (alone, counted in 
 failures table). Offsets of a parked partition stay where they were: nothing after the
 parked message is handled, so nothing after it is committed.
 
-The loop's thread (the one that owns the Kafka consumer) parks, wakes and filters; the
-rebalance listener, on kafka-python's IO thread, makes it forget partitions that were
-revoked or assigned anew (a new assignment starts from the committed offset, unpaused).
+The lot belongs to the loop's thread (the one that owns the Kafka consumer). A rebalance
+may take a parked partition away, or give it back with fresh state (unpaused, read from
+the committed offset), or keep it with its state (kafka-python keeps the position and the
+pause of a partition assigned again): :meth:`ParkingLot.sync`, after every poll, makes the
+lot agree with the consumer before anything is filtered.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,73 +48,78 @@ class ParkingLot:
         self._parked: dict[TopicPartition, Parked] = {}
         # Resumed partitions whose first record (at this offset) is a retry of a parked message.
         self._retrying: dict[TopicPartition, int] = {}
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._parked)
+        """Partitions held back by a failed message: paused, or resumed for its retry."""
+        return len(self._parked.keys() | self._retrying.keys())
 
     def park(self, consumer: Any, parked: Parked) -> None:
         """Hold *parked*'s partition back from its message on, until it is due."""
         tp = parked.tp
-        with self._lock:
-            self._retrying.pop(tp, None)
-            if tp not in consumer.assignment():
-                return  # revoked meanwhile: the next owner reads it from the committed offset
-            self._parked[tp] = parked
-            consumer.pause(tp)
-            # Records after it may have been fetched already: read them again after the retry.
-            consumer.seek(tp, parked.offset)
+        self._retrying.pop(tp, None)
+        if tp not in consumer.assignment():
+            return  # revoked meanwhile: the next owner reads it from the committed offset
+        self._parked[tp] = parked
+        consumer.pause(tp)
+        # Records after it may have been fetched already: read them again after the retry.
+        consumer.seek(tp, parked.offset)
 
     def wake_due(self, consumer: Any, now: float | None = None) -> None:
         """Resume the partitions whose message is due; it will be read (and retried) next."""
         if not self._parked:
             return
         now = time.monotonic() if now is None else now
-        with self._lock:
-            due = [p for p in self._parked.values() if p.due <= now]
-            for parked in due:
-                del self._parked[parked.tp]
-                self._retrying[parked.tp] = parked.offset
-            if due:
-                consumer.resume(*[p.tp for p in due])
+        due = [p for p in self._parked.values() if p.due <= now]
+        for parked in due:
+            del self._parked[parked.tp]
+            self._retrying[parked.tp] = parked.offset
+        if due:
+            consumer.resume(*[p.tp for p in due])
 
     def without_parked(self, records: list[Any]) -> list[Any]:
         """*records* less those of parked partitions (fetched before the pause took effect)."""
         if not self._parked:
             return records
-        with self._lock:
-            return [r for r in records
-                    if TopicPartition(r.topic, r.partition) not in self._parked]
+        return [r for r in records
+                if TopicPartition(r.topic, r.partition) not in self._parked]
 
     def retries_in(self, records: Iterable[Any]) -> frozenset[tuple[str, int, int]]:
         """The (topic, partition, offset) of *records* that are retries of parked messages."""
         if not self._retrying:
             return frozenset()
-        with self._lock:
-            return frozenset(
-                (r.topic, r.partition, r.offset)
-                for r in records
-                if self._retrying.get(TopicPartition(r.topic, r.partition)) == r.offset
-            )
+        return frozenset(
+            (r.topic, r.partition, r.offset)
+            for r in records
+            if self._retrying.get(TopicPartition(r.topic, r.partition)) == r.offset
+        )
 
     def handled(self, retries: Iterable[tuple[str, int, int]]) -> None:
         """The batch that carried these retries finished: they are no longer pending."""
-        with self._lock:
-            for topic, partition, offset in retries:
-                tp = TopicPartition(topic, partition)
-                if self._retrying.get(tp) == offset:
-                    del self._retrying[tp]
+        for topic, partition, offset in retries:
+            tp = TopicPartition(topic, partition)
+            if self._retrying.get(tp) == offset:
+                del self._retrying[tp]
 
-    def forget(self, partitions: Iterable[TopicPartition]) -> None:
-        """Forget *partitions* (revoked, lost, or assigned anew): whoever reads them next
-        starts from the committed offset and retries the message; its attempts are counted
-        in the database, not here."""
-        with self._lock:
-            for tp in partitions:
-                self._parked.pop(tp, None)
-                self._retrying.pop(tp, None)
+    def sync(self, consumer: Any) -> None:
+        """Agree with the consumer after a poll (and a rebalance it may have run).
+
+        A parked partition no longer assigned, or no longer paused (assigned anew: it is
+        read from the committed offset, the message with it), is forgotten; its attempts
+        are counted in the database, not here. A partition paused that the lot does not
+        hold any more is resumed: nothing else pauses partitions.
+        """
+        paused = consumer.paused()
+        if not (self._parked or self._retrying or paused):
+            return
+        assigned = consumer.assignment()
+        for tp in [tp for tp in self._parked if tp not in assigned or tp not in paused]:
+            del self._parked[tp]
+        for tp in [tp for tp in self._retrying if tp not in assigned]:
+            del self._retrying[tp]
+        stray = [tp for tp in paused if tp not in self._parked]
+        if stray:
+            consumer.resume(*stray)
 
     def next_due(self) -> float | None:
         """When the earliest parked message is due (``time.monotonic()``), if any."""
-        with self._lock:
-            return min((p.due for p in self._parked.values()), default=None)
+        return min((p.due for p in self._parked.values()), default=None)

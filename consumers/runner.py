@@ -135,8 +135,7 @@ class Runner:
             self._await_topic_metadata()
             self.consumer.subscribe(
                 app.topics,
-                listener=Rebalance(self.consumer, self.offsets, self.metrics,
-                                   on_change=self.parking.forget),
+                listener=Rebalance(self.consumer, self.offsets, self.metrics),
             )
             self._start_scheduler()
             self._set_ready(True)
@@ -249,6 +248,7 @@ class Runner:
                         self._backoff(f"the Kafka client cannot read a record: {exc}")
                     continue
                 records = [r for batch in polled.values() for r in batch]
+                self.parking.sync(self.consumer)  # the poll may have run a rebalance
                 if not self._collect(records):
                     continue
                 # Polled before a partition of the batch in hand was parked: read again later.
