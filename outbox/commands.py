@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import click
+from sqlalchemy import select
 
 from outbox.cli import (
     compact_json,
@@ -31,7 +32,7 @@ from outbox.retention import DEFAULT_STATES, purge, purgeable
 from outbox.runs import RunView, get_run, history, list_runs, move, view_run
 from outbox.settings import OutboxSettings
 from outbox.states import RunState, sources
-from outbox.tables import RUN_STATES
+from outbox.tables import RUN_STATES, operations
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the data as JSON.")
 limit_option = click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
@@ -136,9 +137,12 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
               help="Why it can run again (e.g. the operation a person resolved); recorded.")
 @click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
               help="Who requeues it; recorded in the run's history.")
+@click.option("--force", is_flag=True,
+              help="Requeue even though an operation of the run has no settled outcome.")
 @database_url_option
 @one_line_errors
-def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, database_url: str | None) -> None:
+def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, force: bool,
+                 database_url: str | None) -> None:
     """Put a failed or needs-human run back in the queue (attempts reset), e.g. once a person
     resolved what it waited on."""
     if not reason.strip():
@@ -154,8 +158,30 @@ def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, database_url: str |
                 run_id, before.value, RunState.QUEUED.value,
                 f"run {run_id} is {before.value!r}; only a run that is "
                 f"{' or '.join(allowed)} can be requeued")
+        unsettled = [] if force else _unsettled_operations(conn, run_id)
+        if unsettled:
+            # Its worker would decide again and could place the order a second time (a new
+            # message, a new key) while the first one's outcome is still to be learnt.
+            op_id, what, status = unsettled[0]
+            raise IllegalTransition(
+                run_id, before.value, RunState.QUEUED.value,
+                f"run {run_id} has operation {op_id} ({what}) that is still {status}: "
+                f"settle it with `outbox ops resolve {op_id}` (that settles the run too), or "
+                f"pass --force if its worker must decide again anyway")
         move(conn, run_id, RunState.QUEUED, actor=actor, reason=reason)
     click.echo(f"run {run_id}: {before.value} → queued (by {actor}: {reason})")
+
+
+def _unsettled_operations(conn: Any, run_id: uuid.UUID) -> list[tuple[Any, str, str]]:
+    """The run's outside operations whose outcome is not settled: (id, what, status)."""
+    ops = operations
+    rows = conn.execute(
+        select(ops.c.id, ops.c.operation, ops.c.system, ops.c.status)
+        .where(ops.c.run_id == run_id,
+               ops.c.status.in_(["pending", "unknown", "not-applied", "needs-human"]))
+        .order_by(ops.c.created_at)
+    ).all()
+    return [(r.id, f"{r.operation} on {r.system}", r.status) for r in rows]
 
 
 # --- outbox messages ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import uuid
 import pytest
 from sqlalchemy import Engine
 
+from dedup import begin
 from outbox import claim, start_run, transition
 from tests.integration.cli_support import one_line, outbox
 
@@ -160,3 +161,27 @@ def test_requeue_needs_a_reason_and_someone_to_record(engine: Engine, database_u
     shown = json.loads(outbox("runs", "show", str(run_id), "--json",
                               "--database-url", database_url).stdout)
     assert shown["state"] == "failed"
+
+
+def test_requeue_refuses_a_run_whose_operation_has_no_settled_outcome_unless_forced(
+    engine: Engine, database_url: str
+) -> None:
+    """Its worker would decide again and could place a second order while the first one's
+    outcome is still to be learnt: settle the operation first (that settles the run)."""
+    run_id = _run_in(engine, "needs-human", "rq-open-op")
+    with engine.begin() as conn:
+        intent = begin(conn, key=f"place:{run_id}", system="supplier", operation="place-order",
+                       request={"item": "widget"}, run_id=run_id, message_id=str(uuid.uuid4()))
+    refused = outbox("runs", "requeue", str(run_id), "--reason", "again", "--actor", "alice",
+                     "--database-url", database_url)
+    assert refused.returncode == 1
+    line = one_line(refused)
+    op_id = intent.operation.id
+    assert f"operation {op_id} (place-order on supplier) that is still pending" in line
+    assert f"outbox ops resolve {intent.operation.id}" in line
+    shown = json.loads(outbox("runs", "show", str(run_id), "--json",
+                              "--database-url", database_url).stdout)
+    assert shown["state"] == "needs-human"
+    forced = outbox("runs", "requeue", str(run_id), "--reason", "again", "--actor", "alice",
+                    "--force", "--database-url", database_url)
+    assert forced.returncode == 0, forced.stderr
