@@ -1,7 +1,8 @@
 """The benchmark suite: the three benchmarks in one run, one table, one JSON file, two plots.
 
 Runs bench/outbox_steps.py (what an outbox message costs an agent step), bench/relay_bench.py
-(relay throughput against the producer alone, commit-to-Kafka latency, claim cost, memory)
+(relay throughput against the producer alone and against reading plus sending, commit-to-Kafka
+latency, PostgreSQL CPU and dead tuples per message, idle cost, backlog cost, memory)
 and bench/consumer_bench.py (idempotent consumer against kafka-python's consumer alone), one
 after the other, each as its own process, against the same services: a throwaway PostgreSQL
 and Kafka started once for the suite, or the ones given with --database-url and
@@ -55,6 +56,12 @@ REQUIRED = (
     "relay.latency_p99_ms_polling",
     "relay.claim_backlog_ratio",
     "relay.peak_rss_mb",
+    "relay.read_ceiling_msgs_per_s",
+    "relay.bound_ratio",
+    "relay.pg_cpu_us_per_msg",
+    "relay.dead_tuples_per_msg",
+    "relay.idle_cores_200",
+    "relay.latency_p99_ms_200",
     "consumer.batch_msgs_per_s",
     "consumer.batch_ratio",
     "consumer.retry_isolation_ratio",
@@ -68,6 +75,7 @@ QUICK_ARGS = {
     "relay_bench": [
         "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "0",
         "--writers", "2", "--claim-backlog", "8000", "--rss-backlog", "8000",
+        "--idle-seconds", "3",
     ],
     "consumer_bench": [
         "--quick", "--n", "2000", "--n-per-message", "300", "--n-isolation", "300",
