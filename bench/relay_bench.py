@@ -166,6 +166,7 @@ class PgCpuSnapshot:
     own: int  # the postmaster's utime + stime (ticks)
     reaped: int  # its cutime + cstime: every child that exited and was waited for
     children: dict[tuple[int, int], int]  # (pid, start time) → utime + stime, alive now
+    others: frozenset[int]  # pids of other databases' backends (pg_stat_activity) now
 
 
 class PgCpu:
@@ -183,7 +184,6 @@ class PgCpu:
         self.url = url
         self.postmaster = 0
         self.database = ""
-        self.excluded: set[int] = set()  # pids of other databases' backends
         self.why_not = ""
         try:
             with psycopg.connect(url, autocommit=True) as conn:
@@ -199,16 +199,12 @@ class PgCpu:
         if self.why_not:
             self.postmaster = 0
 
-    def _others(self) -> set[int]:
+    def snapshot(self) -> PgCpuSnapshot:
         rows = psql(
             self.url,
             "SELECT pid FROM pg_stat_activity WHERE datname IS NOT NULL AND datname <> %s",
             [self.database],
         )
-        return {int(pid) for (pid,) in rows}
-
-    def snapshot(self) -> PgCpuSnapshot:
-        self.excluded |= self._others()
         children = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
             with contextlib.suppress(OSError, IndexError, ValueError):
@@ -216,19 +212,24 @@ class PgCpu:
                 if int(f[1]) == self.postmaster:  # field 4: PPid
                     children[(int(stat.parent.name), int(f[19]))] = int(f[11]) + int(f[12])
         own = _stat_fields(self.postmaster)
-        return PgCpuSnapshot(int(own[11]) + int(own[12]), int(own[13]) + int(own[14]), children)
+        return PgCpuSnapshot(
+            int(own[11]) + int(own[12]),
+            int(own[13]) + int(own[14]),
+            children,
+            frozenset(int(pid) for (pid,) in rows),
+        )
 
     def seconds(self, before: PgCpuSnapshot, after: PgCpuSnapshot) -> float:
         """CPU seconds the cluster used between two snapshots (NaN if not visible)."""
         if not self.postmaster:
             return math.nan
-        self.excluded |= self._others()
+        others = before.others | after.others
         ticks = after.own - before.own + after.reaped - before.reaped
         for key, used in after.children.items():
-            if key[0] not in self.excluded:
+            if key[0] not in others:
                 ticks += used - before.children.get(key, 0)
         for key, used in before.children.items():
-            if key not in after.children and key[0] not in self.excluded:
+            if key not in after.children:
                 ticks -= used  # exited: its whole CPU is in cutime/cstime now
         return ticks / os.sysconf("SC_CLK_TCK")
 
