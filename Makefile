@@ -3,7 +3,7 @@
 VENV := .venv/bin
 SERVICES := $(VENV)/python -m outbox.testing.services
 
-.PHONY: demo test lint unit bench bench-quick faults soak bootstrap services-up services-down services-status clean
+.PHONY: demo test lint unit bench bench-quick bench-peers faults soak bootstrap services-up services-down services-status clean
 
 bootstrap:
 	@bash scripts/bootstrap
@@ -26,6 +26,12 @@ bench: bootstrap
 
 bench-quick: bootstrap
 	$(VENV)/python bench/suite.py --quick
+
+# Debezium (Kafka Connect + Outbox Event Router, jars from Maven Central) side by side with
+# the relay, on its own throwaway PostgreSQL (wal_level=logical) and Kafka; ~10 minutes.
+# ARGS="--quick" for a smoke run, ARGS="--json peers.json" to keep the figures.
+bench-peers: bootstrap
+	$(VENV)/python bench/peers/debezium.py $(ARGS)
 
 # The fault harness (the CI subset is part of `make test`): a table and faults-report.json.
 # SEED=N replays a run; `make soak MINUTES=30` loops every scenario for that long.
