@@ -97,7 +97,7 @@ class Demo:
                 "SELECT state, count(*) FROM outboxkit.agent_runs WHERE id = ANY(:ids) "
                 "GROUP BY 1"), {"ids": self.run_ids}).all())
             msgs = dict(conn.execute(text(
-                "SELECT status, count(*) FROM outboxkit.outbox_messages "
+                "SELECT status, count(*) FROM outboxkit.message_status "
                 "WHERE run_id = ANY(:ids) GROUP BY 1"), {"ids": self.run_ids}).all())
         return runs, msgs
 

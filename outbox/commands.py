@@ -211,8 +211,8 @@ def messages_list(database_url: str | None, status: str | None, topic: str | Non
     if as_json:
         echo_json([m.as_dict() for m in found])
         return
-    headers = ["id", "topic", "key", "type", "attempts", "created"]
-    rows: list[list[Any]] = [[m.id, m.topic, m.key, m.message_type, m.attempts, m.created_at]
+    headers = ["id", "topic", "key", "type", "created"]
+    rows: list[list[Any]] = [[m.id, m.topic, m.key, m.message_type, m.created_at]
                              for m in found]
     if status == "failed":
         headers += ["blocking", "failed", "error"]
@@ -228,12 +228,12 @@ def messages_list(database_url: str | None, status: str | None, topic: str | Non
 @database_url_option
 @one_line_errors
 def messages_retry(ids: tuple[int, ...], all_failed: bool, database_url: str | None) -> None:
-    """Set failed messages back to pending (clearing blocking and the last error)."""
+    """Publish failed messages again (and the ones of their key held back behind them)."""
     if bool(ids) == all_failed:
         raise click.UsageError("name the message ids to retry, or pass --all-failed (not both)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         count = retry_messages(conn, None if all_failed else ids)
-    click.echo(f"retried {count} message{'s' if count != 1 else ''}: pending again")
+    click.echo(f"retried {count} message{'s' if count != 1 else ''}: the relay sends them again")
 
 
 # --- outbox purge ---------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Outbox rows as an operator sees them: list the backlog or the failures, retry failed rows.
 
-Functions take the caller's ``Connection``/``Session`` and **never commit**. A retried row is
-``pending`` again with its blocking flag and last error cleared, so the relay publishes it
-(and the later messages of its key it was holding back) on its next claim.
+Functions take the caller's ``Connection``/``Session`` and **never commit**. The relay never
+changes an outbox row: what it did is in ``outbox_failures`` (refused rows, copied whole) and
+``deliveries`` (the broker's proof), and the view ``message_status`` puts it together. A
+retried row (and the rows of its key held back behind it) is set to ``retry``: the relay
+publishes it again, in id order, before the later messages of its key.
 """
 
 from __future__ import annotations
@@ -13,16 +15,47 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Integer, Text, cast, func, literal, literal_column, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    Text,
+    cast,
+    column,
+    func,
+    literal,
+    literal_column,
+    select,
+    table,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, UUID
+from sqlalchemy.dialects.postgresql import TIMESTAMP as TIMESTAMPTZ
 
 from outbox.errors import ConfigurationError, RetryRefused
 from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings, default_settings
-from outbox.tables import outbox_messages
+from outbox.tables import SCHEMA, outbox_failures
 
-messages = outbox_messages
 Listed = Literal["pending", "failed", "published"]
+
+# The view of migration 0006: every outbox row with what the relay did with it.
+message_status = table(
+    "message_status",
+    column("id", Integer),
+    column("message_id", UUID(as_uuid=True)),
+    column("topic", Text),
+    column("key"),
+    column("lane", Integer),
+    column("message_type", Text),
+    column("run_id", UUID(as_uuid=True)),
+    column("created_at", TIMESTAMPTZ(timezone=True)),
+    column("status", Text),
+    column("last_error", Text),
+    column("failed_at", TIMESTAMPTZ(timezone=True)),
+    column("blocking", Boolean),
+    schema=SCHEMA,
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +69,6 @@ class Message:
     message_type: str
     status: str
     blocking: bool
-    attempts: int
     last_error: str | None
     run_id: uuid.UUID | None
     created_at: datetime
@@ -49,15 +81,26 @@ class Message:
 def list_messages_plan(status: Listed, topic: str | None, limit: int) -> Plan[list[Message]]:
     if limit <= 0:
         raise ConfigurationError(f"limit must be > 0, got {limit}")
-    m = messages
-    query = (
-        select(m.c.id, m.c.message_id, m.c.topic, m.c.key, m.c.message_type, m.c.status,
-               m.c.blocking, m.c.attempts, m.c.last_error, m.c.run_id, m.c.created_at,
-               m.c.failed_at)
-        .where(m.c.status == status).order_by(m.c.id).limit(limit)
-    )
-    if topic is not None:
-        query = query.where(m.c.topic == topic)
+    if status == "failed":
+        # Refused rows live in outbox_failures even after retention deleted the outbox row.
+        f = outbox_failures
+        query = (
+            select(f.c.id, f.c.message_id, f.c.topic, f.c.key, f.c.message_type,
+                   literal("failed").label("status"), f.c.blocking,
+                   f.c.error.label("last_error"), f.c.run_id, f.c.created_at, f.c.failed_at)
+            .where(f.c.state == "failed").order_by(f.c.id).limit(limit)
+        )
+        if topic is not None:
+            query = query.where(f.c.topic == topic)
+    else:
+        m = message_status
+        query = (
+            select(m.c.id, m.c.message_id, m.c.topic, m.c.key, m.c.message_type, m.c.status,
+                   m.c.blocking, m.c.last_error, m.c.run_id, m.c.created_at, m.c.failed_at)
+            .where(m.c.status == status).order_by(m.c.id).limit(limit)
+        )
+        if topic is not None:
+            query = query.where(m.c.topic == topic)
     rows = yield query
     return [
         Message(**{**dict(row), "key": None if row["key"] is None
@@ -67,32 +110,44 @@ def list_messages_plan(status: Listed, topic: str | None, limit: int) -> Plan[li
 
 
 def retry_plan(ids: Collection[int] | None, channel: str) -> Plan[int]:
-    m = messages
+    f = outbox_failures
     if ids is not None:
         wanted = sorted(set(ids))
         if not wanted:
             raise ConfigurationError("name the messages to retry (their ids)")
-        rows = yield (select(m.c.id, m.c.status).where(m.c.id.in_(wanted))
-                      .with_for_update())
-        found = {row["id"]: row["status"] for row in rows}
+        rows = yield (select(f.c.id, f.c.state).where(f.c.id.in_(wanted)).with_for_update())
+        found = {row["id"]: _shown(row["state"]) for row in rows}
+        missing = [i for i in wanted if i not in found]
+        if missing:
+            m = message_status
+            rows = yield select(m.c.id, m.c.status).where(m.c.id.in_(missing))
+            found |= {row["id"]: row["status"] for row in rows}
         problems = {i: found.get(i) for i in wanted if found.get(i) != "failed"}
         if problems:
             raise RetryRefused(problems)
     retried = (
-        update(m).where(m.c.status == "failed")
-        .values(status="pending", blocking=False, last_error=None, failed_at=None,
-                kafka_partition=None, kafka_offset=None)
-        .returning(m.c.lane)
+        update(f).where(f.c.state == "failed").values(state="retry", blocking=False, error=None)
+        .returning(f.c.lane, f.c.topic, f.c.key)
     )
     if ids is not None:
-        retried = retried.where(m.c.id.in_(sorted(set(ids))))
+        retried = retried.where(f.c.id.in_(sorted(set(ids))))
     rows = yield retried
-    lanes = sorted({row["lane"] for row in rows})
-    if lanes:
+    keys = {(row["lane"], row["topic"], row["key"]) for row in rows}
+    if keys:
+        # The rows held back behind a retried one follow it, in id order.
+        yield (update(f).where(f.c.state == "held")
+               .where(tuple_(f.c.lane, f.c.topic, f.c.key).in_(sorted(keys, key=repr)))
+               .values(state="retry"))
+        lanes = sorted({lane for lane, _, _ in keys})
         # Wake an idle relay for each lane touched: a rare operator action may pay for NOTIFY.
         yield select(func.pg_notify(channel, cast(literal_column("lane"), Text))).select_from(
             func.unnest(literal(lanes, ARRAY(Integer))).alias("lane"))
     return len(rows)
+
+
+def _shown(state: str) -> str:
+    """A failure's state as a message status: held back or being retried is pending."""
+    return "pending" if state in ("held", "retry") else state
 
 
 def list_messages(conn: SyncConn, *, status: Listed = "pending", topic: str | None = None,
@@ -103,10 +158,10 @@ def list_messages(conn: SyncConn, *, status: Listed = "pending", topic: str | No
 
 def retry_messages(conn: SyncConn, ids: Collection[int] | None = None, *,
                    settings: OutboxSettings | None = None) -> int:
-    """Set failed rows back to ``pending`` (all failed rows when *ids* is None); never commits.
+    """Publish failed rows again (all failed rows when *ids* is None); never commits.
 
-    Clears ``blocking`` and ``last_error``, so the relay publishes them again, in id order,
-    before the later messages of their key. Returns how many rows changed. Raises
+    The relay sends them again, in id order, before the later messages of their key (the
+    rows held back behind them follow). Returns how many failed rows were retried. Raises
     :class:`RetryRefused` (changing nothing) when an id is unknown or not ``failed``.
     """
     channel = (settings or default_settings()).notify_channel

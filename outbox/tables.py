@@ -20,15 +20,36 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
+    literal_column,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
+from sqlalchemy.types import UserDefinedType
 
 SCHEMA = "outboxkit"
 metadata = MetaData(schema=SCHEMA)
 
 RUN_STATES = ("queued", "running", "waiting", "done", "failed", "needs-human")
 MESSAGE_STATUSES = ("pending", "published", "failed")
+
+
+class XID8(UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id (``pg_current_xact_id()``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: object) -> str:
+        return "xid8"
+
+
+class PG_SNAPSHOT(UserDefinedType[str]):
+    """PostgreSQL's ``pg_snapshot`` (``xmin:xmax:xip,...``), read and written as text."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: object) -> str:
+        return "pg_snapshot"
 
 
 def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
@@ -160,16 +181,6 @@ approvals = Table(
 )
 Index("approvals_run_idx", approvals.c.run_id)
 
-OUTBOX_AUTOVACUUM = {
-    "autovacuum_vacuum_scale_factor": "0",
-    "autovacuum_vacuum_threshold": "1000",
-    "autovacuum_vacuum_insert_scale_factor": "0",
-    "autovacuum_vacuum_insert_threshold": "10000",
-    "autovacuum_analyze_scale_factor": "0",
-    "autovacuum_analyze_threshold": "10000",
-    "autovacuum_vacuum_cost_delay": "0",
-}
-
 outbox_messages = Table(
     "outbox_messages",
     metadata,
@@ -183,28 +194,14 @@ outbox_messages = Table(
     Column("payload", LargeBinary, nullable=False),
     Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("run_id", UUID(as_uuid=True)),
-    Column("status", Text, nullable=False, server_default=text("'pending'")),
-    Column("attempts", Integer, nullable=False, server_default=text("0")),
-    Column("last_error", Text),
     _ts("created_at", nullable=False, default_now=True),
-    _ts("published_at"),
-    Column("kafka_partition", Integer),
-    Column("kafka_offset", BigInteger),
-    CheckConstraint(
-        "status IN ('pending', 'published', 'failed')", name="outbox_messages_status_check"
-    ),
-    # The table churns (insert, mark published, delete): vacuum on a fixed number of dead rows,
-    # not a fraction of the table, and unthrottled, so dead index entries at the head of the
-    # pending index do not pile up and slow every claim.
-    postgresql_with=OUTBOX_AUTOVACUUM,
+    # The writing transaction's id (migration 0006): the relay reads the outbox as a log of
+    # snapshot differences and never updates a row (see relay/claims.py).
+    Column("xid", XID8, nullable=False, server_default=text("pg_current_xact_id()")),
 )
-# The relay claims pending rows per lane in id order; the partial index holds only the backlog.
-Index(
-    "outbox_messages_pending_idx",
-    outbox_messages.c.lane,
-    outbox_messages.c.id,
-    postgresql_where=text("status = 'pending'"),
-)
+# A lane's rows in id order (the relay's read) and by transaction id (a snapshot difference).
+Index("outbox_messages_lane_id_idx", outbox_messages.c.lane, outbox_messages.c.id)
+Index("outbox_messages_lane_xid_idx", outbox_messages.c.lane, outbox_messages.c.xid)
 
 relays = Table(
     "relays",
@@ -242,26 +239,71 @@ relay_lanes = Table(
     Column("owner", Text),
     Column("token", BigInteger, nullable=False, server_default=text("0")),
     _ts("expires_at"),
+    # The lane's cursor (migration 0006): every row whose transaction is visible in it was
+    # published (or refused and recorded); a batch in several steps keeps its target snapshot
+    # and the last id done. '3:3:' sees nothing but frozen rows.
+    Column(
+        "cursor_snapshot", PG_SNAPSHOT, nullable=False, server_default=text("'3:3:'::pg_snapshot")
+    ),
+    Column("batch_snapshot", PG_SNAPSHOT),
+    Column("batch_pos", BigInteger, nullable=False, server_default=text("0")),
+    Column("published_count", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_error", Text),
+    _ts("last_error_at"),
 )
 
-# A refused message either went to the dead-letter topic, or (blocking) holds back the later
-# messages of its key until an operator retries it.
-outbox_messages.append_column(
-    Column("blocking", Boolean, nullable=False, server_default=text("false"))
+# The broker's proof, one row per lane per batch: ids with the partition and offset of each
+# (migration 0006). The view published_messages unnests them.
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("lane", Integer, nullable=False),
+    Column("relay_id", Text, nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("first_id", BigInteger, nullable=False),
+    Column("last_id", BigInteger, nullable=False),
+    Column("ids", ARRAY(BigInteger), nullable=False),
+    Column("partitions", ARRAY(Integer), nullable=False),
+    Column("offsets", ARRAY(BigInteger), nullable=False),
+    _ts("published_at", nullable=False, default_now=True),
 )
-outbox_messages.append_column(_ts("failed_at"))
 Index(
-    "outbox_messages_failed_idx",
-    outbox_messages.c.lane,
-    outbox_messages.c.topic,
-    outbox_messages.c.key,
-    postgresql_where=text("status = 'failed'"),
+    "deliveries_range_idx",
+    func.int8range(deliveries.c.first_id, deliveries.c.last_id, literal_column("'[]'::text")),
+    postgresql_using="gist",
 )
-# Retention deletes published rows oldest first without scanning the whole table.
+
+# Refused messages, copied whole: dead-lettered, blocking their key, or held back behind one
+# (migration 0006). An operator's retry sets state 'retry'; the relay publishes and deletes them.
+FAILURE_STATES = ("failed", "held", "retry")
+outbox_failures = Table(
+    "outbox_failures",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("message_id", UUID(as_uuid=True), nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("key", LargeBinary),
+    Column("lane", Integer, nullable=False),
+    Column("message_type", Text, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("run_id", UUID(as_uuid=True)),
+    _ts("created_at", nullable=False),
+    Column("state", Text, nullable=False),
+    Column("blocking", Boolean, nullable=False, server_default=text("false")),
+    Column("error", Text),
+    _ts("failed_at", nullable=False, default_now=True),
+    Column("dlq_partition", Integer),
+    Column("dlq_offset", BigInteger),
+    CheckConstraint("state IN ('failed', 'held', 'retry')", name="outbox_failures_state_check"),
+)
 Index(
-    "outbox_messages_published_idx",
-    outbox_messages.c.published_at,
-    postgresql_where=text("status = 'published'"),
+    "outbox_failures_lane_idx",
+    outbox_failures.c.lane,
+    outbox_failures.c.topic,
+    outbox_failures.c.key,
+    outbox_failures.c.id,
 )
 
 # --- operations (migration 0004) -----------------------------------------------------------

@@ -1,74 +1,157 @@
-"""Reading the backlog of owned lanes and recording what Kafka acknowledged.
+"""Reading the next rows of owned lanes from the outbox log, and recording what Kafka said.
 
-Rows are claimed by state (``pending``), never by a high-water mark: a row committed late
-with a lower id than rows already published is still pending, so the next claim finds it.
+The relay never updates or deletes an outbox row: it reads snapshot differences (see
+relay/cursors.py) and, once Kafka acknowledged a batch, writes one ``deliveries`` row per
+lane (the ids with their partitions and offsets) and moves the lanes' cursors, in one
+statement, fenced by the lanes' tokens. Refused rows are copied to ``outbox_failures``.
 """
 
 from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
 
+from relay.cursors import Cursor, LaneRead
 from relay.sql import sql
 
-# One index range scan per lane (lane, id) over the partial index of pending rows. The join
-# on relay_lanes fences the claim: a relay whose lane was taken over (token moved on)
-# claims nothing there. There is deliberately no outer ORDER BY: the nested loop over the
-# lanes then stops as soon as the limit's rows came out, instead of reading up to that many rows
-# of every owned lane and sorting them all (80 ms for 64 lanes with a backlog, against a
-# few ms). Order within a lane does not depend on the plan: ``rn`` numbers each lane's
-# rows, and claim() keeps only an unbroken prefix 1..k of every lane.
+# Per owned lane (fenced by the join on relay_lanes: a relay whose lane was taken over reads
+# nothing there), the lane's difference in id order, in two parts that each use an index:
+#   A. rows of transactions that were running when the cursor was taken (its xip list): a
+#      probe per running transaction on (lane, xid); these may have low ids;
+#   B. rows of transactions that started after it (xid >= its xmax): a range of (lane, id)
+#      from floor to ceil, the difference's smallest and largest such id, computed once per
+#      target from (lane, xid) and then passed back by the relay.
+# Both filter on visibility in the target. A lane the relay knows nothing about (first read,
+# or its token changed) starts from the cursor stored in relay_lanes. There is no outer
+# ORDER BY: the nested loop over the lanes stops as soon as the limit's rows came out. Each
+# lane's rows are numbered (rn) and counted (got, up to limit + 1), so the relay knows which
+# lanes it read to the end of their difference.
 CLAIM = """
-SELECT o.pos, m.rn, m.id, m.message_id, m.topic, m.key, m.message_type, m.payload,
-       m.headers, m.created_at, m.lane, m.attempts
-FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]))
-     WITH ORDINALITY AS o(lane, token, pos)
-JOIN {schema}.relay_lanes AS l
-  ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s AND l.expires_at > now()
-CROSS JOIN LATERAL (
-    SELECT p.*, row_number() OVER (ORDER BY p.id) AS rn FROM (
-        SELECT * FROM {schema}.outbox_messages AS m
-        WHERE m.lane = o.lane AND m.status = 'pending'
-          AND m.id <> ALL(CAST(%(exclude)s AS bigint[]))
-          AND NOT EXISTS (
-              SELECT 1 FROM {schema}.outbox_messages AS f
-              WHERE f.status = 'failed' AND f.blocking AND f.lane = m.lane
-                AND f.topic = m.topic AND f.key = m.key AND f.id < m.id)
-        ORDER BY m.id
-        LIMIT %(limit)s
-    ) AS p
-) AS m
-LIMIT %(limit)s
+WITH c AS MATERIALIZED (
+    SELECT o.ord, o.lane, o.token,
+           CASE WHEN o.known THEN CAST(o.snap AS pg_snapshot) ELSE l.cursor_snapshot END AS snap,
+           coalesce(CASE WHEN o.known THEN CAST(o.target AS pg_snapshot) ELSE l.batch_snapshot END,
+                    pg_current_snapshot()) AS target,
+           CASE WHEN o.known THEN o.pos ELSE l.batch_pos END AS pos,
+           o.floor, o.ceil
+    FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]),
+                CAST(%(known)s AS bool[]), CAST(%(snaps)s AS text[]),
+                CAST(%(targets)s AS text[]), CAST(%(pos)s AS bigint[]),
+                CAST(%(floors)s AS bigint[]), CAST(%(ceils)s AS bigint[]))
+         WITH ORDINALITY AS o(lane, token, known, snap, target, pos, floor, ceil, ord)
+    JOIN {schema}.relay_lanes AS l
+      ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s
+     AND l.expires_at > now()
+),
+b AS (
+    SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi
+    FROM c
+    LEFT JOIN LATERAL (
+        SELECT min(m.id) AS lo, max(m.id) AS hi FROM {schema}.outbox_messages AS m
+        WHERE c.floor IS NULL AND m.lane = c.lane
+          AND m.xid >= pg_snapshot_xmax(c.snap) AND pg_visible_in_snapshot(m.xid, c.target)
+    ) AS r ON true
+)
+SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
+       p.rn, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
+       p.headers, p.created_at, p.run_id
+FROM b
+LEFT JOIN LATERAL (
+    SELECT d.*, row_number() OVER (ORDER BY d.id) AS rn, count(*) OVER () AS got FROM (
+        SELECT * FROM (
+            (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+                    m.created_at, m.run_id
+             FROM {schema}.outbox_messages AS m
+             WHERE m.lane = b.lane AND m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(b.snap)))
+               AND m.id > b.pos AND pg_visible_in_snapshot(m.xid, b.target)
+             ORDER BY m.id LIMIT %(more)s)
+            UNION ALL
+            (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+                    m.created_at, m.run_id
+             FROM {schema}.outbox_messages AS m
+             WHERE m.lane = b.lane AND m.id >= greatest(b.pos + 1, b.lo) AND m.id <= b.hi
+               AND m.xid >= pg_snapshot_xmax(b.snap) AND pg_visible_in_snapshot(m.xid, b.target)
+             ORDER BY m.id LIMIT %(more)s)
+        ) AS u ORDER BY u.id LIMIT %(more)s
+    ) AS d
+) AS p ON true
+WHERE p.rn IS NULL OR p.rn <= %(limit)s
+LIMIT %(outer)s
 """
 
-MARK_PUBLISHED = """
-UPDATE {schema}.outbox_messages AS m
-SET status = 'published', published_at = now(), attempts = m.attempts + 1,
-    kafka_partition = v.partition, kafka_offset = v.kafka_offset, last_error = NULL
-FROM unnest(CAST(:ids AS bigint[]), CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
-     AS v(id, partition, kafka_offset)
-WHERE m.id = v.id AND m.status = 'pending'
+# Blocked keys (a refused message holds back the later ones of its key, in block mode) and
+# rows an operator asked to retry, of the owned lanes: usually none, one index probe.
+FAILURES = """
+SELECT f.id, f.message_id, f.topic, f.key, f.message_type, f.payload, f.headers, f.created_at,
+       f.run_id, f.lane, f.state, f.blocking
+FROM {schema}.outbox_failures AS f
+WHERE f.lane = ANY(CAST(:lanes AS int[])) AND (f.state <> 'failed' OR f.blocking)
+ORDER BY f.lane, f.id
+LIMIT :limit
 """
 
-MARK_FAILED = """
-UPDATE {schema}.outbox_messages AS m
-SET status = 'failed', attempts = m.attempts + 1, last_error = v.error, failed_at = now(),
-    blocking = v.blocking, kafka_partition = v.partition, kafka_offset = v.kafka_offset
-FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[]), CAST(:blocking AS bool[]),
-            CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
-     AS v(id, error, blocking, partition, kafka_offset)
-WHERE m.id = v.id AND m.status = 'pending'
+# One statement records a clean batch: the proof per lane, and the lanes' cursors, fenced.
+RECORD = """
+WITH v AS (
+    SELECT * FROM unnest(CAST(:lanes AS int[]), CAST(:tokens AS bigint[]), CAST(:ids AS bigint[]),
+                         CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
+         AS v(lane, token, id, partition, kafka_offset)
+),
+proof AS (
+    INSERT INTO {schema}.deliveries
+        (lane, relay_id, token, first_id, last_id, ids, partitions, offsets)
+    SELECT lane, :relay_id, token, min(id), max(id), array_agg(id ORDER BY id),
+           array_agg(partition ORDER BY id), array_agg(kafka_offset ORDER BY id)
+    FROM v WHERE id IS NOT NULL GROUP BY lane, token
+    RETURNING lane
+),
+moved AS (
+    UPDATE {schema}.relay_lanes AS l
+    SET cursor_snapshot = CAST(c.snap AS pg_snapshot),
+        batch_snapshot = CAST(c.target AS pg_snapshot), batch_pos = c.pos,
+        published_count = l.published_count + c.n, last_error = NULL, last_error_at = NULL
+    FROM unnest(CAST(:c_lanes AS int[]), CAST(:c_tokens AS bigint[]), CAST(:c_snaps AS text[]),
+                CAST(:c_targets AS text[]), CAST(:c_pos AS bigint[]), CAST(:c_n AS bigint[]))
+         AS c(lane, token, snap, target, pos, n)
+    WHERE l.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
+    RETURNING l.lane
+)
+SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved
 """
 
-NOTE_TRANSIENT = """
-UPDATE {schema}.outbox_messages SET attempts = attempts + 1, last_error = :error
-WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'pending'
+# A refused row is copied whole: retention may delete the outbox row long before an operator
+# looks at it. A retried row refused again is updated in place.
+RECORD_FAILURES = """
+INSERT INTO {schema}.outbox_failures
+    (id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
+     state, blocking, error, dlq_partition, dlq_offset)
+SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
+       CAST(r.headers AS jsonb), r.run_id, r.created_at, r.state, r.blocking, r.error,
+       r.dlq_partition, r.dlq_offset
+FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS uuid[]), CAST(:topics AS text[]),
+            CAST(:keys AS bytea[]), CAST(:lanes AS int[]), CAST(:types AS text[]),
+            CAST(:payloads AS bytea[]), CAST(:headers AS text[]), CAST(:run_ids AS uuid[]),
+            CAST(:created AS timestamptz[]), CAST(:states AS text[]), CAST(:blocking AS bool[]),
+            CAST(:errors AS text[]), CAST(:dlq_partitions AS int[]), CAST(:dlq_offsets AS bigint[]))
+     AS r(id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
+          state, blocking, error, dlq_partition, dlq_offset)
+ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, blocking = EXCLUDED.blocking,
+    error = coalesce(EXCLUDED.error, {schema}.outbox_failures.error), failed_at = now(),
+    dlq_partition = EXCLUDED.dlq_partition, dlq_offset = EXCLUDED.dlq_offset
+"""
+
+# Retried rows that Kafka has now acknowledged leave the failures.
+FORGET_FAILURES = "DELETE FROM {schema}.outbox_failures WHERE id = ANY(CAST(:ids AS bigint[]))"
+
+NOTE_ERROR = """
+UPDATE {schema}.relay_lanes SET last_error = :error, last_error_at = now()
+WHERE lane = ANY(CAST(:lanes AS int[])) AND owner = :relay_id
 """
 
 
@@ -83,7 +166,9 @@ class OutboxRow:
     headers: dict[str, Any]
     created_at: datetime
     lane: int
-    attempts: int
+    run_id: uuid.UUID | None = None
+    # From outbox_failures: an operator asked to publish it again ('retry').
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,53 +188,69 @@ class Failed:
     offset: int | None = None
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """One claim: the rows in (lane order, id), what each lane read, and the failures' view."""
+
+    rows: list[OutboxRow]
+    reads: dict[int, LaneRead]
+    # (lane, topic, key) → 'held' while a refused row blocks the key, 'retry' while an
+    # operator's retry of it is under way: later rows of the key join the queue, unsent.
+    blocked: dict[tuple[int, str, bytes | None], str]
+
+
 def claim(
     conn: Connection,
     schema: str,
     *,
     relay_id: str,
-    lanes: dict[int, int],
+    cursors: Mapping[int, Cursor | int],
     limit: int,
     rotate: int = 0,
-    exclude: Sequence[int] = (),
-) -> list[OutboxRow]:
-    """Up to *limit* pending rows of the owned *lanes*, each lane's rows in id order.
+) -> Claimed:
+    """Up to *limit* rows of the owned lanes' differences, each lane's rows in id order.
 
-    *rotate* shifts which lane is read first, so a busy lane cannot starve the others.
-    *exclude* names rows already acknowledged whose marking is still in progress. It is a
-    list of ids, never an "above this id" mark: a row committed late with a lower id is
-    not in the list, so it is claimed (before the later rows of its key).
+    *cursors* maps each owned lane to the relay's cursor for it, or to the lane's token
+    alone when the relay has none yet (the one in ``relay_lanes`` is then used). *rotate*
+    shifts which lane is read first, so a busy lane cannot starve the others. Rows that an
+    operator asked to retry come first, and rows of blocked keys are set aside (see
+    :class:`Claimed`).
     """
-    if not lanes:
-        return []
-    order = sorted(lanes)
+    if not cursors:
+        return Claimed([], {}, {})
+    order = sorted(cursors)
     shift = rotate % len(order)
     order = order[shift:] + order[:shift]
+    blocked, retried = _failures(conn, schema, order, limit)
+    known = [cursors[lane] for lane in order]
+    tokens = {
+        lane: c.token if isinstance(c, Cursor) else c for lane, c in zip(order, known, strict=True)
+    }
+    params: dict[str, Any] = {
+        "lanes": order,
+        "tokens": [tokens[lane] for lane in order],
+        "known": [isinstance(c, Cursor) for c in known],
+        "snaps": [c.snapshot if isinstance(c, Cursor) else None for c in known],
+        "targets": [c.target if isinstance(c, Cursor) else None for c in known],
+        "pos": [c.pos if isinstance(c, Cursor) else 0 for c in known],
+        "floors": [c.floor if isinstance(c, Cursor) else None for c in known],
+        "ceils": [c.ceil if isinstance(c, Cursor) else None for c in known],
+        "relay_id": relay_id,
+        "limit": limit,
+        "more": limit + 1,
+        "outer": limit + len(order),
+    }
     # Executed through SQLAlchemy, so a database error is a SQLAlchemyError (the loop backs
     # off on those) and a dropped connection is invalidated; but the rows are read from the
     # driver's cursor as plain tuples: decoding a thousand Row objects cost a sixth of the
     # relay's loop.
-    result = conn.exec_driver_sql(
-        _claim_sql(schema),
-        {
-            "lanes": order,
-            "tokens": [lanes[lane] for lane in order],
-            "relay_id": relay_id,
-            "limit": limit,
-            "exclude": list(exclude),
-        },
-    )
+    result = conn.exec_driver_sql(_claim_sql(schema), params)
     try:
         fetched = result.cursor.fetchall()
     finally:
         result.close()
-    return [
-        OutboxRow(
-            r[2], r[3], r[4], bytes(r[5]) if r[5] is not None else None, r[6], bytes(r[7]),
-            r[8] or {}, r[9], r[10], r[11],
-        )
-        for r in _lane_prefixes(fetched)
-    ]
+    rows, reads = _reads(fetched, tokens, limit - len(retried))
+    return Claimed(retried + rows, reads, blocked)
 
 
 @functools.cache
@@ -157,61 +258,169 @@ def _claim_sql(schema: str) -> str:
     return CLAIM.replace("{schema}", f'"{schema}"')  # a validated identifier, see relay.sql
 
 
-def _lane_prefixes(fetched: Sequence[Any]) -> list[Any]:
-    """The rows in (lane position, id) order, each lane cut at its first missing row number.
+def _failures(
+    conn: Connection, schema: str, lanes: list[int], limit: int
+) -> tuple[dict[tuple[int, str, bytes | None], str], list[OutboxRow]]:
+    blocked: dict[tuple[int, str, bytes | None], str] = {}
+    retried: list[OutboxRow] = []
+    for r in conn.execute(sql(FAILURES, schema), {"lanes": lanes, "limit": 10 * limit}):
+        key = (r.lane, r.topic, bytes(r.key) if r.key is not None else None)
+        if r.state == "retry":
+            if blocked.get(key) != "held" and len(retried) < limit // 2 + 1:
+                retried.append(
+                    OutboxRow(
+                        r.id,
+                        r.message_id,
+                        r.topic,
+                        key[2],
+                        r.message_type,
+                        bytes(r.payload),
+                        r.headers or {},
+                        r.created_at,
+                        r.lane,
+                        r.run_id,
+                        retry=True,
+                    )
+                )
+            blocked.setdefault(key, "retry")
+        else:  # a blocking refusal, or held behind one
+            blocked[key] = "held"
+    # A key whose retried rows are not all being sent now keeps the rest queued behind them.
+    return blocked, retried
 
-    Row numbers count each lane's pending rows from 1 in id order; a lane whose rows came
-    back as 1, 2, 4 (a plan that stopped mid-way differently) keeps 1, 2: row 3 must be sent
-    before row 4, and both are claimed again next time.
+
+def _reads(
+    fetched: Sequence[Any], tokens: Mapping[int, int], room: int
+) -> tuple[list[OutboxRow], dict[int, LaneRead]]:
+    """The rows taken (at most *room*) and, per lane, the cursor used and how far they go.
+
+    Rows come numbered per lane (rn, from 1 in id order) with the lane's count (got, up to
+    limit + 1). A lane is read to its end only when every one of its rows came and was
+    taken; a lane cut short (by the limit, or a plan that stopped mid-way) keeps an unbroken
+    prefix 1..k, and the rest is read next time.
     """
-    kept: list[Any] = []
-    expected: dict[int, int] = {}
-    for row in sorted(fetched, key=lambda r: (r[0], r[1])):
-        pos, rn = row[0], row[1]
-        if expected.get(pos, 1) != rn:
-            expected[pos] = -1  # a gap: nothing more from this lane
-            continue
-        expected[pos] = rn + 1
-        kept.append(row)
-    return kept
+    rows: list[OutboxRow] = []
+    reads: dict[int, LaneRead] = {}
+    by_lane: dict[int, list[Any]] = {}
+    first: dict[int, Any] = {}
+    for r in sorted(fetched, key=lambda r: (r[0], r[7] or 0)):
+        first.setdefault(r[1], r)
+        if r[7] is not None:
+            by_lane.setdefault(r[1], []).append(r)
+    for lane, head in sorted(first.items(), key=lambda item: item[1][0]):
+        cursor = Cursor(tokens[lane], head[2], head[3], head[4], head[5], head[6])
+        taken: list[Any] = []
+        for expected, r in enumerate(by_lane.get(lane, ()), start=1):
+            if r[7] != expected or len(rows) + len(taken) >= room:
+                break
+            taken.append(r)
+        got = head[8] or 0
+        exhausted = len(taken) == got
+        rows += [
+            OutboxRow(
+                r[9],
+                r[10],
+                r[11],
+                bytes(r[12]) if r[12] is not None else None,
+                r[13],
+                bytes(r[14]),
+                r[15] or {},
+                r[16],
+                lane,
+                r[17],
+            )
+            for r in taken
+        ]
+        reads[lane] = LaneRead(lane, cursor, tuple(r[9] for r in taken), exhausted)
+    return rows, reads
 
 
 def record(
     conn: Connection,
     schema: str,
+    *,
+    relay_id: str,
     published: list[Published],
     failed: list[Failed],
-    *,
+    set_aside: list[tuple[OutboxRow, str]],
+    cursors: Mapping[int, tuple[Cursor, int]],
     blocking: bool,
+) -> list[int]:
+    """Record a batch's outcome and move the lanes' *cursors*; return the lanes moved.
+
+    *published* rows get their proof in ``deliveries``; *failed* ones (permanent refusals)
+    and *set_aside* ones (state 'held' or 'retry', with the reason) are copied to
+    ``outbox_failures``; retried rows that went through leave it. *cursors* maps a lane to
+    its new cursor and how many of its rows were published. A lane whose token moved on is
+    not moved (it is another relay's now); its proof is still written, since it is true.
+    With *blocking*, a refused row without a dead-letter copy blocks the later rows of its key.
+    """
+    lanes = sorted(cursors)
+    row = conn.execute(
+        sql(RECORD, schema),
+        {
+            "lanes": [p.row.lane for p in published],
+            "tokens": [_token(cursors, p.row.lane) for p in published],
+            "ids": [p.row.id for p in published],
+            "partitions": [p.partition for p in published],
+            "offsets": [p.offset for p in published],
+            "relay_id": relay_id,
+            "c_lanes": lanes,
+            "c_tokens": [cursors[lane][0].token for lane in lanes],
+            "c_snaps": [cursors[lane][0].snapshot for lane in lanes],
+            "c_targets": [cursors[lane][0].target for lane in lanes],
+            "c_pos": [cursors[lane][0].pos for lane in lanes],
+            "c_n": [cursors[lane][1] for lane in lanes],
+        },
+    ).one()
+    retried = [p.row.id for p in published if p.row.retry]
+    if retried:
+        conn.execute(sql(FORGET_FAILURES, schema), {"ids": retried})
+    entries: list[tuple[OutboxRow, str, str | None, int | None, int | None, bool]] = [
+        (f.row, "failed", f.error, f.partition, f.offset, blocking and f.offset is None)
+        for f in failed
+    ]
+    entries += [(r, state, None, None, None, False) for r, state in set_aside]
+    if entries:
+        _copy_failures(conn, schema, entries)
+    return list(row.moved or [])
+
+
+def _token(cursors: Mapping[int, tuple[Cursor, int]], lane: int) -> int:
+    entry = cursors.get(lane)
+    return entry[0].token if entry is not None else -1
+
+
+def _copy_failures(conn: Connection, schema: str, entries: list[tuple[Any, ...]]) -> None:
+    import json  # noqa: PLC0415 - only on this rare path
+
+    rows = [e[0] for e in entries]
+    conn.execute(
+        sql(RECORD_FAILURES, schema),
+        {
+            "ids": [r.id for r in rows],
+            "message_ids": [r.message_id for r in rows],
+            "topics": [r.topic for r in rows],
+            "keys": [r.key for r in rows],
+            "lanes": [r.lane for r in rows],
+            "types": [r.message_type for r in rows],
+            "payloads": [r.payload for r in rows],
+            "headers": [json.dumps(r.headers) for r in rows],
+            "run_ids": [r.run_id for r in rows],
+            "created": [r.created_at for r in rows],
+            "states": [e[1] for e in entries],
+            "blocking": [e[5] for e in entries],
+            "errors": [e[2][:2000] if e[2] else None for e in entries],
+            "dlq_partitions": [e[3] for e in entries],
+            "dlq_offsets": [e[4] for e in entries],
+        },
+    )
+
+
+def note_error(
+    conn: Connection, schema: str, *, relay_id: str, lanes: list[int], error: str
 ) -> None:
-    """Mark acknowledged rows published (with partition and offset) and refused rows failed."""
-    if published:
-        conn.execute(
-            sql(MARK_PUBLISHED, schema),
-            {
-                "ids": [p.row.id for p in published],
-                "partitions": [p.partition for p in published],
-                "offsets": [p.offset for p in published],
-            },
-        )
-    permanent = [f for f in failed if f.permanent]
-    if permanent:
-        conn.execute(
-            sql(MARK_FAILED, schema),
-            {
-                "ids": [f.row.id for f in permanent],
-                "errors": [f.error[:2000] for f in permanent],
-                "blocking": [blocking and f.offset is None for f in permanent],
-                "partitions": [f.partition for f in permanent],
-                "offsets": [f.offset for f in permanent],
-            },
-        )
-    transient = [f for f in failed if not f.permanent]
-    if transient:
-        conn.execute(
-            sql(NOTE_TRANSIENT, schema),
-            {
-                "ids": [f.row.id for f in transient],
-                "error": transient[0].error[:2000],
-            },
-        )
+    """Say on the lanes why their rows wait (a transient failure): ``outbox status`` shows it."""
+    conn.execute(
+        sql(NOTE_ERROR, schema), {"lanes": lanes, "relay_id": relay_id, "error": error[:2000]}
+    )

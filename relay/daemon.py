@@ -1,4 +1,4 @@
-"""The relay daemon: claim a batch of owned lanes, send it, wait for the acks, mark it.
+"""The relay daemon: read a batch of owned lanes, send it, wait for the acks, record it.
 
 The loop is single-threaded on purpose: one batch in flight at a time keeps the order of
 each lane obvious. Background work (lane heartbeats, the fallback poll, sweeping dead
@@ -26,7 +26,8 @@ from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.settings import OutboxSettings
-from relay.claims import Failed, OutboxRow, Published, claim, record
+from relay.claims import Claimed, Failed, OutboxRow, Published, claim, note_error, record
+from relay.cursors import Cursor
 from relay.http import HealthServer
 from relay.lanes import LaneManager
 from relay.metrics import RelayMetrics
@@ -38,17 +39,27 @@ from relay.wakeup import SET_IDLE, Listener
 
 log = logging.getLogger(__name__)
 
-# Cheap at any backlog: the count stops at a cap, and the oldest pending row is found by
-# one index probe per lane (the pending index is ordered by id, and ids grow with time).
+# Per lane, the rows its cursor has not passed: those of transactions running when it was
+# taken (a probe each) and those after it (an index range from its xmax): the backlog only,
+# never the history; counted up to a cap. The oldest is the smallest id among them.
 BACKLOG = """
-SELECT (SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox_messages
-                              WHERE status = 'pending' LIMIT :cap) AS capped) AS backlog,
-       (SELECT coalesce(extract(epoch FROM now() - min(head.created_at)), 0)
-        FROM generate_series(0, :lanes - 1) AS l(lane)
-        CROSS JOIN LATERAL (SELECT created_at FROM {schema}.outbox_messages
-                            WHERE lane = l.lane AND status = 'pending'
-                            ORDER BY id LIMIT 1) AS head) AS oldest_age,
-       (SELECT count(*) FROM {schema}.outbox_messages WHERE status = 'failed') AS failed
+SELECT coalesce(sum(p.n), 0) AS backlog,
+       greatest(0, coalesce(extract(epoch FROM clock_timestamp() - min(p.oldest)), 0))
+           AS oldest_age,
+       (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed
+FROM {schema}.relay_lanes AS l
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(q.created_at) AS oldest FROM (
+        SELECT m.created_at FROM {schema}.outbox_messages AS m
+        WHERE m.lane = l.lane
+          AND (m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
+               OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
+          AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                         l.batch_pos)
+        LIMIT :cap
+    ) AS q
+) AS p
+WHERE l.lane < :lanes
 """
 BACKLOG_CAP = 1_000_000
 
@@ -121,11 +132,12 @@ class Relay:
         self._batch_counted = False  # this batch's slow acks were counted as a Kafka error
         self._unready_source: str | None = None  # the side whose error made it not ready
         self._operations_readable = True
-        # Marking a batch runs on this thread while the next batch is claimed and sent: the
+        # Recording a batch runs on this thread while the next batch is read and sent: the
         # next batch is sent only after this one was acknowledged, so order is unaffected.
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-mark")
         self._marking: Future[None] | None = None
-        self._in_flight: list[int] = []
+        # Each owned lane's cursor, one batch ahead of the database's (relay/cursors.py).
+        self._cursors: dict[int, Cursor] = {}
         self.publisher: Publisher | None = None
         self.http: HealthServer | None = None
         self._scheduler: BackgroundScheduler | None = None
@@ -384,31 +396,29 @@ class Relay:
                 self._wait()
                 continue
             try:
-                rows = self._claim(owned)
-                if not rows and self._marking is not None:
-                    self._finish_marking()  # our own batch, still being marked
-                    rows = self._claim(owned)
-                if not rows and not self._idle:
+                batch = self._claim(owned)
+                if not batch.rows and not self._idle:
                     self._declare_idle(True)
                     # Notifications that came while busy are stale now; a commit that slipped
                     # in before we declared ourselves idle is found by this second claim.
                     self.wake.clear()
-                    rows = self._claim(owned)
+                    batch = self._claim(owned)
             except SQLAlchemyError as exc:
                 self._backoff(self._transient(exc, "claiming"))
                 continue
-            if not rows:
+            if not batch.rows:
                 self._database_answered()
                 self._wait()
                 continue
             try:
-                self._process(rows)
+                self._process(batch)
                 if self._idle:
                     # After the batch, not before: a woken relay publishes first. Emits that
                     # notify meanwhile cost little; this one commit would cost every wake-up.
                     self._declare_idle(False)
             except Exception as exc:
-                # The batch's rows stay pending (or were marked); the next claim retries them.
+                # The cursors stay where the database has them; the next claim reads again.
+                self._cursors.clear()
                 if error_source(exc) is None:  # a bug, not an outage: keep the traceback
                     log.exception(
                         "publishing a batch failed unexpectedly",
@@ -420,18 +430,27 @@ class Relay:
         self.wake.wait(self.settings.poll_interval_seconds)
         self.wake.clear()
 
-    def _claim(self, owned: dict[int, int]) -> list[OutboxRow]:
+    def _claim(self, owned: dict[int, int]) -> Claimed:
+        """The next rows of the owned lanes, read from this relay's cursors (one batch ahead
+        of the database's while the previous batch is being recorded)."""
         self._rotate += 1
+        cursors: dict[int, Cursor | int] = {}
+        for lane, token in owned.items():
+            known = self._cursors.get(lane)
+            cursors[lane] = known if known is not None and known.token == token else token
         with self.engine.begin() as conn:
-            return claim(
+            batch = claim(
                 conn,
                 self.schema,
                 relay_id=self.settings.relay_id,
-                lanes=owned,
+                cursors=cursors,
                 limit=self.settings.batch_size,
                 rotate=self._rotate,
-                exclude=self._in_flight if self._marking is not None else (),
             )
+        for lane, read in batch.reads.items():
+            # An empty difference moves the cursor here only: nothing to record.
+            self._cursors[lane] = read.cursor if read.ids else read.advanced(None)
+        return batch
 
     def _declare_idle(self, idle: bool) -> None:
         with self.engine.begin() as conn:
@@ -442,18 +461,32 @@ class Relay:
             )
         self._idle = idle
 
-    def _process(self, rows: list[OutboxRow]) -> None:
+    def _process(self, batch: Claimed) -> None:
         assert self.publisher is not None
         self._batch_counted = False
-        published, failed = self._publish(rows)
+        block = self.settings.on_permanent_failure == "block"
+        # Rows of a blocked key join the queue behind the refused one, unsent.
+        set_aside: list[tuple[OutboxRow, str]] = []
+        sendable: list[OutboxRow] = []
+        for row in batch.rows:
+            state = None if row.retry else batch.blocked.get((row.lane, row.topic, row.key))
+            if state is not None:
+                set_aside.append((row, state))
+            else:
+                sendable.append(row)
+        published, failed = self._publish(sendable) if sendable else ([], [])
         failpoint("relay.after_ack")
-        self._finish_marking()  # at most one batch being marked at a time
-        self._in_flight = [p.row.id for p in published] + [f.row.id for f in failed]
-        self._marking = self._marker.submit(self._mark, published, failed)
-        if failed:
-            # Only clean batches are marked beside the next claim. A failed row must be
-            # recorded first: in block mode it is what holds back the later rows of its key
-            # (the claim skips keys with a blocking failed row), and a retry must see it.
+        outcome = self._sort_outcome(batch, sendable, published, failed, set_aside, block=block)
+        ok = self._finish_marking()  # at most one batch being recorded at a time
+        if not ok:
+            # The previous batch was not recorded: the database's cursors are behind ours.
+            # Recording this one would move them past rows without proof: read them again.
+            self._cursors.clear()
+            return
+        self._marking = self._marker.submit(self._mark, *outcome, block)
+        if failed or set_aside:
+            # Only clean batches are recorded beside the next claim. A refusal must be
+            # recorded first: in block mode it is what holds back the later rows of its key.
             self._finish_marking()
         transient = [f for f in failed if not f.permanent]
         if transient:
@@ -463,6 +496,7 @@ class Relay:
                 f"{len(transient)} messages not acknowledged "
                 f"({transient[0].error.splitlines()[0]})"
             )
+            self._note_error(sorted({f.row.lane for f in transient}), reason)
             self._set_ready(False, reason)
             self._unready_source = "kafka"
             self._backoff(reason)
@@ -470,34 +504,103 @@ class Relay:
             self._failures = 0
             self._set_ready(True)
 
-    def _mark(self, published: list[Published], failed: list[Failed]) -> None:
+    def _sort_outcome(
+        self,
+        batch: Claimed,
+        sent: list[OutboxRow],
+        published: list[Published],
+        failed: list[Failed],
+        set_aside: list[tuple[OutboxRow, str]],
+        *,
+        block: bool,
+    ) -> tuple[
+        list[Published], list[Failed], list[tuple[OutboxRow, str]], dict[int, tuple[Cursor, int]]
+    ]:
+        """What to record, and each lane's new cursor (moved here at once).
+
+        A lane's cursor passes its rows up to the first one Kafka did not answer for good
+        (a transient failure): that row and the lane's later rows are read and sent again.
+        Rows neither acknowledged nor refused were held back behind a refused row of their
+        key (block mode): they are set aside with it.
+        """
+        answered = {p.row.id for p in published} | {f.row.id for f in failed if f.permanent}
+        transient = {f.row.id for f in failed if not f.permanent}
+        held = [(r, "held") for r in sent if r.id not in answered and r.id not in transient]
+        if held and not block:  # cannot happen: only block mode holds rows back
+            raise AssertionError(f"{len(held)} rows neither acknowledged nor refused")
+        set_aside = set_aside + held
+        moves: dict[int, tuple[Cursor, int]] = {}
+        done_upto: dict[int, int] = {}
+        for lane, read in batch.reads.items():
+            done: int | None = None
+            for row_id in read.ids:
+                if row_id in transient:
+                    break
+                done = row_id
+            new = read.advanced(done)
+            self._cursors[lane] = new
+            if done is not None:
+                done_upto[lane] = done
+                count = sum(1 for p in published if p.row.lane == lane and not p.row.retry
+                            and p.row.id <= done)
+                moves[lane] = (new, count)
+
+        def passed(row: OutboxRow) -> bool:
+            return row.retry or row.id <= done_upto.get(row.lane, -1)
+
+        return (
+            [p for p in published if passed(p.row)],
+            [f for f in failed if f.permanent and passed(f.row)],
+            [(r, state) for r, state in set_aside if passed(r)],
+            moves,
+        )
+
+    def _note_error(self, lanes: list[int], reason: str) -> None:
+        try:
+            with self.engine.begin() as conn:
+                note_error(
+                    conn, self.schema, relay_id=self.settings.relay_id, lanes=lanes, error=reason
+                )
+        except SQLAlchemyError as exc:
+            log.debug("could not note the error on the lanes: %s", describe_briefly(exc))
+
+    def _mark(
+        self,
+        published: list[Published],
+        failed: list[Failed],
+        set_aside: list[tuple[OutboxRow, str]],
+        moves: dict[int, tuple[Cursor, int]],
+        block: bool,
+    ) -> None:
         """Record a batch's outcome (on the marking thread) and count it."""
-        self._record(published, failed)
+        self._record(published, failed, set_aside, moves, block)
         failpoint("relay.after_mark")
         now = time.time()
         for p in published:
             self.metrics.latency.observe(max(0.0, now - p.row.created_at.timestamp()))
         self.metrics.published.inc(len(published))
-        permanent = [f for f in failed if f.permanent]
-        self.metrics.failed.inc(len(permanent))
-        self.metrics.dead_lettered.inc(sum(1 for f in permanent if f.offset is not None))
+        self.metrics.failed.inc(len(failed))
+        self.metrics.dead_lettered.inc(sum(1 for f in failed if f.offset is not None))
 
-    def _finish_marking(self) -> None:
-        """Wait for the batch being marked; its rows leave the exclusion list."""
+    def _finish_marking(self) -> bool:
+        """Wait for the batch being recorded; False when recording it failed."""
         if self._marking is None:
-            return
+            return True
+        ok = True
         try:
             self._marking.result()
         except Exception as exc:
-            # Not marked: those rows are still pending and will be sent again (duplicates
-            # with the same message ids). Nothing is lost.
+            # Not recorded: the lanes' cursors did not move, so those rows are read and sent
+            # again (duplicates with the same message ids). Nothing is lost.
             log.error(
-                "marking a batch failed: %s",
+                "recording a batch failed: %s",
                 describe_briefly(exc),
                 extra={"event": "relay.mark_failed"},
             )
+            ok = False
+            self._cursors.clear()
         self._marking = None
-        self._in_flight = []
+        return ok
 
     def _publish(self, rows: list[OutboxRow]) -> tuple[list[Published], list[Failed]]:
         assert self.publisher is not None
@@ -565,21 +668,46 @@ class Relay:
             )
             self._unready_source = "kafka"
 
-    def _record(self, published: list[Published], failed: list[Failed]) -> None:
-        """Mark what Kafka acknowledged; keep trying, since giving up means re-sending."""
-        blocking = self.settings.on_permanent_failure == "block"
+    def _record(
+        self,
+        published: list[Published],
+        failed: list[Failed],
+        set_aside: list[tuple[OutboxRow, str]],
+        moves: dict[int, tuple[Cursor, int]],
+        blocking: bool,
+    ) -> None:
+        """Record what Kafka said and move the cursors; keep trying, since giving up means
+        re-sending."""
         delay = self.settings.backoff_initial_seconds
         attempt = 0
         while True:
             try:
                 with self.engine.begin() as conn:
-                    if not failed:
-                        # A clean batch's mark need not wait for the WAL flush: if a database
-                        # crash loses it, the rows are pending again and re-sent — duplicates
-                        # with the same ids, never a loss. (WAL is flushed in order, so no
-                        # later mark survives an earlier lost one.) Failed marks stay durable.
+                    if not failed and not set_aside:
+                        # A clean batch's record need not wait for the WAL flush: if a database
+                        # crash loses it, the cursors are back where they were and the rows are
+                        # sent again — duplicates with the same ids, never a loss. (WAL is
+                        # flushed in order, so no later record survives an earlier lost one.)
+                        # Refusals are recorded durably.
                         conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
-                    record(conn, self.schema, published, failed, blocking=blocking)
+                    moved = record(
+                        conn,
+                        self.schema,
+                        relay_id=self.settings.relay_id,
+                        published=published,
+                        failed=failed,
+                        set_aside=set_aside,
+                        cursors=moves,
+                        blocking=blocking,
+                    )
+                lost = sorted(set(moves) - set(moved))
+                if lost:
+                    log.warning(
+                        "lanes %s were taken over before their batch was recorded: the new "
+                        "owner sends those rows again",
+                        lost,
+                        extra={"event": "relay.lanes_lost"},
+                    )
                 return
             except SQLAlchemyError as exc:
                 attempt += 1

@@ -81,7 +81,6 @@ def publish_span(row: OutboxRow) -> Any:
             "messaging.message.body.size": len(row.payload),
             "outboxkit.run_id": row.headers.get("run-id"),
             "outboxkit.outbox_id": row.id,
-            "outboxkit.attempts": row.attempts,
         },
     )
     return span
@@ -363,8 +362,9 @@ class Publisher:
 
         The copy carries the payload whenever Kafka takes it. When the payload is what is too
         large, the copy goes with an empty value and says so in its headers: the payload's
-        size, and that the full payload stays in the outbox row (``x-outboxkit-outbox-id``),
-        which stays ``failed`` (`outbox messages list --failed`) until an operator retries it.
+        size, and that the full payload is kept in ``outbox_failures`` under the outbox row's
+        id (``x-outboxkit-outbox-id``) until an operator retries it (`outbox messages list
+        --failed`).
         """
         row = failure.row
         topic = row.topic + self.settings.dlq_suffix
@@ -414,7 +414,8 @@ def omitted_headers(row: OutboxRow, topic: str, *, headers_too: bool) -> list[tu
     what = "payload and headers" if headers_too else "payload"
     note = (
         f"the {what} ({len(row.payload)} payload bytes) did not fit in {topic}; the full "
-        f"message stays in outbox row {row.id} (status failed): read it there"
+        f"message of outbox row {row.id} is kept in outbox_failures (`outbox messages list "
+        "--failed`): read it there"
     )
     return [
         ("x-outboxkit-payload-omitted", note.encode()),

@@ -1,7 +1,8 @@
 """The least privilege a relay needs: its own tables, and the outbox rows it publishes.
 
-A relay reads pending rows, marks them published or failed, deletes old published rows
-(retention), and keeps its heartbeat and lane leases. It never needs the agent runs,
+A relay reads outbox rows (it never updates them), records the broker's proof and the
+refused rows, deletes old published rows (retention), and keeps its heartbeat, lane leases
+and cursors. It never needs the agent runs,
 their checkpoints, approvals or artifacts, so its role cannot read them.
 """
 
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 GRANTS = """\
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT SELECT, UPDATE, DELETE ON {schema}.outbox_messages TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes TO {role};
+GRANT SELECT, DELETE ON {schema}.outbox_messages TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes,
+    {schema}.outbox_failures TO {role};
+GRANT SELECT, INSERT, DELETE ON {schema}.deliveries TO {role};
+GRANT USAGE ON SEQUENCE {schema}.deliveries_id_seq TO {role};
 """
 
 

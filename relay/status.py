@@ -15,14 +15,25 @@ from sqlalchemy import Connection
 
 from relay.sql import sql
 
+# One pass over the outbox (a command run by hand, not a metric): each row is published when
+# its lane's cursor passed it and it is not among the failures; refused rows are counted
+# from outbox_failures (held and retried ones are still pending).
 COUNTS = """
-SELECT count(*) FILTER (WHERE status = 'pending') AS pending,
-       count(*) FILTER (WHERE status = 'failed') AS failed,
-       count(*) FILTER (WHERE status = 'published') AS published,
-       greatest(0, coalesce(extract(epoch FROM clock_timestamp()
-                                    - min(created_at) FILTER (WHERE status = 'pending')), 0))
+SELECT count(*) FILTER (WHERE (NOT s.passed AND s.state IS NULL)
+                             OR s.state IN ('held', 'retry')) AS pending,
+       (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE s.passed AND s.state IS NULL) AS published,
+       greatest(0, coalesce(extract(epoch FROM clock_timestamp() - min(s.created_at)
+                                    FILTER (WHERE NOT s.passed AND s.state IS NULL)), 0))
            AS oldest_age
-FROM {schema}.outbox_messages
+FROM (
+    SELECT m.created_at, f.state,
+           {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                  l.batch_pos) AS passed
+    FROM {schema}.outbox_messages AS m
+    LEFT JOIN {schema}.relay_lanes AS l ON l.lane = m.lane
+    LEFT JOIN {schema}.outbox_failures AS f ON f.id = m.id
+) AS s
 """
 
 # now() would be when this transaction began: a heartbeat committed since then is "in the

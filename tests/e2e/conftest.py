@@ -80,7 +80,7 @@ def count_status(engine: Engine, status: str) -> int:
     with engine.connect() as conn:
         return int(
             conn.execute(
-                text("SELECT count(*) FROM outboxkit.outbox_messages WHERE status = :s"),
+                text("SELECT count(*) FROM outboxkit.message_status WHERE status = :s"),
                 {"s": status},
             ).scalar_one()
         )

@@ -76,7 +76,7 @@ def test_the_largest_message_emit_accepts_is_published_and_one_byte_more_is_refu
     )
     with engine.connect() as conn:
         status, error = conn.execute(
-            text("SELECT status, last_error FROM outboxkit.outbox_messages")
+            text("SELECT status, last_error FROM outboxkit.message_status")
         ).one()
     assert (status, error) == ("published", None)
     [record] = read_topic(kafka_bootstrap, topic)

@@ -20,7 +20,7 @@ def blob(size: int) -> dict[str, str]:
 def failed_row(engine: Engine, envelope: Envelope) -> Any:
     with engine.connect() as conn:
         return conn.execute(
-            text("SELECT id, payload, status, last_error FROM outboxkit.outbox_messages"
+            text("SELECT id, payload, state, error AS last_error FROM outboxkit.outbox_failures"
                  " WHERE message_id = :m"), {"m": envelope.message_id}).one()
 
 
@@ -46,7 +46,7 @@ def test_a_payload_too_large_for_the_producer_leaves_an_empty_copy_that_says_whe
     note = headers["x-outboxkit-payload-omitted"].decode()
     assert f"outbox row {row.id}" in note
     assert "payload" in note
-    assert len(bytes(row.payload)) > 30_000  # the full payload is still in the outbox row
+    assert len(bytes(row.payload)) > 30_000  # the full payload is kept with the failure
 
 
 def test_a_payload_that_fits_the_producer_keeps_its_value_in_the_dead_letter_copy(

@@ -14,6 +14,7 @@ from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from sqlalchemy import Engine, text
 
 from outbox.envelope import Envelope
+from outbox.messages import retry_messages
 from outbox.testing.services import LocalServices
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
 from tests.e2e.test_relay_publishes import _free_port, _get
@@ -122,14 +123,14 @@ def test_message_the_broker_refuses_goes_to_the_dead_letter_topic_and_the_rest_f
     with engine.connect() as conn:
         row = conn.execute(
             text(
-                "SELECT status, last_error, blocking, kafka_offset FROM outboxkit.outbox_messages "
+                "SELECT status, last_error, blocking, dlq_offset FROM outboxkit.message_status "
                 "WHERE message_id = :m"
             ),
             {"m": poison.message_id},
         ).one()
     assert "MessageSizeTooLarge" in row.last_error
     assert row.blocking is False
-    assert row.kafka_offset is not None  # where the dead-letter copy landed
+    assert row.dlq_offset is not None  # where the dead-letter copy landed
     dead = read_topic(kafka_bootstrap, topic + ".dlq")
     assert len(dead) == 1
     headers = dict(dead[0].headers)
@@ -175,12 +176,7 @@ def test_block_mode_holds_back_the_refused_key_until_an_operator_retries(
     finally:
         admin.close()
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE outboxkit.outbox_messages SET status = 'pending', "
-                "blocking = false WHERE status = 'failed'"
-            )
-        )
+        assert retry_messages(conn) == 1
     wait_until(lambda: count_status(engine, "published") == 16, 60, "all 16 published")
     stuck = [r for r in read_topic(kafka_bootstrap, topic) if r.key == b"stuck"]
     assert [len(r.value) > 1000 for r in stuck] == [True, False, False, False, False, False]

@@ -56,7 +56,7 @@ def test_every_committed_message_arrives_exactly_as_written_and_a_rolled_back_on
         assert headers["correlation-id"] == envelope.correlation_id.encode()  # type: ignore[union-attr]
     with engine.connect() as conn:
         proof = conn.execute(
-            text("SELECT message_id, kafka_partition, kafka_offset FROM outboxkit.outbox_messages")
+            text("SELECT message_id, kafka_partition, kafka_offset FROM outboxkit.message_status")
         ).all()
     for message_id, partition, offset in proof:
         record = by_id[str(message_id)]

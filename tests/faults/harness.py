@@ -163,7 +163,7 @@ class Harness:
                     "AND state NOT IN ('done', 'failed', 'needs-human')"),
                     {"ids": run_ids}).scalar_one()
                 pending = conn.execute(text(
-                    "SELECT count(*) FROM outboxkit.outbox_messages WHERE run_id = ANY(:ids) "
+                    "SELECT count(*) FROM outboxkit.message_status WHERE run_id = ANY(:ids) "
                     "AND status <> 'published'"), {"ids": run_ids}).scalar_one()
             if left == 0 and pending == 0:
                 return True

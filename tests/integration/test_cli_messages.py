@@ -9,7 +9,7 @@ from sqlalchemy import Engine, text
 
 from outbox.emit import emit
 from outbox.envelope import Envelope
-from tests.integration.cli_support import one_line, outbox
+from tests.integration.cli_support import one_line, outbox, refuse
 
 
 @pytest.fixture
@@ -20,11 +20,9 @@ def failed_id(engine: Engine) -> int:
             emit(conn, Envelope(topic="order.submit", type="order.submit", key="acme",
                                 payload={"i": i}))
         emit(conn, Envelope(topic="other", type="other", key="x", payload={}))
-        return int(conn.execute(text(
-            "UPDATE outboxkit.outbox_messages SET status = 'failed', blocking = true, last_error = "
-            "'topic order.submit does not exist', failed_at = now() "
-            "WHERE id = (SELECT min(id) FROM outboxkit.outbox_messages) RETURNING id"
-        )).scalar_one())
+        first = conn.execute(text("SELECT min(id) FROM outboxkit.outbox_messages")).scalar_one()
+        refuse(conn, first, error="topic order.submit does not exist", blocking=True)
+        return first
 
 
 def test_list_pending_and_failed_filter_by_topic(failed_id: int, database_url: str) -> None:
@@ -48,7 +46,7 @@ def test_retry_sets_the_failed_message_pending_and_clears_blocking(
     assert "retried 1 message" in result.stdout
     with engine.connect() as conn:
         row = conn.execute(text("SELECT status, blocking, last_error FROM "
-                                "outboxkit.outbox_messages WHERE id = :id"),
+                                "outboxkit.message_status WHERE id = :id"),
                            {"id": failed_id}).one()
     assert tuple(row) == ("pending", False, None)
     none_left = outbox("messages", "retry", "--all-failed", "--database-url", database_url)
@@ -65,7 +63,7 @@ def test_retry_refuses_ids_that_are_not_failed_and_changes_nothing(
     assert f"{failed_id + 1} (pending)" in error
     assert "999999 (no such message)" in error
     with engine.connect() as conn:
-        status = conn.execute(text("SELECT status FROM outboxkit.outbox_messages WHERE id = :id"),
+        status = conn.execute(text("SELECT status FROM outboxkit.message_status WHERE id = :id"),
                               {"id": failed_id}).scalar_one()
     assert status == "failed"
 

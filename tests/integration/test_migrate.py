@@ -43,7 +43,9 @@ def empty_engine(empty_database: str) -> Iterator[Engine]:
 
 _CATALOG = {
     "columns": """
-        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
+        -- position among the live columns: a dropped column keeps its attnum
+        SELECT c.relname, rank() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+               format_type(a.atttypid, a.atttypmod),
                a.attnotnull, pg_get_expr(d.adbin, d.adrelid)
         FROM pg_attribute a
         JOIN pg_class c ON c.oid = a.attrelid
@@ -65,7 +67,7 @@ _CATALOG = {
     "storage": """
         SELECT c.relname, c.relkind, c.reloptions
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %(schema)s ORDER BY 1""",
+        WHERE n.nspname = %(schema)s AND c.relkind <> 'v' ORDER BY 1""",
     "sequences": """
         SELECT sequencename, data_type::text, start_value, increment_by, cycle
         FROM pg_sequences WHERE schemaname = %(schema)s ORDER BY 1""",

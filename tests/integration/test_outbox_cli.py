@@ -13,6 +13,7 @@ from sqlalchemy import Engine, text
 from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.migrate import latest_version
+from tests.integration.cli_support import refuse
 from tests.integration.databases import fresh_database
 
 
@@ -62,8 +63,8 @@ def test_status_reports_backlog_and_failed_as_json(engine: Engine, database_url:
     with engine.begin() as conn:
         for i in range(3):
             emit(conn, Envelope(topic="t", type="t", key="k", payload={"i": i}))
-        conn.execute(text("UPDATE outboxkit.outbox_messages SET status = 'failed' "
-                          "WHERE id = (SELECT min(id) FROM outboxkit.outbox_messages)"))
+        first = conn.execute(text("SELECT min(id) FROM outboxkit.outbox_messages")).scalar_one()
+        refuse(conn, first, error="refused")
     result = outbox("status", "--json", "--database-url", database_url)
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)

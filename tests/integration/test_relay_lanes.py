@@ -80,15 +80,16 @@ def test_a_stale_owner_claims_nothing_from_a_lane_taken_over(engine: Engine) -> 
     time.sleep(1.2)
     settle(b)
     with engine.begin() as conn:
-        assert claim(conn, "outboxkit", relay_id="a", lanes=stale, limit=1000) == []
-        assert len(claim(conn, "outboxkit", relay_id="b", lanes=b.owned(), limit=1000)) == 128
+        assert claim(conn, "outboxkit", relay_id="a", cursors=stale, limit=1000).rows == []
+        rows = claim(conn, "outboxkit", relay_id="b", cursors=b.owned(), limit=1000).rows
+        assert len(rows) == 128
 
 
 def test_a_database_error_in_a_claim_is_a_sqlalchemy_error(engine: Engine) -> None:
     # The relay's loop backs off on SQLAlchemyError; a bare driver error would end the relay.
     with engine.connect() as conn:
         with pytest.raises(SQLAlchemyError, match="no_such_schema"):
-            claim(conn, "no_such_schema", relay_id="a", lanes={0: 1}, limit=10)
+            claim(conn, "no_such_schema", relay_id="a", cursors={0: 1}, limit=10)
         assert conn.invalidated is False  # a statement error, not a lost connection
 
 

@@ -45,12 +45,3 @@ def test_the_cache_is_bounded(monkeypatch: Any) -> None:
 
 def test_a_message_without_key_goes_to_some_partition() -> None:
     assert CachedKeyPartitioner().partition("t", None, None, None, None, Cluster(6)) in range(6)
-
-
-def test_a_lane_is_cut_at_its_first_missing_row_number() -> None:
-    from relay.claims import _lane_prefixes  # noqa: PLC0415 - the pure part of the claim
-
-    # (lane position, row number in the lane, id): lane 2 came back 1, 2, 4 — keep 1, 2.
-    fetched = [(2, 4, 40), (1, 2, 12), (2, 1, 10), (1, 1, 11), (2, 2, 20), (3, 2, 31)]
-    kept = [(pos, rn, rid) for pos, rn, rid in _lane_prefixes(fetched)]
-    assert kept == [(1, 1, 11), (1, 2, 12), (2, 1, 10), (2, 2, 20)]  # lane 3 lacks its 1st
