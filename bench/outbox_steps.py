@@ -13,8 +13,14 @@ full_page_writes = on`` + reload) and restored afterwards. If that does not take
 (e.g. fsync was set on the server's command line, which ALTER SYSTEM cannot override) the
 benchmark refuses to run. It works in a database of its own, created and dropped here.
 
+Then ``outbox.emit_many_rows_per_s``: one process emitting transactions of 1,000 messages
+(1,000 distinct keys, ~200-byte payloads) with ``emit_many`` and committing, against the old
+path (one statement per message, as emit_many did before issue 14) measured in the same
+rounds, back to back, order alternating. Building the envelopes is not timed (the caller's
+work); validating and encoding them is.
+
     python bench/outbox_steps.py --database-url postgresql://postgres@host/postgres \\
-        [--quick] [--json results.json]
+        [--quick] [--json results.json] [--emit-many-only]
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from typing import Any
 
 import psycopg
 from durable import make_durable, show  # bench/durable.py (this folder is on sys.path)
+from figures import Figure
+from figures import print_table as print_figures
 from psycopg.types.json import Jsonb
 
 PATHS = ("sync", "async", "raw-sql")
@@ -338,6 +346,149 @@ def reset_outbox(url: str) -> None:
         conn.execute("VACUUM ANALYZE outboxkit.agent_runs")
 
 
+# --- emit_many: rows per second of one process ----------------------------------------------
+
+BATCH = 1000
+BATCH_KEYS = 1000  # as bench/relay_bench.py: key-0000 .. key-0999
+EMIT_MANY_GOAL = 20_000.0
+
+
+def _batch_envelopes(transactions: int, size: int) -> list[list[Any]]:
+    """*transactions* lists of *size* envelopes: distinct keys, ~200-byte JSON payloads."""
+    from outbox.envelope import Envelope  # noqa: PLC0415
+
+    return [
+        [
+            Envelope(
+                topic="bench.emit",
+                type="bench.msg",
+                key=f"key-{i % BATCH_KEYS:04d}",
+                payload={"seq": t * size + i, "data": os.urandom(90).hex()},
+            )
+            for i in range(size)
+        ]
+        for t in range(transactions)
+    ]
+
+
+def _emit_one_by_one(conn: Any, envelopes: list[Any]) -> None:
+    """The old emit_many, kept here only to measure against: one statement per message,
+    locks in the same global order (sorted by lock key, stable)."""
+    from outbox.emit import emit  # noqa: PLC0415
+    from outbox.envelope import encode  # noqa: PLC0415
+    from outbox.lanes import ordering_lock_key  # noqa: PLC0415
+    from outbox.settings import default_settings  # noqa: PLC0415
+
+    settings = default_settings()
+
+    def order(envelope: Any) -> int:
+        message = encode(envelope, settings)
+        lock = ordering_lock_key(message.topic, message.key)
+        return lock if lock is not None else -(2**63) - 1
+
+    for envelope in sorted(envelopes, key=order):
+        emit(conn, envelope, settings=settings)
+
+
+def _emit_many(conn: Any, envelopes: list[Any]) -> None:
+    from outbox.emit import emit_many  # noqa: PLC0415
+
+    emit_many(conn, envelopes)
+
+
+EMIT_PATHS: dict[str, Callable[[Any, list[Any]], None]] = {
+    "emit_many": _emit_many,
+    "one_by_one": _emit_one_by_one,
+}
+
+
+def emit_many_rounds(
+    admin_dsn: str, *, rounds: int, transactions: int, size: int = BATCH
+) -> dict[str, list[float]]:
+    """Rows/s of each path, once per round, in a throwaway database (one process: this one)."""
+    from sqlalchemy import create_engine  # noqa: PLC0415
+
+    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
+
+    name, url = create_database(admin_dsn)
+    samples: dict[str, list[float]] = {path: [] for path in EMIT_PATHS}
+    engine = create_engine(sqlalchemy_url(url), pool_size=1)
+    try:
+        prepare(url, 0)
+        print(
+            f"emit_many: database {name} | {transactions} transactions of {size} messages x "
+            f"{rounds} rounds | fsync={show(url)['fsync']}",
+            flush=True,
+        )
+        # Warm up: psycopg prepares a statement on its 5th execution; imports, caches.
+        for warm in _batch_envelopes(6, 20):
+            for emit_path in EMIT_PATHS.values():
+                with engine.begin() as conn:
+                    emit_path(conn, warm)
+        for round_no in range(rounds):
+            order = list(EMIT_PATHS) if round_no % 2 == 0 else list(reversed(EMIT_PATHS))
+            for path in order:
+                reset_outbox(url)
+                batches = _batch_envelopes(transactions, size)  # not timed: the caller's work
+                started = time.perf_counter()
+                for envelopes in batches:
+                    with engine.begin() as conn:  # commits: durable, one fsync per batch
+                        EMIT_PATHS[path](conn, envelopes)
+                took = time.perf_counter() - started
+                samples[path].append(transactions * size / took)
+            print(
+                f"emit_many round {round_no + 1}/{rounds}: "
+                + ", ".join(f"{p} {samples[p][-1]:,.0f} rows/s" for p in EMIT_PATHS),
+                flush=True,
+            )
+        with engine.connect() as conn:  # every message of the last round and path is there
+            from sqlalchemy import text  # noqa: PLC0415
+
+            rows = conn.execute(text("SELECT count(*) FROM outboxkit.outbox_messages")).scalar()
+        assert rows == transactions * size, f"{rows} rows, expected {transactions * size}"
+    finally:
+        engine.dispose()
+        drop_database(admin_dsn, name)
+    return samples
+
+
+def emit_many_figures(samples: dict[str, list[float]], judged: bool) -> list[Figure]:
+    bulk, old = samples["emit_many"], samples["one_by_one"]
+    rate = statistics.median(bulk)
+    old_rate = statistics.median(old)
+    # Both paths run back to back in every round: the per-round ratio cancels drift in load.
+    ratios = [b / o for b, o in zip(bulk, old, strict=True)]
+    ratio = statistics.median(ratios)
+    shape = f"1 process, transactions of {BATCH:,} messages ({BATCH_KEYS:,} keys), durable"
+    return [
+        Figure(
+            "outbox.emit_many_rows_per_s",
+            rate,
+            "rows/s",
+            goal=f"≥ {EMIT_MANY_GOAL:,.0f}",
+            met=rate >= EMIT_MANY_GOAL if judged else None,
+            note=f"{shape}; median of {len(bulk)} rounds {[round(b) for b in bulk]}; "
+            "envelopes built beforehand (not timed)",
+        ),
+        Figure(
+            "outbox.emit_many_rows_per_s_one_by_one",
+            old_rate,
+            "rows/s",
+            note=f"the old path (one statement per message) in the same rounds: "
+            f"{[round(o) for o in old]}",
+        ),
+        Figure(
+            "outbox.emit_many_speedup",
+            ratio,
+            "ratio",
+            old_rate,
+            ratio,
+            note=f"emit_many / one statement per message, median of per-round ratios "
+            f"{[round(r, 2) for r in ratios]}; ceiling column = the old path's rows/s",
+        ),
+    ]
+
+
 # --- main ----------------------------------------------------------------------------------
 
 
@@ -445,6 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="4,16", help="comma-separated worker counts")
     parser.add_argument("--no-threads", action="store_true", help="skip the threads row")
     parser.add_argument(
+        "--emit-many-transactions",
+        type=int,
+        help="transactions of 1,000 messages per path and round for emit_many (default 10; "
+        "2 with --quick)",
+    )
+    parser.add_argument(
+        "--emit-many-only", action="store_true", help="measure emit_many only, not the steps"
+    )
+    parser.add_argument(
         "--allow-not-durable",
         action="store_true",
         help="leave the server's durability as it is (a smoke run on a test server; figures "
@@ -461,21 +621,32 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_threads:
         modes.append(("threads", "sync"))
 
+    restore: Callable[[], None]
     durability, restore = (
         ("not checked (--allow-not-durable)", lambda: None)
         if args.allow_not_durable
         else make_durable(args.database_url)
     )
+    transactions = args.emit_many_transactions or (2 if args.quick else 10)
     print(f"durability: {durability}", flush=True)
+    samples: dict[str, list[float]] = {}
     try:
-        samples = run_rounds(
-            args.database_url, clients=clients, modes=modes, seconds=seconds, rounds=rounds
+        if not args.emit_many_only:
+            samples = run_rounds(
+                args.database_url, clients=clients, modes=modes, seconds=seconds, rounds=rounds
+            )
+        emit_samples = emit_many_rounds(
+            args.database_url, rounds=rounds, transactions=transactions
         )
     finally:
         restore()
     print(f"server settings restored: {show(args.database_url)}")
-    rows = summarise(samples, clients, modes)
-    print_table(rows)
+    rows = [] if args.emit_many_only else summarise(samples, clients, modes)
+    if rows:
+        print_table(rows)
+    figures = emit_many_figures(emit_samples, judged=not args.allow_not_durable)
+    print()
+    print_figures(figures)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(
@@ -487,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
                     "python": sys.version.split()[0],
                     "rows": rows,
                     "samples": samples,
+                    "figures": [f.as_json() for f in figures],
+                    "emit_many_samples": emit_samples,
                 },
                 out,
                 indent=2,

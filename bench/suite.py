@@ -196,7 +196,7 @@ def figure_of(data: dict[str, Any]) -> Figure:
 
 def collect(work: Path) -> list[Figure]:
     steps = json.loads((work / "outbox_steps.json").read_text())
-    figures = step_figures(steps["rows"])
+    figures = step_figures(steps["rows"]) + [figure_of(f) for f in steps.get("figures", [])]
     for name in ("relay_bench", "consumer_bench"):
         document = json.loads((work / f"{name}.json").read_text())
         figures += [figure_of(f) for f in document["figures"]]

@@ -16,6 +16,9 @@ One statement does everything, so emitting costs one round trip:
   system, whose relays poll anyway, never pays for it.
 
 Emitting the same ``message_id`` twice writes one row: the second emit is a no-op.
+
+:func:`emit_many` keeps every one of these promises for a whole batch in one statement too
+(arrays unnested in the server), so its cost per message is a row, not a round trip.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import tracing
-from outbox.envelope import EncodedMessage, Envelope, encode
+from outbox.envelope import Envelope, encode
 from outbox.errors import InvalidMessage, LeaseLost
 from outbox.execution import AsyncConn, SyncConn, missing_schema
 from outbox.failpoints import failpoint
@@ -98,25 +101,30 @@ def emit_many(
 ) -> list[uuid.UUID]:
     """Emit several messages in the caller's transaction, deadlock-free; never commits.
 
-    Every envelope is validated before the first statement is sent, so one bad message
-    leaves the transaction untouched (its :class:`InvalidMessage` says its ``index``). The
-    per-key locks are then taken in one global order (by lock key; a stable sort, so
-    messages of one key keep the order given), which is what keeps concurrent multi-key
-    transactions from deadlocking on each other. Returns the message ids in the order of
-    *envelopes*.
+    Every envelope is validated before the statement is sent, so one bad message leaves the
+    transaction untouched (its :class:`InvalidMessage` says its ``index``). One statement
+    then takes the per-key locks in one global order (by lock key; a stable sort, so messages
+    of one key keep the order given), which is what keeps concurrent multi-key transactions
+    from deadlocking on each other, and inserts every row. Returns the message ids in the
+    order of *envelopes*.
+
+    Raises:
+        InvalidMessage: an envelope broke a rule (``index`` says which); nothing was sent.
+        LeaseLost: *lease* no longer holds the run; nothing was written.
     """
     resolved = settings or default_settings()
     with tracing.start_span(_SPAN) as span:  # one span: every message carries its context
-        prepared = _prepare_batch(envelopes, lease, resolved)
-        _describe(span, [params for _, params in prepared])
+        messages = _prepare_batch(envelopes, lease, resolved)
+        _describe(span, messages)
+        if not messages:
+            return []
+        sql, params = _batch(messages, lease, resolved)
         connection = conn.connection() if isinstance(conn, Session) else conn
-        for sql, params in sorted(prepared, key=_lock_order):
-            try:
-                row = connection.exec_driver_sql(sql, params).one()
-            except ProgrammingError as exc:
-                raise _translated(exc, settings) from exc
-            _outcome(row, params, lease)
-        return [params["message_id"] for _, params in prepared]
+        try:
+            row = connection.exec_driver_sql(sql, params).one()
+        except ProgrammingError as exc:
+            raise _translated(exc, settings) from exc
+        return _batch_outcome(row, messages, lease)
 
 
 async def emit_many_async(
@@ -129,16 +137,17 @@ async def emit_many_async(
     """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
     resolved = settings or default_settings()
     with tracing.start_span(_SPAN) as span:
-        prepared = _prepare_batch(envelopes, lease, resolved)
-        _describe(span, [params for _, params in prepared])
+        messages = _prepare_batch(envelopes, lease, resolved)
+        _describe(span, messages)
+        if not messages:
+            return []
+        sql, params = _batch(messages, lease, resolved)
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
-        for sql, params in sorted(prepared, key=_lock_order):
-            try:
-                row = (await connection.exec_driver_sql(sql, params)).one()
-            except ProgrammingError as exc:
-                raise _translated(exc, settings) from exc
-            _outcome(row, params, lease)
-        return [params["message_id"] for _, params in prepared]
+        try:
+            row = (await connection.exec_driver_sql(sql, params)).one()
+        except ProgrammingError as exc:
+            raise _translated(exc, settings) from exc
+        return _batch_outcome(row, messages, lease)
 
 
 _SPAN = "outbox.emit"
@@ -162,16 +171,16 @@ def _describe(span: Any, messages: list[dict[str, Any]]) -> None:
     )
 
 
-def _lock_order(prepared: tuple[str, dict[str, Any]]) -> int:
+def _lock_order(message: dict[str, Any]) -> int:
     """Sort key taking per-key locks in one global order; keyless messages take none."""
-    lock_key: int | None = prepared[1]["lock_key"]
+    lock_key: int | None = message["lock_key"]
     return lock_key if lock_key is not None else -(2**63) - 1
 
 
 def _prepare_batch(
     envelopes: Sequence[Envelope], lease: Lease | None, settings: OutboxSettings
-) -> list[tuple[str, dict[str, Any]]]:
-    """:func:`_prepare` for each envelope; a refusal says which one (its index)."""
+) -> list[dict[str, Any]]:
+    """:func:`_message` for each envelope; a refusal says which one (its index)."""
     if isinstance(envelopes, Envelope | str | bytes | Mapping):
         raise InvalidMessage(
             "envelopes",
@@ -180,7 +189,7 @@ def _prepare_batch(
     prepared = []
     for index, envelope in enumerate(envelopes):
         try:
-            prepared.append(_prepare(envelope, lease, settings))
+            prepared.append(_message(envelope, lease, settings))
         except InvalidMessage as exc:
             # The cause of the first refusal (pydantic's, a codec's) stays the cause.
             raise InvalidMessage(exc.field, exc.reason, index=index) from exc.__cause__ or exc
@@ -190,8 +199,15 @@ def _prepare_batch(
 def _prepare(
     envelope: Envelope, lease: Lease | None, settings: OutboxSettings
 ) -> tuple[str, dict[str, Any]]:
-    """The statement and its parameters; every check that can reject the message runs here,
-    before anything reaches the caller's transaction."""
+    """:func:`emit`'s statement and its parameters."""
+    return _statement(settings.schema_name, fenced=lease is not None), _message(
+        envelope, lease, settings
+    ) | _common(lease, settings)
+
+
+def _message(envelope: Envelope, lease: Lease | None, settings: OutboxSettings) -> dict[str, Any]:
+    """One message's columns (and lock key); every check that can reject the message runs
+    here, before anything reaches the caller's transaction."""
     if not isinstance(envelope, Envelope):
         raise InvalidMessage(
             "envelope", f"is a {type(envelope).__name__}, not an outbox.Envelope: build one"
@@ -207,9 +223,21 @@ def _prepare(
             )
     message = encode(envelope, settings)
     failpoint("outbox.before_emit")
-    return _statement(settings.schema_name, fenced=lease is not None), _params(
-        message, lease, settings
-    )
+    return {
+        "lock_key": ordering_lock_key(message.topic, message.key),
+        "message_id": message.message_id,
+        "topic": message.topic,
+        "key": message.key,
+        "lane": lane_for(message.key, message.message_id, settings.lanes),
+        "type": message.type,
+        "payload": message.payload,
+        "headers": _headers_json(message.headers),
+        "run_id": message.run_id,
+    }
+
+
+# json.dumps with options builds a new encoder per call; one encoder serves every message.
+_headers_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def _outcome(row: Row[Any], params: dict[str, Any], lease: Lease | None) -> uuid.UUID:
@@ -223,42 +251,79 @@ def _translated(exc: ProgrammingError, settings: OutboxSettings | None) -> Excep
     return missing_schema(exc, settings) or exc
 
 
-def _params(
-    message: EncodedMessage, lease: Lease | None, settings: OutboxSettings
-) -> dict[str, Any]:
+def _common(lease: Lease | None, settings: OutboxSettings) -> dict[str, Any]:
+    """The parameters every statement shares: the wake-up's, and the lease's fence."""
     params: dict[str, Any] = {
-        "lock_key": ordering_lock_key(message.topic, message.key),
-        "message_id": message.message_id,
-        "topic": message.topic,
-        "key": message.key,
-        "lane": lane_for(message.key, message.message_id, settings.lanes),
-        "type": message.type,
-        "payload": message.payload,
-        "headers": json.dumps(message.headers, ensure_ascii=False, separators=(",", ":")),
-        "run_id": message.run_id,
         "channel": settings.notify_channel,
         "idle_seconds": settings.relay_idle_seconds,
     }
     if lease is not None:
-        params |= {"lease_token": lease.token, "lease_version": lease.version}
+        params |= {
+            "fence_run_id": lease.run_id,
+            "lease_token": lease.token,
+            "lease_version": lease.version,
+        }
     return params
+
+
+def _batch(
+    messages: list[dict[str, Any]], lease: Lease | None, settings: OutboxSettings
+) -> tuple[str, dict[str, Any]]:
+    """:func:`emit_many`'s statement and its parameters: one array per column.
+
+    The rows go in lock order (a stable sort, so one key's messages keep the order given),
+    and the locks are the distinct lock keys, ascending: the one global order.
+    """
+    rows = sorted(messages, key=_lock_order)
+    locks = sorted({m["lock_key"] for m in rows if m["lock_key"] is not None})
+    params = _common(lease, settings) | {
+        "locks": locks,
+        "message_ids": [m["message_id"] for m in rows],
+        "topics": [m["topic"] for m in rows],
+        "keys": [m["key"] for m in rows],
+        "lanes": [m["lane"] for m in rows],
+        "types": [m["type"] for m in rows],
+        "payloads": [m["payload"] for m in rows],
+        "headers": [m["headers"] for m in rows],
+        "run_ids": [m["run_id"] for m in rows],
+    }
+    return _batch_statement(settings.schema_name, fenced=lease is not None), params
+
+
+def _batch_outcome(
+    row: Row[Any], messages: list[dict[str, Any]], lease: Lease | None
+) -> list[uuid.UUID]:
+    if lease is not None and not row.fenced:
+        raise LeaseLost(lease.run_id, lease.token)
+    return [m["message_id"] for m in messages]
+
+
+# With a lease, the run row must still carry its token and version; FOR SHARE holds it so
+# until commit, so a takeover waits for this transaction instead of racing it.
+_FENCE = """
+    fence AS MATERIALIZED (
+        SELECT 1 FROM {schema}.agent_runs
+        WHERE id = CAST(%(fence_run_id)s AS uuid)
+          AND lease_token = CAST(%(lease_token)s AS bigint)
+          AND version = CAST(%(lease_version)s AS bigint)
+        FOR SHARE
+    ),"""
+
+# NOTIFY only while a relay is idle and heartbeating (see the module docstring).
+_IDLE_RELAY = """
+        EXISTS (
+            SELECT 1 FROM {schema}.relays
+            WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
+        )"""
 
 
 @functools.cache
 def _statement(schema: str, *, fenced: bool) -> str:
     """The one INSERT statement (see the module docstring); *schema* was validated."""
-    fence_cte = f"""
-    fence AS MATERIALIZED (
-        SELECT 1 FROM {schema}.agent_runs
-        WHERE id = CAST(%(run_id)s AS uuid)
-          AND lease_token = CAST(%(lease_token)s AS bigint)
-          AND version = CAST(%(lease_version)s AS bigint)
-        FOR SHARE
-    ),"""
     # Executed as driver SQL (psycopg placeholders): it skips SQLAlchemy's statement
     # compilation and result adaptation, which cost more than the round trip itself.
     return f"""
-    WITH{fence_cte if fenced else ""}
+    WITH{_FENCE.format(schema=schema) if fenced else ""}
     ordered AS MATERIALIZED (
         -- NULL key: pg_advisory_xact_lock is strict, so no lock is taken.
         SELECT pg_advisory_xact_lock(CAST(%(lock_key)s AS bigint))
@@ -276,12 +341,65 @@ def _statement(schema: str, *, fenced: bool) -> str:
     ),
     woken AS (
         SELECT pg_notify(CAST(%(channel)s AS text), CAST(inserted.lane AS text)) FROM inserted
-        WHERE EXISTS (
-            SELECT 1 FROM {schema}.relays
-            WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
-        )
+        WHERE {_IDLE_RELAY.format(schema=schema)}
     )
     SELECT {"EXISTS (SELECT 1 FROM fence)" if fenced else "true"} AS fenced,
            (SELECT id FROM inserted) AS id,
+           (SELECT count(*) FROM woken) AS woken
+    """
+
+
+@functools.cache
+def _batch_statement(schema: str, *, fenced: bool) -> str:
+    """:func:`emit_many`'s one statement: :func:`_statement`'s promises for a whole batch.
+
+    * ``locked`` takes one lock per distinct key, in the order of the ``locks`` array
+      (ascending, sorted in Python). Why that order is guaranteed: a ``WITH ORDINALITY``
+      scan yields its rows in ``ord`` order and PostgreSQL knows it (the plan satisfies
+      ``ORDER BY l.ord`` with no Sort node), and the select list is evaluated on each row as
+      it leaves the scan; were a Sort ever planned, a volatile function of the select list is
+      evaluated after it (PostgreSQL >= 9.6). So lock *n* is asked for only while lock *n-1*
+      is held. MATERIALIZED: computed once, never inlined into the INSERT's plan.
+    * ``inserted`` reads ``locked`` in its WHERE through an uncorrelated subquery: a one-time
+      filter, evaluated before the INSERT's first row, so every lock is held before any id
+      is drawn. The id is the column's default (never listed here), evaluated above
+      ``ORDER BY m.ord``, i.e. in the order rows reach the insert: lock order, and the order
+      given within a key.
+    * Arrays go in binary (``%(x)b``): psycopg's text format escapes every bytea and JSON
+      string, which cost more than the INSERT itself.
+    * ``woken`` notifies each lane once, only while a relay is idle.
+    """
+    fence_filter = "AND EXISTS (SELECT 1 FROM fence)" if fenced else ""
+    return f"""
+    WITH{_FENCE.format(schema=schema) if fenced else ""}
+    locked AS MATERIALIZED (
+        SELECT pg_advisory_xact_lock(l.lock_key)
+        FROM unnest(CAST(%(locks)b AS bigint[])) WITH ORDINALITY AS l(lock_key, ord)
+        ORDER BY l.ord
+    ),
+    inserted AS (
+        INSERT INTO {schema}.outbox_messages
+            (message_id, topic, key, lane, message_type, payload, headers, run_id)
+        SELECT m.message_id, m.topic, m.key, m.lane, m.message_type, m.payload,
+               CAST(m.headers AS jsonb), m.run_id
+        FROM unnest(
+            CAST(%(message_ids)b AS uuid[]), CAST(%(topics)b AS text[]),
+            CAST(%(keys)b AS bytea[]), CAST(%(lanes)b AS integer[]),
+            CAST(%(types)b AS text[]), CAST(%(payloads)b AS bytea[]),
+            CAST(%(headers)b AS text[]), CAST(%(run_ids)b AS uuid[])
+        ) WITH ORDINALITY
+            AS m(message_id, topic, key, lane, message_type, payload, headers, run_id, ord)
+        WHERE (SELECT count(*) FROM locked) >= 0 {fence_filter}
+        ORDER BY m.ord
+        ON CONFLICT (message_id) DO NOTHING
+        RETURNING lane
+    ),
+    woken AS (
+        SELECT pg_notify(CAST(%(channel)s AS text), CAST(lanes.lane AS text))
+        FROM (SELECT DISTINCT lane FROM inserted) AS lanes
+        WHERE {_IDLE_RELAY.format(schema=schema)}
+    )
+    SELECT {"EXISTS (SELECT 1 FROM fence)" if fenced else "true"} AS fenced,
+           (SELECT count(*) FROM inserted) AS inserted,
            (SELECT count(*) FROM woken) AS woken
     """
