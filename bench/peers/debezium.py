@@ -674,7 +674,13 @@ def machine() -> dict[str, Any]:
     time.sleep(3)  # what the machine does without us: other sessions' tests, benchmarks
     busy, total = measure.machine_ticks()
     idle_busy = (busy - before[0]) / max(1, total - before[1])
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "relay", "outbox"], cwd=ROOT,
+                           capture_output=True, text=True, check=False).stdout.splitlines()
+    uncommitted = f" + {len(dirty)} uncommitted files in relay/, outbox/" if dirty else ""
     return {
+        "relay_source": head + uncommitted,
         "cpus": os.cpu_count(),
         "cpu_model": cpu,
         "loadavg_start": os.getloadavg(),
@@ -690,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(
         f"machine before the run: {info['busy_before_start']:.0%} of {info['cpus']} CPUs busy "
-        f"over 3 s (others' work), load average {os.getloadavg()[0]:.2f}",
+        f"over 3 s (others' work), load average {os.getloadavg()[0]:.2f}; the relay and "
+        f"outbox code: {info['relay_source']}",
         flush=True,
     )
     log("Kafka Connect's and Debezium's jars (Maven Central, cached)")
