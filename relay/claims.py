@@ -21,17 +21,18 @@ from relay.cursors import Cursor, LaneRead
 from relay.sql import sql
 
 # Per owned lane (fenced by the join on relay_lanes: a relay whose lane was taken over reads
-# nothing there), the lane's difference in id order, in two parts that each use an index:
-#   A. rows of transactions that were running when the cursor was taken (its xip list): a
-#      probe per running transaction on (lane, xid); these may have low ids;
-#   B. rows of transactions that started after it (xid >= its xmax): a range of (lane, id)
-#      from floor to ceil, the difference's smallest and largest such id, computed once per
-#      target from (lane, xid) and then passed back by the relay.
-# Both filter on visibility in the target. A lane the relay knows nothing about (first read,
-# or its token changed) starts from the cursor stored in relay_lanes. There is no outer
-# ORDER BY: the nested loop over the lanes stops as soon as the limit's rows came out. Each
-# lane's rows are numbered (rn) and counted (got, up to limit + 1), so the relay knows which
-# lanes it read to the end of their difference.
+# nothing there), the next rows of the lane's difference, in two parts, each through an index
+# and in id order:
+#   b. a range of (lane, id) from lo to hi, the smallest and largest id of the rows of
+#      transactions that started after the cursor (xid >= its xmax), computed once per target
+#      from (lane, xid) and then passed back by the relay; the filter is the whole difference
+#      (visible in the target, not in the cursor), so it also takes the rows of transactions
+#      that were running at the cursor when their ids fall in the range;
+#   a. the rest of those: rows of the cursor's running transactions (its xip list, a probe
+#      on (lane, xid) each) outside the range; they may have low ids (a late commit).
+# The relay merges the two by id (claims._reads). A lane the relay knows nothing about (first
+# read, or its token changed) starts from the cursor stored in relay_lanes. There is no ORDER
+# BY across lanes: the nested loop over the lanes stops as soon as the limit's rows came out.
 CLAIM = """
 WITH c AS MATERIALIZED (
     SELECT o.ord, o.lane, o.token,
@@ -53,37 +54,55 @@ b AS (
     SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi
     FROM c
     LEFT JOIN LATERAL (
-        SELECT min(m.id) AS lo, max(m.id) AS hi FROM {schema}.outbox_messages AS m
+        -- "+ 0": an aggregate, not the planner's min/max shortcut, which would walk the lane's
+        -- (lane, id) index from its oldest row instead of the (lane, xid) range.
+        SELECT min(m.id + 0) AS lo, max(m.id + 0) AS hi FROM {schema}.outbox_messages AS m
         WHERE c.floor IS NULL AND m.lane = c.lane
-          AND m.xid >= pg_snapshot_xmax(c.snap) AND pg_visible_in_snapshot(m.xid, c.target)
+          AND m.xid >= pg_snapshot_xmax(c.snap) AND m.xid < pg_snapshot_xmax(c.target)
+          AND pg_visible_in_snapshot(m.xid, c.target)
     ) AS r ON true
 )
 SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
-       p.rn, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
+       p.part, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
        p.headers, p.created_at, p.run_id
 FROM b
 LEFT JOIN LATERAL (
-    SELECT d.*, row_number() OVER (ORDER BY d.id) AS rn, count(*) OVER () AS got FROM (
-        SELECT * FROM (
-            (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-                    m.created_at, m.run_id
-             FROM {schema}.outbox_messages AS m
-             WHERE m.lane = b.lane AND m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(b.snap)))
-               AND m.id > b.pos AND pg_visible_in_snapshot(m.xid, b.target)
-             ORDER BY m.id LIMIT %(more)s)
-            UNION ALL
-            (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-                    m.created_at, m.run_id
-             FROM {schema}.outbox_messages AS m
-             WHERE m.lane = b.lane AND m.id >= greatest(b.pos + 1, b.lo) AND m.id <= b.hi
-               AND m.xid >= pg_snapshot_xmax(b.snap) AND pg_visible_in_snapshot(m.xid, b.target)
-             ORDER BY m.id LIMIT %(more)s)
-        ) AS u ORDER BY u.id LIMIT %(more)s
-    ) AS d
+    (SELECT 'b' AS part, count(*) OVER () AS got, q.* FROM (
+        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+               m.created_at, m.run_id
+        FROM {schema}.outbox_messages AS m
+        -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
+        -- order asked for, so the scan stops at the limit.
+        WHERE (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
+          AND (m.lane, m.id) <= (b.lane, b.hi)
+          AND pg_visible_in_snapshot(m.xid, b.target)
+          AND NOT pg_visible_in_snapshot(m.xid, b.snap)
+        ORDER BY m.lane, m.id LIMIT %(more)s) AS q)
+    UNION ALL
+    (SELECT 'a' AS part, count(*) OVER () AS got, q.* FROM (
+        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+               m.created_at, m.run_id
+        FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
+        CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
+            SELECT * FROM {schema}.outbox_messages AS r
+            WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
+            OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
+        ) AS m
+        WHERE (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
+        ORDER BY m.id LIMIT %(more)s) AS q)
 ) AS p ON true
-WHERE p.rn IS NULL OR p.rn <= %(limit)s
 LIMIT %(outer)s
 """
+
+# The claim's plan must be ordered index scans that stop at the limit. With its parameters
+# unknown the planner misjudges the sizes and prefers a bitmap scan or another index plus a
+# sort of the whole rest of a difference (tens of ms per lane with a backlog): the claim's
+# connection turns those off (the scans it needs have no sort and no bitmap). And JIT: the
+# penalty cost of the one small sort left (the running transactions' rows) would trigger
+# JIT compilation, most of a second per claim.
+CLAIM_PLANNER = (
+    "-c enable_sort=off -c enable_incremental_sort=off -c enable_bitmapscan=off -c jit=off"
+)
 
 # Blocked keys (a refused message holds back the later ones of its key, in block mode) and
 # rows an operator asked to retry, of the owned lanes: usually none, one index probe.
@@ -236,7 +255,6 @@ def claim(
         "floors": [c.floor if isinstance(c, Cursor) else None for c in known],
         "ceils": [c.ceil if isinstance(c, Cursor) else None for c in known],
         "relay_id": relay_id,
-        "limit": limit,
         "more": limit + 1,
         "outer": limit + len(order),
     }
@@ -249,7 +267,7 @@ def claim(
         fetched = result.cursor.fetchall()
     finally:
         result.close()
-    rows, reads = _reads(fetched, tokens, limit - len(retried))
+    rows, reads = _reads(fetched, tokens, limit - len(retried), limit + 1)
     return Claimed(retried + rows, reads, blocked)
 
 
@@ -290,45 +308,42 @@ def _failures(
 
 
 def _reads(
-    fetched: Sequence[Any], tokens: Mapping[int, int], room: int
+    fetched: Sequence[Any], tokens: Mapping[int, int], room: int, more: int
 ) -> tuple[list[OutboxRow], dict[int, LaneRead]]:
     """The rows taken (at most *room*) and, per lane, the cursor used and how far they go.
 
-    Rows come numbered per lane (rn, from 1 in id order) with the lane's count (got, up to
-    limit + 1). A lane is read to its end only when every one of its rows came and was
-    taken; a lane cut short (by the limit, or a plan that stopped mid-way) keeps an unbroken
-    prefix 1..k, and the rest is read next time.
+    Each lane's rows come in two parts (b: the id range, a: the running transactions' rows
+    outside it), each in id order and counted (got, up to *more*). A part is complete when
+    all of it came and it was not cut at *more*; a part cut short (by its limit, or by the
+    claim's limit across lanes) is known only up to the last id that came, so the lane's rows
+    are merged by id up to there. A lane is read to its end only when both parts were
+    complete and every row was taken.
     """
+    heads: dict[int, Any] = {}
+    parts: dict[int, dict[str, list[Any]]] = {}
+    for r in fetched:
+        heads.setdefault(r[1], r)
+        if r[7] is not None:
+            parts.setdefault(r[1], {}).setdefault(r[7], []).append(r)
     rows: list[OutboxRow] = []
     reads: dict[int, LaneRead] = {}
-    by_lane: dict[int, list[Any]] = {}
-    first: dict[int, Any] = {}
-    for r in sorted(fetched, key=lambda r: (r[0], r[7] or 0)):
-        first.setdefault(r[1], r)
-        if r[7] is not None:
-            by_lane.setdefault(r[1], []).append(r)
-    for lane, head in sorted(first.items(), key=lambda item: item[1][0]):
+    for lane, head in sorted(heads.items(), key=lambda item: item[1][0]):
         cursor = Cursor(tokens[lane], head[2], head[3], head[4], head[5], head[6])
-        taken: list[Any] = []
-        for expected, r in enumerate(by_lane.get(lane, ()), start=1):
-            if r[7] != expected or len(rows) + len(taken) >= room:
-                break
-            taken.append(r)
-        got = head[8] or 0
-        exhausted = len(taken) == got
+        merged: list[Any] = []
+        bound: float = float("inf")
+        complete = True
+        for part in parts.get(lane, {}).values():
+            part.sort(key=lambda r: r[9])
+            if len(part) < part[0][8] or part[0][8] >= more:
+                complete = False
+                bound = min(bound, part[-1][9])
+            merged += part
+        merged.sort(key=lambda r: r[9])
+        taken = [r for r in merged if r[9] <= bound][: max(0, room - len(rows))]
+        exhausted = complete and len(taken) == len(merged)
         rows += [
-            OutboxRow(
-                r[9],
-                r[10],
-                r[11],
-                bytes(r[12]) if r[12] is not None else None,
-                r[13],
-                bytes(r[14]),
-                r[15] or {},
-                r[16],
-                lane,
-                r[17],
-            )
+            OutboxRow(r[9], r[10], r[11], bytes(r[12]) if r[12] is not None else None, r[13],
+                      bytes(r[14]), r[15] or {}, r[16], lane, r[17])
             for r in taken
         ]
         reads[lane] = LaneRead(lane, cursor, tuple(r[9] for r in taken), exhausted)

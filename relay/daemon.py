@@ -26,7 +26,16 @@ from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.settings import OutboxSettings
-from relay.claims import Claimed, Failed, OutboxRow, Published, claim, note_error, record
+from relay.claims import (
+    CLAIM_PLANNER,
+    Claimed,
+    Failed,
+    OutboxRow,
+    Published,
+    claim,
+    note_error,
+    record,
+)
 from relay.cursors import Cursor
 from relay.http import HealthServer
 from relay.lanes import LaneManager
@@ -111,6 +120,11 @@ class Relay:
         self.schema = self.outbox.schema_name
         self.engine: Engine = create_engine(
             sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
+        )
+        # The claim's own connection, with the planner settings its plan needs (see claims).
+        self.claim_engine: Engine = create_engine(
+            sqlalchemy_url(url), pool_size=1, max_overflow=0, pool_pre_ping=True,
+            connect_args={"options": CLAIM_PLANNER},
         )
         self.metrics = RelayMetrics()
         self.lanes = LaneManager(
@@ -376,6 +390,7 @@ class Relay:
         if self.http is not None:
             self.http.stop()
         self.engine.dispose()
+        self.claim_engine.dispose()
         log.info("relay %s stopped", self.settings.relay_id, extra={"event": "relay.stop"})
 
     # --- the loop -----------------------------------------------------------------------
@@ -438,7 +453,7 @@ class Relay:
         for lane, token in owned.items():
             known = self._cursors.get(lane)
             cursors[lane] = known if known is not None and known.token == token else token
-        with self.engine.begin() as conn:
+        with self.claim_engine.begin() as conn:
             batch = claim(
                 conn,
                 self.schema,
