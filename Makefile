@@ -28,7 +28,7 @@ bench-quick: bootstrap
 	$(VENV)/python bench/suite.py --quick
 
 # Debezium (Kafka Connect + Outbox Event Router, jars from Maven Central) side by side with
-# the relay, on its own throwaway PostgreSQL (wal_level=logical) and Kafka; ~10 minutes.
+# the relay, on its own throwaway PostgreSQL (wal_level=logical) and Kafka; 4-8 minutes.
 # ARGS="--quick" for a smoke run, ARGS="--json peers.json" to keep the figures.
 bench-peers: bootstrap
 	$(VENV)/python bench/peers/debezium.py $(ARGS)
