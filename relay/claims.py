@@ -64,7 +64,11 @@ b AS (
 )
 SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
        p.part, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
-       p.headers, p.created_at, p.run_id
+       p.headers, p.created_at, p.run_id,
+       -- Whether to read outbox_failures too (a blocked key, a retry): almost never.
+       EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
+               WHERE f.lane = ANY(CAST(%(lanes)s AS int[]))
+                 AND (f.state <> 'failed' OR f.blocking)) AS failures
 FROM b
 LEFT JOIN LATERAL (
     (SELECT 'b' AS part, count(*) OVER () AS got, q.* FROM (
@@ -73,7 +77,8 @@ LEFT JOIN LATERAL (
         FROM {schema}.outbox_messages AS m
         -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
         -- order asked for, so the scan stops at the limit.
-        WHERE (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
+        WHERE b.lo <= b.hi  -- no such rows: no scan at all
+          AND (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
           AND (m.lane, m.id) <= (b.lane, b.hi)
           AND pg_visible_in_snapshot(m.xid, b.target)
           AND NOT pg_visible_in_snapshot(m.xid, b.snap)
@@ -141,7 +146,11 @@ moved AS (
     WHERE l.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
     RETURNING l.lane
 )
-SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved
+SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved,
+       -- A clean batch's record need not wait for the WAL flush (see the daemon): said in the
+       -- statement itself, so that it can run alone, as its own transaction.
+       set_config('synchronous_commit', CASE WHEN :durable THEN 'on' ELSE 'off' END, true)
+           AS synchronous_commit
 """
 
 # A refused row is copied whole: retention may delete the outbox row long before an operator
@@ -240,7 +249,6 @@ def claim(
     order = sorted(cursors)
     shift = rotate % len(order)
     order = order[shift:] + order[:shift]
-    blocked, retried = _failures(conn, schema, order, limit)
     known = [cursors[lane] for lane in order]
     tokens = {
         lane: c.token if isinstance(c, Cursor) else c for lane, c in zip(order, known, strict=True)
@@ -267,7 +275,11 @@ def claim(
         fetched = result.cursor.fetchall()
     finally:
         result.close()
-    rows, reads = _reads(fetched, tokens, limit - len(retried), limit + 1)
+    blocked: dict[tuple[int, str, bytes | None], str] = {}
+    retried: list[OutboxRow] = []
+    if fetched and fetched[0][18]:
+        blocked, retried = _failures(conn, schema, order, limit)
+    rows, reads = _reads(fetched, tokens, limit, limit + 1)
     return Claimed(retried + rows, reads, blocked)
 
 
@@ -360,6 +372,7 @@ def record(
     set_aside: list[tuple[OutboxRow, str]],
     cursors: Mapping[int, tuple[Cursor, int]],
     blocking: bool,
+    durable: bool = True,
 ) -> list[int]:
     """Record a batch's outcome and move the lanes' *cursors*; return the lanes moved.
 
@@ -369,6 +382,7 @@ def record(
     its new cursor and how many of its rows were published. A lane whose token moved on is
     not moved (it is another relay's now); its proof is still written, since it is true.
     With *blocking*, a refused row without a dead-letter copy blocks the later rows of its key.
+    Without *durable*, the transaction's commit does not wait for the WAL flush.
     """
     lanes = sorted(cursors)
     row = conn.execute(
@@ -380,6 +394,7 @@ def record(
             "partitions": [p.partition for p in published],
             "offsets": [p.offset for p in published],
             "relay_id": relay_id,
+            "durable": durable,
             "c_lanes": lanes,
             "c_tokens": [cursors[lane][0].token for lane in lanes],
             "c_snaps": [cursors[lane][0].snapshot for lane in lanes],

@@ -7,19 +7,21 @@ relays, retention, metrics) runs as APScheduler jobs whose bodies are plain func
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
 from kafka import errors as kafka_errors
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.dsn import libpq_url, redact, sqlalchemy_url
@@ -44,7 +46,7 @@ from relay.publisher import Publisher, describe_briefly
 from relay.retention import purge_published
 from relay.settings import RelaySettings
 from relay.sql import sql
-from relay.wakeup import SET_IDLE, Listener
+from relay.wakeup import SET_IDLE, Listener, WakeUp
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +124,12 @@ class Relay:
             sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
         )
         # The claim's own connection, with the planner settings its plan needs (see claims).
+        # Autocommit: a claim is one read-only statement, so BEGIN and COMMIT would be two of
+        # its three round trips.
         self.claim_engine: Engine = create_engine(
             sqlalchemy_url(url), pool_size=1, max_overflow=0, pool_pre_ping=True,
-            connect_args={"options": CLAIM_PLANNER},
+            connect_args={"options": CLAIM_PLANNER}, isolation_level="AUTOCOMMIT",
+            pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )
         self.metrics = RelayMetrics()
         self.lanes = LaneManager(
@@ -136,7 +141,7 @@ class Relay:
             host=socket.gethostname(),
             pid=os.getpid(),
         )
-        self.wake = threading.Event()
+        self.wake = WakeUp()
         self._stop = threading.Event()
         self._ready = False
         self._last_loop = time.monotonic()
@@ -205,7 +210,7 @@ class Relay:
     def stop(self) -> None:
         """Ask the loop to finish its batch, hand back its lanes and return."""
         self._stop.set()
-        self.wake.set()
+        self.wake.everywhere()
 
     def run(self) -> int:
         s = self.settings
@@ -267,7 +272,7 @@ class Relay:
             id="lanes",
             next_run_time=now,
         )
-        sched.add_job(self.wake.set, "interval", seconds=s.poll_interval_seconds, id="poll")
+        sched.add_job(self.wake.everywhere, "interval", seconds=s.poll_interval_seconds, id="poll")
         sched.add_job(
             self._job(self.lanes.forget_dead_relays),
             "interval",
@@ -309,7 +314,7 @@ class Relay:
             self._database_answered()
             self.metrics.lanes_owned.set(len(owned.tokens))
             if owned.acquired:
-                self.wake.set()  # their rows may have waited a lease already: claim them now
+                self.wake.everywhere()  # their rows may have waited a lease already: claim them now
             if owned.others_expire_in is not None:
                 self._look_again_in(owned.others_expire_in)
         except SQLAlchemyError as exc:
@@ -410,13 +415,24 @@ class Relay:
             if not owned:
                 self._wait()
                 continue
+            if self._idle and self.settings.idle_linger_ms and self.wake.is_set():
+                # Woken while idle: let the commits right behind this one join its batch. At
+                # light traffic that is what a relay's CPU goes on: one whole claim-send-record
+                # cycle per wake-up (see docs/relay.md, "Light traffic").
+                self._stop.wait(self.settings.idle_linger_ms / 1000)
+            # From here on, a commit that notifies wakes the next wait (while idle).
+            named = self.wake.take()
+            lanes = owned if named is None or not self._idle else self._named(owned, named)
+            if not lanes:
+                self._wait()
+                continue
             try:
-                batch = self._claim(owned)
+                batch = self._claim(lanes)
                 if not batch.rows and not self._idle:
                     self._declare_idle(True)
                     # Notifications that came while busy are stale now; a commit that slipped
                     # in before we declared ourselves idle is found by this second claim.
-                    self.wake.clear()
+                    self.wake.take()
                     batch = self._claim(owned)
             except SQLAlchemyError as exc:
                 self._backoff(self._transient(exc, "claiming"))
@@ -426,11 +442,19 @@ class Relay:
                 self._wait()
                 continue
             try:
-                self._process(batch)
-                if self._idle:
-                    # After the batch, not before: a woken relay publishes first. Emits that
-                    # notify meanwhile cost little; this one commit would cost every wake-up.
+                clean = self._process(batch)
+                drained = clean and len(batch.rows) < self.settings.batch_size
+                if self._idle and not drained:
+                    # After the batch, not before: a woken relay publishes first. A backlog
+                    # makes it busy: the emits stop paying NOTIFY, and it claims until empty.
                     self._declare_idle(False)
+                elif self._idle:
+                    # A batch smaller than the limit read every lane to the end of its
+                    # difference, and while idle every commit since the claim notifies: so
+                    # sleep until woken, without a claim that would find nothing. Light
+                    # traffic keeps the relay idle: one claim per wake-up, no flag flips.
+                    self._database_answered()
+                    self._wait()
             except Exception as exc:
                 # The cursors stay where the database has them; the next claim reads again.
                 self._cursors.clear()
@@ -443,7 +467,15 @@ class Relay:
 
     def _wait(self) -> None:
         self.wake.wait(self.settings.poll_interval_seconds)
-        self.wake.clear()
+
+    def _named(self, owned: dict[int, int], named: set[int]) -> dict[int, int]:
+        """The owned lanes notifications named, and those with a difference not read to its
+        end (a wake-up while idle: every commit since the last claim notified its lane)."""
+        return {
+            lane: token
+            for lane, token in owned.items()
+            if lane in named or ((c := self._cursors.get(lane)) is not None and c.target)
+        }
 
     def _claim(self, owned: dict[int, int]) -> Claimed:
         """The next rows of the owned lanes, read from this relay's cursors (one batch ahead
@@ -476,7 +508,8 @@ class Relay:
             )
         self._idle = idle
 
-    def _process(self, batch: Claimed) -> None:
+    def _process(self, batch: Claimed) -> bool:
+        """Send and record *batch*; False when a row is still waiting for Kafka's answer."""
         assert self.publisher is not None
         self._batch_counted = False
         block = self.settings.on_permanent_failure == "block"
@@ -497,11 +530,12 @@ class Relay:
             # The previous batch was not recorded: the database's cursors are behind ours.
             # Recording this one would move them past rows without proof: read them again.
             self._cursors.clear()
-            return
+            return False
         self._marking = self._marker.submit(self._mark, *outcome, block)
-        if failed or set_aside:
+        if failed or set_aside or any(r.retry for r in batch.rows):
             # Only clean batches are recorded beside the next claim. A refusal must be
             # recorded first: in block mode it is what holds back the later rows of its key.
+            # So must retried rows: the next claim would read them again from the failures.
             self._finish_marking()
         transient = [f for f in failed if not f.permanent]
         if transient:
@@ -515,9 +549,10 @@ class Relay:
             self._set_ready(False, reason)
             self._unready_source = "kafka"
             self._backoff(reason)
-        else:
-            self._failures = 0
-            self._set_ready(True)
+            return False
+        self._failures = 0
+        self._set_ready(True)
+        return True
 
     def _sort_outcome(
         self,
@@ -596,6 +631,16 @@ class Relay:
         self.metrics.published.inc(len(published))
         self.metrics.failed.inc(len(failed))
         self.metrics.dead_lettered.inc(sum(1 for f in failed if f.offset is not None))
+
+    @contextlib.contextmanager
+    def _record_connection(self, single_statement: bool) -> Iterator[Connection]:
+        """A transaction, or an autocommit connection when the record is one statement."""
+        if not single_statement:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _finish_marking(self) -> bool:
         """Wait for the batch being recorded; False when recording it failed."""
@@ -697,14 +742,13 @@ class Relay:
         attempt = 0
         while True:
             try:
-                with self.engine.begin() as conn:
-                    if not failed and not set_aside:
-                        # A clean batch's record need not wait for the WAL flush: if a database
-                        # crash loses it, the cursors are back where they were and the rows are
-                        # sent again — duplicates with the same ids, never a loss. (WAL is
-                        # flushed in order, so no later record survives an earlier lost one.)
-                        # Refusals are recorded durably.
-                        conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
+                # A clean batch's record is one statement, its own transaction, and need not
+                # wait for the WAL flush: if a database crash loses it, the cursors are back
+                # where they were and the rows are sent again — duplicates with the same ids,
+                # never a loss. (WAL is flushed in order, so no later record survives an
+                # earlier lost one.) Refusals are recorded durably, in one transaction.
+                clean = not failed and not set_aside and not any(p.row.retry for p in published)
+                with self._record_connection(clean) as conn:
                     moved = record(
                         conn,
                         self.schema,
@@ -714,6 +758,7 @@ class Relay:
                         set_aside=set_aside,
                         cursors=moves,
                         blocking=blocking,
+                        durable=not clean,
                     )
                 lost = sorted(set(moves) - set(moved))
                 if lost:

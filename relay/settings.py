@@ -38,6 +38,14 @@ class RelaySettings(ConnectionSettings):
         gt=0,
         description="Fallback poll: the longest a committed row can wait if a NOTIFY is missed.",
     )
+    idle_linger_ms: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="Woken by a commit while idle, wait this long before reading, so that the "
+        "commits right behind it go in the same batch (fewer cycles at light traffic, at most "
+        "this much more latency).",
+    )
     linger_ms: int = Field(default=5, ge=0, description="kafka-python linger.ms.")
     producer_batch_bytes: int = Field(default=262_144, gt=0, description="kafka-python batch_size.")
     compression: Literal["none", "gzip", "lz4", "zstd", "snappy"] = Field(

@@ -7,6 +7,11 @@ empty, re-checks once after declaring, and then waits for a notification or for 
 fallback poll, whichever comes first. A notification lost in the gap between an emit's
 INSERT and the relay's declaration is covered by that poll.
 
+The notification names the row's lane. While the relay is idle, every commit notifies, so a
+wake-up by notifications alone needs a look at the lanes they named, not at all 64: at light
+traffic a claim reads one lane. Anything else (the fallback poll, lanes newly acquired, a
+relay that is not idle) looks at every lane.
+
 Flipping the flag leaves ``heartbeat_at`` alone: only the lane heartbeat, which renews the
 relay's leases in the same transaction, may say the relay is alive. A relay killed right
 after flipping would otherwise look alive for a lease after its lanes ran out, and the
@@ -25,6 +30,41 @@ log = logging.getLogger(__name__)
 SET_IDLE = "UPDATE {schema}.relays SET idle = :idle WHERE relay_id = :relay_id"
 
 
+class WakeUp:
+    """Why the relay should look again: the lanes notifications named, or everything."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._lanes: set[int] = set()
+        self._everything = False
+
+    def lane(self, lane: int) -> None:
+        with self._lock:
+            self._lanes.add(lane)
+            self._event.set()
+
+    def everywhere(self) -> None:
+        """Look at every lane (the fallback poll, lanes acquired, stopping)."""
+        with self._lock:
+            self._everything = True
+            self._event.set()
+
+    def take(self) -> set[int] | None:
+        """The lanes named since the last take, or None for every lane; resets both."""
+        with self._lock:
+            lanes, everything = self._lanes, self._everything
+            self._lanes, self._everything = set(), False
+            self._event.clear()
+        return None if everything else lanes
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
 class Listener:
     """A thread that LISTENs on the outbox channel and sets *wake* on every notification.
 
@@ -32,7 +72,7 @@ class Listener:
     still wakes the relay, only later.
     """
 
-    def __init__(self, dsn: str, channel: str, wake: threading.Event) -> None:
+    def __init__(self, dsn: str, channel: str, wake: WakeUp) -> None:
         self._dsn = dsn
         self._channel = channel
         self._wake = wake
@@ -56,8 +96,8 @@ class Listener:
                     self.connected.set()
                     pause = 0.2
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
-                            self._wake.set()
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
+                            self._heard(note.payload)
             except psycopg.Error as exc:
                 self.connected.clear()
                 log.warning(
@@ -69,3 +109,10 @@ class Listener:
                 self._stop.wait(pause)
                 pause = min(pause * 2, 10.0)
         self.connected.clear()
+
+    def _heard(self, payload: str) -> None:
+        # Emits send the row's lane; anything else (another sender) means look everywhere.
+        try:
+            self._wake.lane(int(payload))
+        except ValueError:
+            self._wake.everywhere()

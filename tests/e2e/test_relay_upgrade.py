@@ -54,7 +54,8 @@ def test_a_backlog_from_schema_0004_is_published_once_in_order_after_outbox_migr
                 " FROM outboxkit.outbox_messages)"))
             conn.execute(text(
                 "UPDATE outboxkit.outbox_messages SET status = 'failed', last_error = 'refused',"
-                " failed_at = now() WHERE id = (SELECT min(id) + 10 FROM outboxkit.outbox_messages)"))
+                " failed_at = now()"
+                " WHERE id = (SELECT min(id) + 10 FROM outboxkit.outbox_messages)"))
         migrated = subprocess.run(
             [sys.executable, "-m", "outbox.cli", "migrate", "--database-url", old_database],
             capture_output=True, text=True, timeout=120, check=False)

@@ -74,7 +74,10 @@ class TestTransaction:
         assert row.message_id == envelope.message_id
         assert row.payload == b'{"z":1,"a":[true,null]}'
         assert row.key == b"order-1"
-        assert row.status == "pending"
+        assert row.xid is not None  # the writing transaction's id: what the relay reads by
+        with engine.connect() as conn:
+            status = conn.execute(text("SELECT status FROM outboxkit.message_status")).scalar()
+        assert status == "pending"
         assert row.headers["message-id"] == str(envelope.message_id)
         assert 0 <= row.lane < OutboxSettings().lanes
 
