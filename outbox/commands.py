@@ -27,7 +27,7 @@ from outbox.cli import (
     open_engine,
 )
 from outbox.errors import IllegalTransition
-from outbox.messages import list_messages, retry_messages
+from outbox.messages import Listed, list_messages, retry_messages, run_messages
 from outbox.retention import DEFAULT_STATES, purge, purgeable
 from outbox.runs import RunView, get_run, history, list_runs, move, view_run
 from outbox.settings import OutboxSettings
@@ -104,9 +104,11 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
     with open_engine(database_url) as engine, engine.connect() as conn:
         view = view_run(conn, run_id)
         moves = history(conn, run_id)
+        sent = run_messages(conn, run_id)
     if as_json:
         echo_json({**_run_dict(view), "checkpoint": None,
-                   "history": [t.__dict__ for t in moves]})
+                   "history": [t.__dict__ for t in moves],
+                   "messages": [m.as_dict() for m in sent]})
         return
     run = view.run
     versions = f"workflow {run.workflow_version}, prompt {run.prompt_version or '-'}, " \
@@ -129,6 +131,17 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
           compact_json(t.evidence)] for n, t in enumerate(moves, 1)],
         empty="no history",
     )
+    click.echo("")
+    echo_table(
+        ["message", "topic", "key", "status", "partition", "offset", "published"],
+        [[m.id, m.topic, m.key, m.status, _or_dash(m.kafka_partition), _or_dash(m.kafka_offset),
+          m.published_at or "-"] for m in sent],
+        empty="no outbox messages",
+    )
+
+
+def _or_dash(value: int | None) -> object:
+    return "-" if value is None else value
 
 
 @runs_group.command("requeue")
@@ -196,24 +209,31 @@ def messages_group() -> None:
 @database_url_option
 @click.option("--pending", "status", flag_value="pending", help="Messages waiting for the relay.")
 @click.option("--failed", "status", flag_value="failed", help="Messages Kafka refused for good.")
+@click.option("--published", "status", flag_value="published",
+              help="Messages Kafka acknowledged, with their partition and offset.")
 @click.option("--topic", help="Only messages of this topic.")
 @limit_option
 @json_option
 @one_line_errors
 def messages_list(database_url: str | None, status: str | None, topic: str | None, limit: int,
                   as_json: bool) -> None:
-    """Pending or failed outbox messages, oldest first (payloads left out)."""
-    if status not in ("pending", "failed"):
-        raise click.UsageError("pass --pending or --failed")
+    """Pending, failed or published outbox messages, oldest first (payloads left out)."""
+    if status not in ("pending", "failed", "published"):
+        raise click.UsageError("pass --pending, --failed or --published")
+    listed: Listed = "failed" if status == "failed" else \
+        "published" if status == "published" else "pending"
     with open_engine(database_url) as engine, engine.connect() as conn:
-        found = list_messages(conn, status="failed" if status == "failed" else "pending",
-                              topic=topic, limit=limit)
+        found = list_messages(conn, status=listed, topic=topic, limit=limit)
     if as_json:
         echo_json([m.as_dict() for m in found])
         return
     headers = ["id", "topic", "key", "type", "created"]
     rows: list[list[Any]] = [[m.id, m.topic, m.key, m.message_type, m.created_at]
                              for m in found]
+    if status == "published":
+        headers += ["partition", "offset", "published"]
+        for row, m in zip(rows, found, strict=True):
+            row += [m.kafka_partition, m.kafka_offset, m.published_at]
     if status == "failed":
         headers += ["blocking", "failed", "error"]
         for row, m in zip(rows, found, strict=True):

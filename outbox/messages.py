@@ -54,6 +54,9 @@ message_status = table(
     column("last_error", Text),
     column("failed_at", TIMESTAMPTZ(timezone=True)),
     column("blocking", Boolean),
+    column("kafka_partition", Integer),
+    column("kafka_offset", Integer),
+    column("published_at", TIMESTAMPTZ(timezone=True)),
     schema=SCHEMA,
 )
 
@@ -73,6 +76,10 @@ class Message:
     run_id: uuid.UUID | None
     created_at: datetime
     failed_at: datetime | None
+    # The broker's proof, once published.
+    kafka_partition: int | None = None
+    kafka_offset: int | None = None
+    published_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,15 +100,26 @@ def list_messages_plan(status: Listed, topic: str | None, limit: int) -> Plan[li
         if topic is not None:
             query = query.where(f.c.topic == topic)
     else:
-        m = message_status
-        query = (
-            select(m.c.id, m.c.message_id, m.c.topic, m.c.key, m.c.message_type, m.c.status,
-                   m.c.blocking, m.c.last_error, m.c.run_id, m.c.created_at, m.c.failed_at)
-            .where(m.c.status == status).order_by(m.c.id).limit(limit)
-        )
+        query = _status_query().where(message_status.c.status == status).limit(limit)
         if topic is not None:
-            query = query.where(m.c.topic == topic)
+            query = query.where(message_status.c.topic == topic)
     rows = yield query
+    return _messages(rows)
+
+
+def run_messages_plan(run_id: uuid.UUID) -> Plan[list[Message]]:
+    rows = yield _status_query().where(message_status.c.run_id == run_id)
+    return _messages(rows)
+
+
+def _status_query() -> Any:
+    m = message_status
+    return select(m.c.id, m.c.message_id, m.c.topic, m.c.key, m.c.message_type, m.c.status,
+                  m.c.blocking, m.c.last_error, m.c.run_id, m.c.created_at, m.c.failed_at,
+                  m.c.kafka_partition, m.c.kafka_offset, m.c.published_at).order_by(m.c.id)
+
+
+def _messages(rows: Any) -> list[Message]:
     return [
         Message(**{**dict(row), "key": None if row["key"] is None
                    else bytes(row["key"]).decode("utf-8", "backslashreplace")})
@@ -154,6 +172,13 @@ def list_messages(conn: SyncConn, *, status: Listed = "pending", topic: str | No
                   limit: int = 100, settings: OutboxSettings | None = None) -> list[Message]:
     """Outbox rows with *status* (oldest first), optionally of one *topic*; payloads left out."""
     return run_plan(conn, list_messages_plan(status, topic, limit), settings)
+
+
+def run_messages(conn: SyncConn, run_id: uuid.UUID, *,
+                 settings: OutboxSettings | None = None) -> list[Message]:
+    """The outbox messages of run *run_id* in id order, each with its status and, once
+    published, the partition and offset Kafka gave it; payloads left out."""
+    return run_plan(conn, run_messages_plan(run_id), settings)
 
 
 def retry_messages(conn: SyncConn, ids: Collection[int] | None = None, *,

@@ -201,7 +201,12 @@ outbox_messages = Table(
 )
 # A lane's rows in id order (the relay's read) and by transaction id (a snapshot difference).
 Index("outbox_messages_lane_id_idx", outbox_messages.c.lane, outbox_messages.c.id)
-Index("outbox_messages_lane_xid_idx", outbox_messages.c.lane, outbox_messages.c.xid)
+Index(
+    "outbox_messages_lane_xid_idx",
+    outbox_messages.c.lane,
+    outbox_messages.c.xid,
+    postgresql_include=["id"],
+)
 
 relays = Table(
     "relays",

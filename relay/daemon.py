@@ -85,6 +85,9 @@ FROM {schema}.operations WHERE status IN ('unknown', 'needs-human')
 # The relay's role may not read it (least privilege), or the schema predates it.
 OPERATIONS_UNREADABLE = frozenset({"42501", "42P01"})  # insufficient privilege, no such table
 
+# A batch of at most this many rows is light traffic: the next wake-up while idle lingers.
+SPARSE_BATCH = 2
+
 # A batch whose acknowledgements take longer than this makes the relay not ready (and counts
 # as one transient Kafka error): the broker is stopped, unreachable or not answering.
 SLOW_ACKS_SECONDS = 5.0
@@ -146,6 +149,7 @@ class Relay:
         self._ready = False
         self._last_loop = time.monotonic()
         self._idle = False
+        self._sparse = False  # the last batch had one or two rows: light traffic
         self._rotate = 0
         self._failures = 0
         self._batch_counted = False  # this batch's slow acks were counted as a Kafka error
@@ -415,10 +419,11 @@ class Relay:
             if not owned:
                 self._wait()
                 continue
-            if self._idle and self.settings.idle_linger_ms and self.wake.is_set():
-                # Woken while idle: let the commits right behind this one join its batch. At
-                # light traffic that is what a relay's CPU goes on: one whole claim-send-record
-                # cycle per wake-up (see docs/relay.md, "Light traffic").
+            if self._idle and self._sparse and self.settings.idle_linger_ms and self.wake.is_set():
+                # Woken while idle after a batch of one or two rows: let the commits right
+                # behind this one join its batch. At light traffic that is what a relay's CPU
+                # goes on: one whole claim-send-record cycle per wake-up (docs/relay.md, "Light
+                # traffic"). Busier, the rows pile up during a cycle anyway: no wait.
                 self._stop.wait(self.settings.idle_linger_ms / 1000)
             # From here on, a commit that notifies wakes the next wait (while idle).
             named = self.wake.take()
@@ -441,6 +446,7 @@ class Relay:
                 self._database_answered()
                 self._wait()
                 continue
+            self._sparse = len(batch.rows) <= SPARSE_BATCH
             try:
                 clean = self._process(batch)
                 drained = clean and len(batch.rows) < self.settings.batch_size

@@ -119,7 +119,9 @@ ALTER TABLE {schema}.outbox_messages
 -- transaction id (lane, xid). Insert-only: no tuple is ever updated, so no dead tuples and no
 -- vacuum for the relay's sake (retention's range deletes are the only ones).
 CREATE INDEX outbox_messages_lane_id_idx ON {schema}.outbox_messages (lane, id);
-CREATE INDEX outbox_messages_lane_xid_idx ON {schema}.outbox_messages (lane, xid);
+-- id is carried in the (lane, xid) index: the smallest and largest id of a difference come
+-- from an index-only scan once vacuum has marked the pages all-visible.
+CREATE INDEX outbox_messages_lane_xid_idx ON {schema}.outbox_messages (lane, xid) INCLUDE (id);
 ALTER TABLE {schema}.outbox_messages RESET (
     autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
     autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold,

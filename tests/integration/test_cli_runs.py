@@ -10,6 +10,11 @@ from sqlalchemy import Engine
 
 from dedup import begin
 from outbox import claim, start_run, transition
+from outbox.emit import emit
+from outbox.envelope import Envelope
+from relay.claims import Published, record
+from relay.claims import claim as read
+from relay.lanes import LaneManager
 from tests.integration.cli_support import one_line, outbox
 
 
@@ -185,3 +190,46 @@ def test_requeue_refuses_a_run_whose_operation_has_no_settled_outcome_unless_for
     forced = outbox("runs", "requeue", str(run_id), "--reason", "again", "--actor", "alice",
                     "--force", "--database-url", database_url)
     assert forced.returncode == 0, forced.stderr
+
+
+def test_show_lists_the_runs_messages_with_the_brokers_proof_once_published(
+    engine: Engine, database_url: str
+) -> None:
+    with engine.begin() as conn:
+        start_run(conn, workflow="supplier-order", workflow_version="3", idempotency_key="t-5")
+    with engine.begin() as conn:
+        job = claim(conn, worker="w", lease_seconds=30, workflows=["supplier-order"])
+        assert job is not None
+        for n in range(2):
+            emit(conn, Envelope(topic="order.submit", type="order.submit", key="acme",
+                                payload={"n": n}), lease=job.lease)
+    run_id = job.run.id
+    before = json.loads(outbox("runs", "show", str(run_id), "--json",
+                               "--database-url", database_url).stdout)
+    assert [(m["status"], m["kafka_offset"]) for m in before["messages"]] == [("pending", None)] * 2
+    publish_everything(engine, offset=40)  # as the relay records what Kafka acknowledged
+    shown = outbox("runs", "show", str(run_id), "--database-url", database_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "published" in shown.stdout
+    after = json.loads(outbox("runs", "show", str(run_id), "--json",
+                              "--database-url", database_url).stdout)
+    assert [(m["status"], m["kafka_partition"]) for m in after["messages"]] == [
+        ("published", 3)] * 2
+    assert sorted(m["kafka_offset"] for m in after["messages"]) == [40, 41]
+    listed = json.loads(outbox("messages", "list", "--published", "--json",
+                               "--database-url", database_url).stdout)
+    assert sorted(m["kafka_offset"] for m in listed) == [40, 41]
+
+
+def publish_everything(engine: Engine, *, offset: int) -> None:
+    """Read every lane's difference and record it as acknowledged at partition 3."""
+    lanes = LaneManager(engine, schema="outboxkit", relay_id="r", lanes=64, lease_seconds=30,
+                        host="h", pid=1)
+    lanes.heartbeat()
+    with engine.begin() as conn:
+        batch = read(conn, "outboxkit", relay_id="r", cursors=lanes.owned(), limit=100)
+        record(conn, "outboxkit", relay_id="r",
+               published=[Published(r, 3, offset + i) for i, r in enumerate(batch.rows)],
+               failed=[], set_aside=[], blocking=False,
+               cursors={lane: (read_.advanced(read_.ids[-1]), len(read_.ids))
+                        for lane, read_ in batch.reads.items() if read_.ids})
