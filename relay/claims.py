@@ -135,6 +135,10 @@ proof AS (
     FROM v WHERE id IS NOT NULL GROUP BY lane, token
     RETURNING lane
 ),
+locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE lane = ANY(CAST(:c_lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
+),
 moved AS (
     UPDATE {schema}.relay_lanes AS l
     SET cursor_snapshot = CAST(c.snap AS pg_snapshot),
@@ -142,8 +146,8 @@ moved AS (
         published_count = l.published_count + c.n, last_error = NULL, last_error_at = NULL
     FROM unnest(CAST(:c_lanes AS int[]), CAST(:c_tokens AS bigint[]), CAST(:c_snaps AS text[]),
                 CAST(:c_targets AS text[]), CAST(:c_pos AS bigint[]), CAST(:c_n AS bigint[]))
-         AS c(lane, token, snap, target, pos, n)
-    WHERE l.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
+         AS c(lane, token, snap, target, pos, n), locked AS k
+    WHERE l.lane = c.lane AND k.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
     RETURNING l.lane
 )
 SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved,
@@ -178,8 +182,12 @@ ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, blocking = EXCLUDED.block
 FORGET_FAILURES = "DELETE FROM {schema}.outbox_failures WHERE id = ANY(CAST(:ids AS bigint[]))"
 
 NOTE_ERROR = """
-UPDATE {schema}.relay_lanes SET last_error = :error, last_error_at = now()
-WHERE lane = ANY(CAST(:lanes AS int[])) AND owner = :relay_id
+WITH locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE lane = ANY(CAST(:lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
+)
+UPDATE {schema}.relay_lanes AS l SET last_error = :error, last_error_at = now()
+FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
 """
 
 

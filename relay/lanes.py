@@ -45,10 +45,18 @@ RETURNING (SELECT count(*) FROM {schema}.relays
              AND relay_id <> :relay_id) + 1 AS live
 """
 
+# Every statement that writes several of a relay's lane rows locks them in lane order first
+# (the heartbeat here, the record of a batch on the marking thread, giving lanes back): two
+# such statements locking them in different orders deadlock, and PostgreSQL takes a second
+# (deadlock_timeout) to notice, a second in which nothing is published.
 RENEW = """
-UPDATE {schema}.relay_lanes SET expires_at = now() + make_interval(secs => :lease)
-WHERE owner = :relay_id AND expires_at > now()
-RETURNING lane, token
+WITH locked AS (
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE owner = :relay_id AND expires_at > now() ORDER BY lane FOR UPDATE
+)
+UPDATE {schema}.relay_lanes AS l SET expires_at = now() + make_interval(secs => :lease)
+FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id AND l.expires_at > now()
+RETURNING l.lane, l.token
 """
 
 ACQUIRE = """
@@ -71,8 +79,12 @@ WHERE lane < :lanes AND owner IS NOT NULL AND owner <> :relay_id AND expires_at 
 """
 
 RELEASE = """
-UPDATE {schema}.relay_lanes SET owner = NULL, expires_at = NULL
-WHERE owner = :relay_id AND lane = ANY(:lanes)
+WITH locked AS (
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE owner = :relay_id AND lane = ANY(:lanes) ORDER BY lane FOR UPDATE
+)
+UPDATE {schema}.relay_lanes AS l SET owner = NULL, expires_at = NULL
+FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
 """
 
 LEAVE = "DELETE FROM {schema}.relays WHERE relay_id = :relay_id"
