@@ -14,6 +14,7 @@ import random
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -585,7 +586,7 @@ class Relay:
         if held and not block:  # cannot happen: only block mode holds rows back
             raise AssertionError(f"{len(held)} rows neither acknowledged nor refused")
         set_aside = set_aside + held
-        moves: dict[int, tuple[Cursor, int]] = {}
+        moved: dict[int, Cursor] = {}
         done_upto: dict[int, int] = {}
         for lane, read in batch.reads.items():
             done: int | None = None
@@ -593,22 +594,21 @@ class Relay:
                 if row_id in transient:
                     break
                 done = row_id
-            new = read.advanced(done)
-            self._cursors[lane] = new
+            self._cursors[lane] = read.advanced(done)
             if done is not None:
                 done_upto[lane] = done
-                count = sum(1 for p in published if p.row.lane == lane and not p.row.retry
-                            and p.row.id <= done)
-                moves[lane] = (new, count)
+                moved[lane] = self._cursors[lane]
 
         def passed(row: OutboxRow) -> bool:
             return row.retry or row.id <= done_upto.get(row.lane, -1)
 
+        recorded = [p for p in published if passed(p.row)]
+        counts = Counter(p.row.lane for p in recorded if not p.row.retry)
         return (
-            [p for p in published if passed(p.row)],
+            recorded,
             [f for f in failed if f.permanent and passed(f.row)],
             [(r, state) for r, state in set_aside if passed(r)],
-            moves,
+            {lane: (cursor, counts[lane]) for lane, cursor in moved.items()},
         )
 
     def _note_error(self, lanes: list[int], reason: str) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, event, inspect
 
 from outbox.tables import metadata, run_archive
 
@@ -44,3 +45,16 @@ def snapshot(runs_engine: Engine) -> Snapshot:
             }
 
     return take
+
+
+@pytest.fixture
+def statements(engine: Engine) -> Iterator[list[str]]:
+    """Every SQL statement the engine sends, in order."""
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    yield sent
+    event.remove(engine, "before_cursor_execute", record)

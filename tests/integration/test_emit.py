@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, event, func, insert, select, text
+from sqlalchemy import Connection, Engine, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -49,19 +49,6 @@ def start_running_run(engine: Engine, *, token: int = 3, version: int = 7) -> Le
             )
         )
     return Lease(run_id, "worker-1", token, version, datetime.now(UTC) + timedelta(minutes=5))
-
-
-@pytest.fixture
-def statements(engine: Engine) -> Iterator[list[str]]:
-    """Every SQL statement the engine sends, in order."""
-    sent: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield sent
-    event.remove(engine, "before_cursor_execute", record)
 
 
 class TestTransaction:

@@ -108,19 +108,6 @@ def in_thread(work: Callable[[], object], errors: list[BaseException]) -> thread
     return thread
 
 
-@pytest.fixture
-def statements(engine: Engine) -> Iterator[list[str]]:
-    """Every SQL statement the engine sends, in order."""
-    sent: list[str] = []
-
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield sent
-    event.remove(engine, "before_cursor_execute", record)
-
-
 class TestOneStatement:
     @pytest.mark.parametrize("count", [1, 500])
     def test_a_call_sends_one_statement_whatever_the_batch_size(
