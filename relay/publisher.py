@@ -19,7 +19,7 @@ from kafka.admin import NewTopic
 from outbox import tracing
 from outbox.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
-from relay.partitioner import CachedKeyPartitioner
+from outbox.kafka.partitioner import CachedKeyPartitioner
 from relay.settings import RelaySettings
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from typing import Any
 
 from kafka.partitioner.default import DefaultPartitioner
 
-from relay import partitioner
-from relay.partitioner import CachedKeyPartitioner
+from outbox.kafka import partitioner
+from outbox.kafka.partitioner import CachedKeyPartitioner
 
 
 class Cluster:

@@ -1,0 +1,80 @@
+"""Kafka clients behind one small interface (:mod:`outbox.kafka.api`), two backends.
+
+``kafka-python`` (the default) is pure Python; ``confluent`` is librdkafka through
+confluent-kafka (``pip install 'outboxkit[confluent]'``), several times faster at both ends.
+Both partition keys alike (murmur2, as the Java client), so switching keeps every key in its
+partition. Choose with ``OUTBOXKIT_KAFKA_CLIENT`` (or a daemon's own
+``OUTBOXKIT_RELAY_KAFKA_CLIENT`` / ``OUTBOXKIT_CONSUMER_KAFKA_CLIENT``).
+"""
+
+from __future__ import annotations
+
+from outbox.errors import ConfigurationError
+from outbox.kafka.api import (
+    CLIENT_NAMES,
+    Admin,
+    Backend,
+    ClientName,
+    CommitRefused,
+    Connection,
+    Consumer,
+    ConsumerOptions,
+    Delivery,
+    KafkaClientError,
+    Outgoing,
+    Producer,
+    ProducerOptions,
+    RebalanceListener,
+    Record,
+    RecordTooLarge,
+    TopicExists,
+    TopicInvalid,
+    TopicPartition,
+    UnreadableRecord,
+)
+
+__all__ = [
+    "CLIENT_NAMES",
+    "Admin",
+    "Backend",
+    "ClientName",
+    "CommitRefused",
+    "Connection",
+    "Consumer",
+    "ConsumerOptions",
+    "Delivery",
+    "KafkaClientError",
+    "Outgoing",
+    "Producer",
+    "ProducerOptions",
+    "RebalanceListener",
+    "Record",
+    "RecordTooLarge",
+    "TopicExists",
+    "TopicInvalid",
+    "TopicPartition",
+    "UnreadableRecord",
+    "backend",
+]
+
+
+def backend(name: str, connection: Connection) -> Backend:
+    """The backend called *name* (one of :data:`CLIENT_NAMES`), bound to *connection*."""
+    if name == "kafka-python":
+        from outbox.kafka.kafka_python import KafkaPythonBackend  # noqa: PLC0415
+
+        return KafkaPythonBackend(connection)
+    if name == "confluent":
+        try:
+            from outbox.kafka.confluent import ConfluentBackend  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigurationError(
+                "OUTBOXKIT_KAFKA_CLIENT=confluent needs the confluent-kafka package, which is "
+                f"not installed ({exc}): pip install 'outboxkit[confluent]', or set "
+                "OUTBOXKIT_KAFKA_CLIENT=kafka-python"
+            ) from exc
+        return ConfluentBackend(connection)
+    raise ConfigurationError(
+        f"unknown Kafka client {name!r}: set OUTBOXKIT_KAFKA_CLIENT to one of "
+        + ", ".join(CLIENT_NAMES)
+    )
