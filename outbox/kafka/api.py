@@ -173,11 +173,14 @@ class Producer(Protocol):
         *,
         timeout_s: float,
         on_wait: Callable[[float], None] | None = None,
+        handed_over: Callable[[], None] | None = None,
     ) -> list[Delivery]:
         """Send *records* in order, wait for every answer (at most *timeout_s*), and return
         one :class:`Delivery` per record, in the same order. Never raises for a record:
         a refusal, or no answer in time (transient), is in its delivery. *on_wait* is called
-        about once a second with the seconds waited so far."""
+        about once a second with the seconds waited so far; *handed_over* once, when every
+        record is in the client's hands and before any answer is awaited (a crash point the
+        fault tests use)."""
         ...
 
     def partitions_for(self, topic: str) -> set[int] | None:

@@ -162,6 +162,7 @@ class KafkaPythonProducer:
         *,
         timeout_s: float,
         on_wait: Callable[[float], None] | None = None,
+        handed_over: Callable[[], None] | None = None,
     ) -> list[Delivery]:
         results: list[Delivery] = []
         futures: list[tuple[Delivery, Any]] = []
@@ -173,6 +174,8 @@ class KafkaPythonProducer:
                 futures.append((delivery, send(topic, value=value, key=key, headers=headers)))
             except Exception as exc:
                 _refused(delivery, exc)
+        if handed_over is not None:
+            handed_over()
         self._await([f for _, f in futures], timeout_s, on_wait)
         for delivery, future in futures:
             if not future.is_done:
