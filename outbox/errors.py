@@ -193,3 +193,17 @@ class ArtifactNotFound(RunError):
             f"no artifact with digest {digest}: was the transaction that stored it committed?"
         )
         self.digest = digest
+
+
+class KafkaClientIncompatible(ConfigurationError):
+    """The installed kafka-python lacks an internal a fix of outboxkit relies on; nothing
+    was patched. Install a supported kafka-python, or use the confluent-kafka client."""
+
+    def __init__(self, version: str, problems: list[str], supported: str) -> None:
+        super().__init__(
+            f"kafka-python {version} is installed, and outboxkit cannot apply its fixes for "
+            f"kafka-python bugs (outbox/kafka_fix.py): {'; '.join(problems)}. Nothing was "
+            f"patched. outboxkit supports {supported} (pyproject.toml); install that, or use "
+            "OUTBOXKIT_KAFKA_CLIENT=confluent"
+        )
+        self.version, self.problems, self.supported = version, problems, supported

@@ -37,46 +37,177 @@ data is never given back, and the partition is never fetched again while it is k
 partition stops for good after a ``pause()`` (outboxkit pauses a partition whose message
 waits for a retry). :func:`install` clears the emptied records first, as if taken.
 
-outboxkit's clients get all four through
-:meth:`outbox.settings.ConnectionSettings.kafka_client_config`.
+outboxkit's kafka-python clients get all four: :func:`install` is called where outboxkit
+configures one. Each fix relies on a kafka-python internal, so :func:`install` first checks
+all of them (module, class, a function with the expected parameters, the attributes and
+constants the fix relies on) and raises :class:`~outbox.errors.KafkaClientIncompatible`,
+patching nothing, when one is missing or changed: a kafka-python release that moves a module
+must stop the process at start, not drop a fix unnoticed.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+from outbox.errors import KafkaClientIncompatible
 
 _MARK = "_outboxkit_fixed"
 
+# The kafka-python releases these fixes were written and tested against; keep it equal to
+# the dependency in pyproject.toml (a unit test compares them).
+SUPPORTED = "kafka-python>=3.0.12,<3.1"
+
+
+@dataclass(frozen=True)
+class _Fix:
+    """One wrapper, and what it relies on in kafka-python."""
+
+    name: str
+    module: str
+    classes: tuple[str, ...]
+    attribute: str
+    parameters: tuple[str, ...]  # the original's parameter names, in order
+    make: Callable[[Any], Any]
+    coroutine: bool = False
+    # Names the fix relies on that a signature does not show: instance attributes the
+    # wrapper reads, and names or constants the original uses to report what the wrapper
+    # recognises. Looked for in the code of the class (and its bases).
+    class_uses: tuple[str, ...] = ()
+    original_uses: tuple[str, ...] = ()
+
+
+def _fixes() -> tuple[_Fix, ...]:
+    return (
+        _Fix("the bytes that arrive together with a close", "kafka.net.transport",
+             ("KafkaTCPTransport", "KafkaSSLTransport"), "_sock_recv", ("self",),
+             _keeping_data, original_uses=("KafkaConnectionError", "socket disconnected")),
+        _Fix("a join in flight that nobody finishes", "kafka.coordinator.consumer",
+             ("ConsumerCoordinator",), "need_rejoin", ("self",), _pending_join_counts,
+             class_uses=("rejoining",)),
+        _Fix("a socket left open by a connection attempt that did not finish",
+             "kafka.net.inet", ("KafkaNetSocket",), "sock_connect",
+             ("self", "net", "sock", "sockaddr", "timeout_at"), _closing_on_failure,
+             coroutine=True),
+        _Fix("a paused partition whose fetched data is never handed back",
+             "kafka.consumer.fetcher", ("Fetcher",), "fetched_records",
+             ("self", "max_records", "update_offsets"), _resuming_kept_data,
+             class_uses=("_next_partition_records",)),
+    )
+
 
 def install() -> None:
-    """Apply the fixes (idempotent; nothing where kafka-python has no such parts)."""
-    _wrap("kafka.net.transport", ("KafkaTCPTransport", "KafkaSSLTransport"), "_sock_recv",
-          _keeping_data)
-    _wrap("kafka.coordinator.consumer", ("ConsumerCoordinator",), "need_rejoin",
-          _pending_join_counts)
-    _wrap("kafka.net.inet", ("KafkaNetSocket",), "sock_connect", _closing_on_failure)
-    _wrap("kafka.consumer.fetcher", ("Fetcher",), "fetched_records", _resuming_kept_data)
+    """Apply the four fixes, once per process (idempotent).
 
-
-def _wrap(
-    module: str, classes: tuple[str, ...], attribute: str, make: Callable[[Any], Any]
-) -> None:
-    """Replace ``attribute`` of each class by ``make(original)``, once."""
-    try:
-        found = importlib.import_module(module)
-    except ImportError:  # another kafka-python layout: nothing of this to fix
-        return
-    for name in classes:
-        cls: Any = getattr(found, name, None)
-        original = None if cls is None else cls.__dict__.get(attribute)
-        if original is None or getattr(original, _MARK, False):
-            continue
-        wrapped = make(original)
+    Raises :class:`~outbox.errors.KafkaClientIncompatible`, before patching anything, when
+    an internal a fix relies on is missing or changed; the check runs on every call, also
+    after the fixes are in (it looks through them to kafka-python's originals).
+    """
+    problems: list[str] = []
+    todo: list[tuple[type, _Fix, Any]] = []  # (class, fix, kafka-python's original)
+    for fix in _fixes():
+        todo += [(cls, fix, original) for cls, original, fixed in _originals(fix, problems)
+                 if not fixed]
+    if problems:
+        raise KafkaClientIncompatible(_version(), problems, SUPPORTED)
+    # Every wrapper is made before any is set, so that nothing is half installed.
+    made = []
+    for cls, fix, original in todo:
+        try:
+            made.append((cls, fix.attribute, fix.make(original)))
+        except (ImportError, AttributeError) as exc:  # what a wrapper looks up in kafka-python
+            problem = f"the fix for {fix.name} cannot be made: {exc!r}"
+            raise KafkaClientIncompatible(_version(), [problem], SUPPORTED) from exc
+    for cls, attribute, wrapped in made:
         setattr(wrapped, _MARK, True)
         setattr(cls, attribute, wrapped)
+
+
+def _originals(fix: _Fix, problems: list[str]) -> Iterator[tuple[type, Any, bool]]:
+    """Each class of *fix*, kafka-python's original, and whether the fix is in already.
+
+    What is missing or changed goes to *problems* instead.
+    """
+    where = f"{fix.module}.{{}}.{fix.attribute} (the fix for {fix.name})"
+    try:
+        module = importlib.import_module(fix.module)
+    except ImportError as exc:
+        problems.append(f"module {fix.module} (the fix for {fix.name}) does not import: {exc}")
+        return
+    for name in fix.classes:
+        cls = getattr(module, name, None)
+        if not isinstance(cls, type):
+            problems.append(f"class {fix.module}.{name} (the fix for {fix.name}) is missing")
+            continue
+        try:
+            # Also found on a base class: kafka-python may move a method up without harm.
+            found = inspect.getattr_static(cls, fix.attribute)
+        except AttributeError:
+            problems.append(f"{where.format(name)} is missing")
+            continue
+        fixed = getattr(found, _MARK, False)
+        original = found.__wrapped__ if fixed else found
+        problem = _changed(fix, cls, original)
+        if problem:
+            problems.append(f"{where.format(name)} {problem}")
+        else:
+            yield cls, original, fixed
+
+
+def _changed(fix: _Fix, cls: type, original: Any) -> str | None:
+    """How *original* differs from what the fix expects, or None."""
+    if not isinstance(original, types.FunctionType):
+        return f"is not a plain function any more (it is {type(original).__name__})"
+    if fix.coroutine != inspect.iscoroutinefunction(original):
+        return "is no longer a coroutine function" if fix.coroutine else (
+            "became a coroutine function")
+    parameters = tuple(inspect.signature(original, follow_wrapped=False).parameters)
+    if parameters != fix.parameters:
+        return (f"has changed its parameters: ({', '.join(parameters)}), the fix expects "
+                f"({', '.join(fix.parameters)})")
+    missing = [n for n in fix.original_uses if n not in _names(original.__code__)]
+    missing += [n for n in fix.class_uses if n not in _class_names(cls)]
+    if missing:
+        return "no longer uses " + ", ".join(repr(n) for n in missing)
+    return None
+
+
+def _class_names(cls: type) -> set[str]:
+    """The names and constants used by the functions of *cls* and its bases."""
+    found: set[str] = set()
+    for klass in cls.__mro__:
+        for value in vars(klass).values():
+            parts = (value.fget, value.fset) if isinstance(value, property) else (value,)
+            for part in parts:
+                # Through a fix already installed, to kafka-python's own code.
+                code = getattr(inspect.unwrap(part) if callable(part) else part,
+                               "__code__", None)
+                if isinstance(code, types.CodeType):
+                    found |= _names(code)
+    return found
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The names and string constants a code object (and the code nested in it) uses."""
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, str):
+            found.add(const)
+        elif isinstance(const, types.CodeType):
+            found |= _names(const)
+    return found
+
+
+def _version() -> str:
+    try:
+        return str(importlib.import_module("kafka").__version__)
+    except (ImportError, AttributeError) as exc:
+        return f"unknown ({exc})"
 
 
 def _keeping_data(

@@ -1,12 +1,18 @@
-"""kafka-python's reader hands over the bytes a broker sent right before closing."""
+"""outboxkit's fixes for kafka-python bugs, and the loud failure when one cannot be applied."""
 
 from __future__ import annotations
 
 import errno
 import socket
+import sys
+import tomllib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import kafka
+import kafka.consumer.fetcher
+import kafka.coordinator.consumer
 import pytest
 from kafka.consumer.fetcher import Fetcher
 from kafka.coordinator.consumer import ConsumerCoordinator
@@ -15,7 +21,7 @@ from kafka.net.inet import KafkaNetSocket
 from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
 
 from outbox import kafka_fix
-from outbox.settings import ConnectionSettings
+from outbox.errors import ConfigurationError, KafkaClientIncompatible
 
 
 @pytest.fixture
@@ -45,7 +51,7 @@ def test_the_reply_comes_first_and_the_close_on_the_next_read(
 def test_without_the_fix_kafka_python_drops_the_reply(closed_after_reply: socket.socket) -> None:
     # What the fix is for; if a kafka-python release stops doing this, the fix can go.
     kafka_fix.install()
-    original = KafkaTCPTransport._sock_recv.__wrapped__  # type: ignore[attr-defined]
+    original = KafkaTCPTransport._sock_recv.__wrapped__
     data, err = original(KafkaTCPTransport(None, closed_after_reply))
     assert data == b"the broker's error response"
     assert isinstance(err, KafkaConnectionError)
@@ -61,22 +67,135 @@ def test_other_errors_pass_unchanged(closed_after_reply: socket.socket) -> None:
     assert err.args != ("socket disconnected",)
 
 
-@pytest.mark.parametrize(
-    ("cls", "attribute"),
-    [
-        (KafkaTCPTransport, "_sock_recv"),
-        (KafkaSSLTransport, "_sock_recv"),
-        (ConsumerCoordinator, "need_rejoin"),
-        (KafkaNetSocket, "sock_connect"),
-        (Fetcher, "fetched_records"),
-    ],
-)
-def test_installed_once_by_every_client_config(cls: type, attribute: str) -> None:
-    ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
-    ConnectionSettings(kafka_bootstrap="127.0.0.1:9092").kafka_client_config()
+_PATCHED = [
+    (KafkaTCPTransport, "_sock_recv"),
+    (KafkaSSLTransport, "_sock_recv"),
+    (ConsumerCoordinator, "need_rejoin"),
+    (KafkaNetSocket, "sock_connect"),
+    (Fetcher, "fetched_records"),
+]
+
+
+@pytest.mark.parametrize(("cls", "attribute"), _PATCHED)
+def test_installed_once(cls: type, attribute: str) -> None:
+    kafka_fix.install()
+    kafka_fix.install()
     wrapped = cls.__dict__[attribute]
     assert getattr(wrapped, "_outboxkit_fixed", False), cls
     assert not hasattr(wrapped.__wrapped__, "__wrapped__"), "wrapped twice"
+
+
+# kafka-python releases that move or change what a fix patches. The classes are patched
+# already when these run (install() is once per process), so each case also shows that the
+# check looks through an installed fix to kafka-python's original.
+
+
+def _incompatible(*parts: str) -> KafkaClientIncompatible:
+    with pytest.raises(KafkaClientIncompatible) as raised:
+        kafka_fix.install()
+    message = str(raised.value)
+    for part in parts:
+        assert part in message, message
+    return raised.value
+
+
+def test_a_module_that_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kafka.net.inet", None)  # import_module raises
+    _incompatible("module kafka.net.inet", "does not import",
+                  "a socket left open by a connection attempt")
+
+
+def test_a_missing_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(kafka.consumer.fetcher, "Fetcher")
+    _incompatible("class kafka.consumer.fetcher.Fetcher", "is missing",
+                  "a paused partition whose fetched data")
+
+
+def test_a_missing_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(KafkaNetSocket, "sock_connect")
+    _incompatible("kafka.net.inet.KafkaNetSocket.sock_connect", "is missing")
+
+
+def test_an_attribute_that_is_not_a_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Fetcher, "fetched_records", property(lambda self: []))
+    _incompatible("Fetcher.fetched_records", "is not a plain function", "property")
+
+
+def test_a_changed_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def sock_connect(self: Any, net: Any, sock: Any, address: Any) -> Any:
+        return sock
+
+    monkeypatch.setattr(KafkaNetSocket, "sock_connect", sock_connect)
+    _incompatible("KafkaNetSocket.sock_connect", "has changed its parameters",
+                  "(self, net, sock, address)", "(self, net, sock, sockaddr, timeout_at)")
+
+
+def test_a_changed_signature_under_an_installed_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fetched_records(self: Any, max_records: Any = None) -> Any:
+        return {}, False
+
+    wrapped = kafka_fix._resuming_kept_data(fetched_records)
+    wrapped._outboxkit_fixed = True  # type: ignore[attr-defined]
+    monkeypatch.setattr(Fetcher, "fetched_records", wrapped)
+    _incompatible("Fetcher.fetched_records", "(self, max_records)")
+
+
+def test_a_connect_that_is_no_longer_a_coroutine(monkeypatch: pytest.MonkeyPatch) -> None:
+    def sock_connect(self: Any, net: Any, sock: Any, sockaddr: Any, timeout_at: Any = None) -> Any:
+        return sock
+
+    monkeypatch.setattr(KafkaNetSocket, "sock_connect", sock_connect)
+    _incompatible("KafkaNetSocket.sock_connect", "is no longer a coroutine function")
+
+
+def test_a_reader_that_reports_a_close_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def _sock_recv(self: Any) -> tuple[bytes, BaseException | None]:
+        data = self._sock.recv(4096)
+        return data, None if data else KafkaConnectionError("peer closed")
+
+    monkeypatch.setattr(KafkaSSLTransport, "_sock_recv", _sock_recv)
+    _incompatible("KafkaSSLTransport._sock_recv", "no longer uses 'socket disconnected'")
+
+
+def test_a_coordinator_without_the_join_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    class ConsumerCoordinator:  # a release that renamed ``rejoining``
+        def __init__(self) -> None:
+            self.join_prepared = False
+
+        def need_rejoin(self) -> bool:
+            return self.join_prepared
+
+    monkeypatch.setattr(kafka.coordinator.consumer, "ConsumerCoordinator", ConsumerCoordinator)
+    _incompatible("ConsumerCoordinator.need_rejoin", "no longer uses 'rejoining'")
+
+
+def test_the_error_says_what_is_installed_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kafka, "__version__", "3.1.0")
+    monkeypatch.delattr(KafkaNetSocket, "sock_connect")
+    monkeypatch.delattr(kafka.consumer.fetcher, "Fetcher")
+    error = _incompatible(
+        "kafka-python 3.1.0 is installed", "Nothing was patched",
+        "outboxkit supports kafka-python>=3.0.12,<3.1", "OUTBOXKIT_KAFKA_CLIENT=confluent")
+    assert isinstance(error, ConfigurationError)
+    assert error.version == "3.1.0"
+    assert len(error.problems) == 2, error.problems  # every problem, not only the first
+
+
+def test_nothing_is_patched_when_one_part_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    kafka_fix.install()
+    for cls, attribute in _PATCHED:  # kafka-python's originals, as before any install
+        monkeypatch.setattr(cls, attribute, cls.__dict__[attribute].__wrapped__)
+    monkeypatch.delattr(kafka.consumer.fetcher, "Fetcher")
+    _incompatible("class kafka.consumer.fetcher.Fetcher")
+    for cls, attribute in _PATCHED:
+        assert not hasattr(cls.__dict__[attribute], "_outboxkit_fixed"), (cls, attribute)
+
+
+def test_the_supported_range_is_the_dependency() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert kafka_fix.SUPPORTED in pyproject["project"]["dependencies"]
 
 
 class _Pending:
@@ -94,7 +213,7 @@ class _Net:
 def _factory(connect_ex_result: int) -> KafkaNetSocket:
     kafka_fix.install()
     factory = KafkaNetSocket()
-    factory.connect_ex = lambda sock, addr: connect_ex_result  # type: ignore[method-assign]
+    factory.connect_ex = lambda sock, addr: connect_ex_result
     return factory
 
 
@@ -134,7 +253,7 @@ def test_a_connect_that_succeeds_keeps_its_socket() -> None:
 def test_without_the_fix_a_cancelled_connect_leaves_its_socket_open() -> None:
     # What the fix is for; if a kafka-python release stops doing this, the fix can go.
     kafka_fix.install()
-    original = KafkaNetSocket.sock_connect.__wrapped__  # type: ignore[attr-defined]
+    original = KafkaNetSocket.sock_connect.__wrapped__
     coro, sock = _connect_in_progress(original)
     with sock:
         coro.close()
