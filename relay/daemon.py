@@ -21,13 +21,13 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
-from kafka import errors as kafka_errors
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
+from outbox.kafka import KafkaClientError
 from outbox.settings import OutboxSettings
 from relay.claims import (
     CLAIM_PLANNER,
@@ -98,7 +98,7 @@ def error_source(exc: BaseException) -> str | None:
     """Which side a transient error came from (a label value), or None for anything else."""
     if isinstance(exc, SQLAlchemyError | psycopg.Error):
         return "postgres"
-    if isinstance(exc, kafka_errors.KafkaError):
+    if isinstance(exc, KafkaClientError):
         return "kafka"
     return None
 
@@ -260,8 +260,8 @@ class Relay:
     def _make_publisher(self) -> Publisher:
         try:
             return Publisher(self.settings)
-        except (ValueError, TypeError, kafka_errors.KafkaConfigurationError) as exc:
-            # kafka-python's words for a bad config: retrying would not change them.
+        except (ValueError, TypeError) as exc:
+            # The Kafka client's words for a bad config: retrying would not change them.
             raise ConfigurationError(f"the Kafka producer refused its settings: {exc}") from exc
 
     def _start_scheduler(self) -> None:

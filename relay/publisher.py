@@ -6,50 +6,28 @@ producer); the partition and offset it got are the proof recorded with it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer, OffsetSpec, TopicPartition
-from kafka import errors as kafka_errors
-from kafka.admin import NewTopic
-
 from outbox import tracing
 from outbox.failpoints import failpoint
+from outbox.kafka import (
+    Admin,
+    Delivery,
+    KafkaClientError,
+    Outgoing,
+    Producer,
+    ProducerOptions,
+    TopicExists,
+    TopicInvalid,
+    TopicPartition,
+)
 from relay.claims import Failed, OutboxRow, Published
-from outbox.kafka.partitioner import CachedKeyPartitioner
 from relay.settings import RelaySettings
 
 log = logging.getLogger(__name__)
-
-# Refusals that will not change by trying again: the message goes to the dead-letter topic
-# (or blocks its key). Anything else is treated as transient: the row stays pending.
-PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
-    kafka_errors.MessageSizeTooLargeError,
-    kafka_errors.InvalidTopicError,
-    kafka_errors.TopicAuthorizationFailedError,
-    kafka_errors.InvalidRecordError,
-    kafka_errors.CorruptRecordError,
-    kafka_errors.RecordListTooLargeError,
-    kafka_errors.UnsupportedForMessageFormatError,
-    TypeError,
-    ValueError,
-)
-
-
-# What a broker or the producer says of a record too large: a dead-letter copy is then
-# tried again without the payload.
-TOO_LARGE: tuple[type[BaseException], ...] = (
-    kafka_errors.MessageSizeTooLargeError,
-    kafka_errors.RecordListTooLargeError,
-)
-
-
-def is_permanent(exc: BaseException) -> bool:
-    return isinstance(exc, PERMANENT_ERRORS)
-
 
 def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
     """The envelope's headers as Kafka headers, plus the message id and type."""
@@ -99,6 +77,8 @@ def traced_headers(headers: list[tuple[str, bytes]], span: Any) -> list[tuple[st
 
 
 def describe(exc: BaseException) -> str:
+    if isinstance(exc, KafkaClientError):
+        return str(exc)[:2000]  # it starts with the client's own name for the error
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
@@ -112,63 +92,44 @@ def describe_briefly(exc: BaseException) -> str:
 
 
 class Publisher:
-    """One idempotent producer (acks=all) plus the admin client that checks topics."""
+    """One idempotent producer (acks=all) plus the admin client that checks topics, of the
+    Kafka client chosen by ``kafka_client`` (:mod:`outbox.kafka`)."""
 
     def __init__(self, settings: RelaySettings) -> None:
         self.settings = settings
-        compression = None if settings.compression == "none" else settings.compression
-        self._producer_config: dict[str, Any] = {
-            **settings.kafka_client_config(),  # bootstrap servers, TLS/SASL
-            "client_id": f"outboxkit-relay-{settings.relay_id}",
-            "acks": "all",
-            "enable_idempotence": True,
-            # ≤ 5 keeps the idempotent producer's per-partition ordering guarantee.
-            "max_in_flight_requests_per_connection": 5,
-            "linger_ms": settings.linger_ms,
-            "batch_size": settings.producer_batch_bytes,
-            "compression_type": compression,
-            "max_request_size": settings.max_request_bytes,
-            "delivery_timeout_ms": settings.delivery_timeout_ms,
-            # kafka-python refuses a delivery timeout below linger + request timeout.
-            "request_timeout_ms": min(
-                30_000, max(1, settings.delivery_timeout_ms - settings.linger_ms)
-            ),
-            "allow_auto_create_topics": False,
-            "max_block_ms": 10_000,
-            "partitioner": CachedKeyPartitioner(),
-        }
-        self.producer = KafkaProducer(**self._producer_config)
-        self._admin: Any = None
+        self._backend = settings.kafka()
+        self._options = ProducerOptions(
+            client_id=f"outboxkit-relay-{settings.relay_id}",
+            linger_ms=settings.linger_ms,
+            batch_bytes=settings.producer_batch_bytes,
+            compression=settings.compression,
+            max_request_bytes=settings.max_request_bytes,
+            delivery_timeout_ms=settings.delivery_timeout_ms,
+        )
+        self.producer: Producer = self._backend.producer(self._options)
+        self._admin: Admin | None = None
         self._known_topics: set[str] = set()
+
+    @property
+    def client(self) -> str:
+        return self._backend.name
 
     def reset(self) -> None:
         """Replace the producer: after a refused batch the idempotent producer can be left in
         a fatal state in which it fails every later send."""
         # Whatever it still held is unacknowledged, so still pending in the outbox.
-        with contextlib.suppress(kafka_errors.KafkaError):
-            self.producer.close(timeout=0)
-        self.producer = KafkaProducer(**self._producer_config)
+        self.producer.close(timeout_s=0)
+        self.producer = self._backend.producer(self._options)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        try:
-            self.producer.close(timeout=timeout_s)
-        except kafka_errors.KafkaError as exc:
-            # Unacknowledged records stay pending in the outbox: the next relay sends them.
-            log.warning(
-                "producer did not close cleanly: %s",
-                describe(exc),
-                extra={"event": "relay.producer_close_failed"},
-            )
+        # Unacknowledged records stay pending in the outbox: the next relay sends them.
+        self.producer.close(timeout_s=timeout_s)
         if self._admin is not None:
             self._admin.close()
 
-    def _admin_client(self) -> Any:
+    def _admin_client(self) -> Admin:
         if self._admin is None:
-            self._admin = KafkaAdminClient(
-                **self.settings.kafka_client_config(),
-                client_id=f"outboxkit-relay-admin-{self.settings.relay_id}",
-                request_timeout_ms=15_000,
-            )
+            self._admin = self._backend.admin(f"outboxkit-relay-admin-{self.settings.relay_id}")
         return self._admin
 
     def missing_topics(self, topics: Iterable[str]) -> dict[str, str]:
@@ -177,7 +138,7 @@ class Publisher:
         if not unknown:
             return {}
         admin = self._admin_client()
-        existing = set(admin.list_topics())
+        existing = admin.list_topics()
         self._known_topics |= existing & unknown
         missing = unknown - existing
         if not missing:
@@ -194,17 +155,13 @@ class Publisher:
         problems: dict[str, str] = {}
         for topic in sorted(missing):
             try:
-                admin.create_topics(
-                    [
-                        NewTopic(
-                            topic, self.settings.topic_partitions, self.settings.topic_replication
-                        )
-                    ]
+                admin.create_topic(
+                    topic, self.settings.topic_partitions, self.settings.topic_replication
                 )
                 log.info("created topic %s", topic, extra={"event": "relay.topic_created"})
-            except kafka_errors.TopicAlreadyExistsError:
+            except TopicExists:
                 pass
-            except kafka_errors.InvalidTopicError as exc:
+            except TopicInvalid as exc:
                 problems[topic] = f"topic {topic!r} cannot be created: {describe(exc)}"
                 continue
             self._known_topics.add(topic)
@@ -224,21 +181,18 @@ class Publisher:
         for topic in sorted(topics):
             partitions: set[int] | None = None
             while time.monotonic() < deadline:
-                try:
-                    partitions = self.producer.partitions_for(topic)
-                    if partitions:
-                        break
-                except kafka_errors.KafkaError:
-                    pass
+                partitions = self.producer.partitions_for(topic)
+                if partitions:
+                    break
                 time.sleep(0.05)
             if not partitions:
                 continue
             try:
-                self._admin_client().list_partition_offsets(
-                    {TopicPartition(topic, p): OffsetSpec.LATEST for p in partitions},
-                    timeout_ms=max(100, int((deadline - time.monotonic()) * 1000)),
+                self._admin_client().end_offsets(
+                    [TopicPartition(topic, p) for p in partitions],
+                    timeout_s=max(0.1, deadline - time.monotonic()),
                 )
-            except kafka_errors.KafkaError as exc:
+            except KafkaClientError as exc:
                 # Not worth failing the batch for: the producer retries what a leader refuses.
                 log.debug(
                     "the leaders of new topic %s did not all answer: %s",
@@ -257,71 +211,57 @@ class Publisher:
         *on_wait* is called about once a second with the seconds waited so far, so the
         daemon can report itself not ready while Kafka does not answer.
         """
-        futures: list[tuple[OutboxRow, Any]] = []
-        failed: list[Failed] = []
         # One check per batch: without a configured tracer no per-message span work at all.
-        spans: dict[int, Any] | None = {} if tracing.enabled() else None
-        for row in rows:
-            headers = kafka_headers(row)
-            if spans is not None:
-                spans[row.id] = span = publish_span(row)
-                headers = traced_headers(headers, span)
-            try:
-                future = self.producer.send(
-                    row.topic, value=row.payload, key=row.key, headers=headers
-                )
-            except Exception as exc:
-                failed.append(Failed(row, describe(exc), is_permanent(exc)))
-                if spans is not None:
-                    tracing.finish(spans.pop(row.id), error=exc)
-                continue
-            futures.append((row, future))
-        failpoint("relay.after_send")
-        self._await(futures, on_wait)
+        if tracing.enabled():
+            return self._send_traced(rows, on_wait)
+        outgoing = [Outgoing(r.topic, r.key, r.payload, kafka_headers(r)) for r in rows]
+        deliveries = self._deliver(outgoing, on_wait)
         published: list[Published] = []
-        for row, future in futures:
-            span = None if spans is None else spans.pop(row.id)
-            if not future.is_done:
-                failed.append(Failed(row, "KafkaTimeoutError: no acknowledgement in time", False))
-                tracing.finish(span, error=failed[-1].error)
-            elif future.failed():
-                error = future.exception
-                failed.append(Failed(row, describe(error), is_permanent(error)))
-                tracing.finish(span, error=error)
+        failed: list[Failed] = []
+        for row, delivery in zip(rows, deliveries, strict=True):
+            if delivery.error is None:
+                published.append(Published(row, delivery.partition, delivery.offset))
             else:
-                meta = future.value
-                published.append(Published(row, meta.partition, meta.offset))
-                if span is not None:
-                    tracing.set_attributes(
-                        span,
-                        {
-                            "messaging.destination.partition.id": str(meta.partition),
-                            "messaging.kafka.offset": meta.offset,
-                        },
-                    )
-                    tracing.finish(span)
+                failed.append(Failed(row, describe(delivery.error), delivery.permanent))
         return published, failed
 
-    def _await(
-        self, futures: list[tuple[OutboxRow, Any]], on_wait: Callable[[float], None] | None
-    ) -> None:
-        """Wait until every future is resolved (or the delivery timeout passed).
+    def _deliver(
+        self, outgoing: list[Outgoing], on_wait: Callable[[float], None] | None
+    ) -> list[Delivery]:
+        return self.producer.send(
+            outgoing,
+            timeout_s=self.settings.delivery_timeout_ms / 1000 + 5,
+            on_wait=on_wait,
+            handed_over=_after_send,
+        )
 
-        The loop watches our own futures rather than trusting flush(): when the broker
-        refuses a batch as too large, kafka-python splits it and flush() can return early.
-        """
-        started = time.monotonic()
-        limit = self.settings.delivery_timeout_ms / 1000 + 5
-        while not all(f.is_done for _, f in futures):
-            waited = time.monotonic() - started
-            if waited >= limit:
-                return
-            try:
-                self.producer.flush(timeout=min(1.0, max(0.01, limit - waited)))
-            except kafka_errors.KafkaError:
-                time.sleep(0.01)  # a batch was split or is still in flight: look again
-            if waited >= 1 and on_wait is not None:
-                on_wait(waited)
+    def _send_traced(
+        self, rows: list[OutboxRow], on_wait: Callable[[float], None] | None
+    ) -> tuple[list[Published], list[Failed]]:
+        """:meth:`send` with a PRODUCER span per message, ended once Kafka answered."""
+        spans = [publish_span(row) for row in rows]
+        outgoing = [
+            Outgoing(r.topic, r.key, r.payload, traced_headers(kafka_headers(r), span))
+            for r, span in zip(rows, spans, strict=True)
+        ]
+        deliveries = self._deliver(outgoing, on_wait)
+        published: list[Published] = []
+        failed: list[Failed] = []
+        for row, span, delivery in zip(rows, spans, deliveries, strict=True):
+            if delivery.error is not None:
+                failed.append(Failed(row, describe(delivery.error), delivery.permanent))
+                tracing.finish(span, error=delivery.error)
+                continue
+            published.append(Published(row, delivery.partition, delivery.offset))
+            tracing.set_attributes(
+                span,
+                {
+                    "messaging.destination.partition.id": str(delivery.partition),
+                    "messaging.kafka.offset": delivery.offset,
+                },
+            )
+            tracing.finish(span)
+        return published, failed
 
     def isolate(
         self,
@@ -382,23 +322,22 @@ class Publisher:
             omitted = omitted_headers(row, topic, headers_too=kept is not own)
             attempts.append((b"", [*kept, *evidence, *omitted]))
         for value, headers in attempts:
-            try:
-                meta = self.producer.send(topic, value=value, key=row.key, headers=headers).get(
-                    timeout=self.settings.delivery_timeout_ms / 1000
-                )
-            except TOO_LARGE:
-                self.reset()  # a refused batch can leave the idempotent producer failing
+            [delivery] = self.producer.send(
+                [Outgoing(topic, row.key, value, headers)],
+                timeout_s=self.settings.delivery_timeout_ms / 1000,
+            )
+            if delivery.error is None:
+                return Failed(row, failure.error, True, delivery.partition, delivery.offset)
+            self.reset()  # a refused batch can leave the idempotent producer failing
+            if delivery.too_large:
                 continue
-            except Exception as exc:
-                self.reset()
-                log.warning(
-                    "dead-lettering message %s failed: %s",
-                    row.message_id,
-                    describe_briefly(exc),
-                    extra={"event": "relay.dead_letter_failed"},
-                )
-                return failure
-            return Failed(row, failure.error, True, meta.partition, meta.offset)
+            log.warning(
+                "dead-lettering message %s failed: %s",
+                row.message_id,
+                describe_briefly(delivery.error),
+                extra={"event": "relay.dead_letter_failed"},
+            )
+            return failure
         log.warning(
             "dead-lettering message %s failed: even its copy without payload or headers is "
             "too large for %s",
@@ -421,3 +360,7 @@ def omitted_headers(row: OutboxRow, topic: str, *, headers_too: bool) -> list[tu
         ("x-outboxkit-payload-omitted", note.encode()),
         ("x-outboxkit-payload-bytes", str(len(row.payload)).encode()),
     ]
+
+
+def _after_send() -> None:
+    failpoint("relay.after_send")

@@ -155,6 +155,8 @@ class KafkaPythonProducer:
             )
         except kafka_errors.KafkaConfigurationError as exc:
             raise ValueError(str(exc)) from exc
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
 
     def send(
         self,
@@ -245,7 +247,7 @@ class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]
             try:
                 await self.consumer.commit_async(_kafka_offsets(offsets))
                 committed = offsets
-            except Exception as exc:  # noqa: BLE001 - the listener reports it
+            except Exception as exc:
                 error = exc
         self.listener.revoked(partitions, committed, error)
 
@@ -279,6 +281,8 @@ class KafkaPythonConsumer:
             )
         except kafka_errors.KafkaConfigurationError as exc:
             raise ValueError(str(exc)) from exc
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
 
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
         self._consumer.subscribe(list(topics), listener=_Listener(self._consumer, listener))
@@ -289,7 +293,7 @@ class KafkaPythonConsumer:
         except kafka_errors.CorruptRecordError as exc:
             raise self._unreadable(exc) from exc
         if len(polled) == 1:
-            return next(iter(polled.values()))  # type: ignore[no-any-return]
+            return next(iter(polled.values()))
         return [r for batch in polled.values() for r in batch]
 
     def _unreadable(self, exc: BaseException) -> UnreadableRecord:
@@ -305,7 +309,7 @@ class KafkaPythonConsumer:
         fetcher = getattr(self._consumer, "_fetcher", None)
         broken = getattr(fetcher, "_next_partition_records", None)
         if broken is not None:
-            fetcher._next_partition_records = None
+            fetcher._next_partition_records = None  # type: ignore[union-attr]
             tp = broken.topic_partition
             error.partition = TopicPartition(*tp)
             error.offset = int(self._consumer.position(tp))
@@ -344,7 +348,7 @@ class KafkaPythonConsumer:
     def position(self, partition: TopicPartition) -> int | None:
         try:
             found = self._consumer.position(KafkaTopicPartition(*partition), timeout_ms=0)
-        except Exception:  # noqa: BLE001 - no position yet (being reset)
+        except Exception:
             return None
         return None if found is None else int(found)
 
