@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 import click
-from kafka import errors as kafka_errors
 from pydantic import ValidationError
 
 from consumers import cli
@@ -21,6 +20,7 @@ from dedup.failures import STATUSES, Failure, get_failure, list_failures
 from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
 from outbox.entrypoints import explain
 from outbox.errors import ConfigurationError
+from outbox.kafka import KafkaClientError
 from outbox.settings import OutboxSettings
 
 
@@ -98,16 +98,15 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
                 "(or --rehandle MODULE:APP to run the handler here)")
         # TLS/SASL come from the consumer's settings (OUTBOXKIT_CONSUMER_KAFKA_*).
         try:
-            security = ConsumerSettings(kafka_bootstrap=kafka_bootstrap).kafka_client_config()
+            backend = ConsumerSettings(kafka_bootstrap=kafka_bootstrap).kafka()
         except ValidationError as exc:
             raise ConfigurationError(explain(exc, "OUTBOXKIT_CONSUMER_")) from exc
-        sender = KafkaSender(kafka_bootstrap, client_id="outbox-dlq-replay",
-                             client_config=security)
+        sender = KafkaSender(backend, client_id="outbox-dlq-replay")
         try:
             for failure_id in failure_ids:
                 try:
                     sent = republish(engine, sender, failure_id, schema=settings.schema_name)
-                except kafka_errors.KafkaError as exc:
+                except KafkaClientError as exc:
                     raise ConsumerError(f"failure {failure_id}: cannot send to Kafka at "
                                         f"{kafka_bootstrap}: {exc}") from exc
                 click.echo(f"failure {failure_id}: republished to {sent.topic}"

@@ -7,15 +7,19 @@ It is sent with acks=all and waited for: only then does the consumer move past i
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer
-from kafka import errors as kafka_errors
-from kafka.admin import NewTopic
+from outbox.kafka import (
+    Backend,
+    KafkaClientError,
+    Outgoing,
+    Producer,
+    ProducerOptions,
+    RecordTooLarge,
+    TopicExists,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +73,16 @@ def slim_copy(
 
 
 class KafkaSender:
-    """One idempotent producer for dead letters and replays; creates missing topics."""
+    """One idempotent producer for dead letters and replays; creates missing topics.
 
-    def __init__(self, bootstrap: str, *, client_id: str, timeout_s: float = 30.0,
-                 client_config: Mapping[str, Any] | None = None) -> None:
-        # client_config: ConnectionSettings.kafka_client_config() (TLS/SASL), when known.
-        self._config = {"bootstrap_servers": bootstrap.split(","), **(client_config or {})}
+    ``send`` raises :class:`~outbox.kafka.RecordTooLarge` for a copy over the size limit
+    and :class:`~outbox.kafka.KafkaClientError` for anything else Kafka refused."""
+
+    def __init__(self, backend: Backend, *, client_id: str, timeout_s: float = 30.0) -> None:
+        self._backend = backend
         self._client_id = client_id
         self._timeout_s = timeout_s
-        self._producer: Any = None
+        self._producer: Producer | None = None
         self._known: set[str] = set()
 
     def send(
@@ -91,27 +96,30 @@ class KafkaSender:
         """Send and wait for the broker's acknowledgement."""
         self._ensure_topic(topic)
         if self._producer is None:
-            self._producer = KafkaProducer(
-                **self._config,
-                client_id=self._client_id,
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=0,
-                max_block_ms=10_000,
-            )
-        meta = self._producer.send(topic, key=key, value=value, headers=headers).get(
-            timeout=self._timeout_s
+            self._producer = self._backend.producer(ProducerOptions(client_id=self._client_id))
+        [delivery] = self._producer.send(
+            [Outgoing(topic, key, value, headers)], timeout_s=self._timeout_s
         )
-        return Sent(topic, meta.partition, meta.offset)
+        error = delivery.error
+        if error is None:
+            return Sent(topic, delivery.partition, delivery.offset)
+        # A refused record can leave the idempotent producer failing every later send.
+        self._producer.close(timeout_s=0)
+        self._producer = None
+        text = str(error) if isinstance(error, KafkaClientError) else (
+            f"{type(error).__name__}: {error}")
+        if delivery.too_large:
+            raise RecordTooLarge(text) from error
+        raise KafkaClientError(text) from error
 
     def _ensure_topic(self, topic: str) -> None:
         if topic in self._known:
             return
-        admin = KafkaAdminClient(**self._config, client_id=f"{self._client_id}-admin")
+        admin = self._backend.admin(f"{self._client_id}-admin")
         try:
             # -1: the broker's default partitions and replication (KIP-464).
-            admin.create_topics([NewTopic(topic, -1, -1)])
-        except kafka_errors.TopicAlreadyExistsError:
+            admin.create_topic(topic)
+        except TopicExists:
             pass
         finally:
             admin.close()
@@ -119,5 +127,4 @@ class KafkaSender:
 
     def close(self) -> None:
         if self._producer is not None:
-            with contextlib.suppress(kafka_errors.KafkaError):
-                self._producer.close(timeout=5)
+            self._producer.close(timeout_s=5)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from kafka import AsyncConsumerRebalanceListener, OffsetAndMetadata, TopicPartition
-from kafka import errors as kafka_errors
-
 from consumers.metrics import ConsumerMetrics
+from outbox.kafka import CommitRefused, Consumer, KafkaClientError, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +49,22 @@ class OffsetTracker:
                 if tp not in self._revoked:
                     self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
 
-    def uncommitted(self, partitions: Iterable[TopicPartition] | None) -> dict[Any, Any]:
+    def uncommitted(self, partitions: Iterable[TopicPartition] | None) -> dict[TopicPartition, int]:
         with self._lock:
             chosen = set(self.pending) if partitions is None else set(partitions) & set(
                 self.pending)
-            return {tp: OffsetAndMetadata(self.pending[tp], "", -1) for tp in chosen
+            return {tp: self.pending[tp] for tp in chosen
                     if self.committed.get(tp) != self.pending[tp]}
 
-    def confirmed(self, offsets: dict[Any, Any]) -> None:
+    def confirmed(self, offsets: Mapping[TopicPartition, int]) -> None:
         with self._lock:
-            for tp, meta in offsets.items():
-                if meta.offset > self.committed.get(tp, -1):
-                    self.committed[tp] = meta.offset
+            for tp, offset in offsets.items():
+                if offset > self.committed.get(tp, -1):
+                    self.committed[tp] = offset
 
-    def commit(self, consumer: Any, partitions: Iterable[TopicPartition] | None = None) -> bool:
+    def commit(
+        self, consumer: Consumer, partitions: Iterable[TopicPartition] | None = None
+    ) -> bool:
         """Commit the uncommitted offsets (of *partitions*, default all) and wait; True if
         none are left."""
         offsets = self.uncommitted(partitions)
@@ -72,7 +72,7 @@ class OffsetTracker:
             return True
         try:
             consumer.commit(offsets)
-        except kafka_errors.CommitFailedError as exc:
+        except CommitRefused as exc:
             # The group rebalanced under us: the new owner redelivers, the marks drop them.
             log.warning(
                 "offset commit refused by a rebalance: %s",
@@ -81,7 +81,7 @@ class OffsetTracker:
             )
             self.forget(offsets)
             return False
-        except kafka_errors.KafkaError as exc:
+        except KafkaClientError as exc:
             log.warning(
                 "offset commit failed, will retry: %s",
                 exc,
@@ -91,31 +91,27 @@ class OffsetTracker:
         self.confirmed(offsets)
         return True
 
-    def commit_async(self, consumer: Any) -> None:
+    def commit_async(self, consumer: Consumer) -> None:
         """Send the uncommitted offsets without waiting (skipping ones already in flight)."""
         offsets = self.uncommitted(None)
         with self._lock:
-            offsets = {tp: m for tp, m in offsets.items() if self._in_flight.get(tp) != m.offset}
-            for tp, meta in offsets.items():
-                self._in_flight[tp] = meta.offset
+            offsets = {tp: o for tp, o in offsets.items() if self._in_flight.get(tp) != o}
+            self._in_flight.update(offsets)
         if not offsets:
             return
 
-        def answered(sent: dict[Any, Any], response: Any) -> None:
+        def answered(sent: Mapping[TopicPartition, int], error: BaseException | None) -> None:
             with self._lock:
-                for tp, meta in sent.items():
-                    if self._in_flight.get(tp) == meta.offset:
+                for tp, offset in sent.items():
+                    if self._in_flight.get(tp) == offset:
                         del self._in_flight[tp]
-            if isinstance(response, Exception):
-                log.debug("asynchronous offset commit failed (sent again later): %s", response,
+            if error is not None:
+                log.debug("asynchronous offset commit failed (sent again later): %s", error,
                           extra={"event": "consumer.commit_failed"})
             else:
                 self.confirmed(sent)
 
-        try:
-            consumer.commit_async(offsets, callback=answered)
-        except kafka_errors.KafkaError as exc:
-            answered(offsets, exc)
+        consumer.commit_async(offsets, answered)
 
     def forget(self, partitions: Iterable[TopicPartition]) -> None:
         with self._lock:
@@ -136,38 +132,44 @@ class OffsetTracker:
             self._revoked.difference_update(partitions)
 
 
-class Rebalance(AsyncConsumerRebalanceListener):  # type: ignore[misc]
+class Rebalance:
     """Commits what is done before partitions are revoked; never commits lost ones.
 
-    kafka-python 3 runs the listener on its IO thread, where a blocking commit raises; so
-    the listener is a coroutine and awaits the asynchronous commit (the IO loop, heartbeats
-    included, keeps running meanwhile).
+    The client commits :meth:`to_commit` before it gives the partitions up (kafka-python
+    awaits it on its IO thread, heartbeats going on; librdkafka in its revocation callback).
     """
 
-    def __init__(self, consumer: Any, tracker: OffsetTracker, metrics: ConsumerMetrics) -> None:
-        self.consumer, self.tracker, self.metrics = consumer, tracker, metrics
+    def __init__(self, tracker: OffsetTracker, metrics: ConsumerMetrics) -> None:
+        self.tracker, self.metrics = tracker, metrics
 
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        offsets = self.tracker.uncommitted(revoked)
-        if offsets:
-            try:
-                await self.consumer.commit_async(offsets)
-                self.tracker.confirmed(offsets)
-            except Exception as exc:
-                log.warning("offset commit before revocation failed: %s", exc,
-                            extra={"event": "consumer.commit_failed"})
-        self.tracker.revoke(revoked)
-        self._drop_lag(revoked)
-        log.info("partitions revoked: %s", _names(revoked), extra={"event": "consumer.revoked"})
+    def to_commit(self, revoked: Collection[TopicPartition]) -> Mapping[TopicPartition, int]:
+        return self.tracker.uncommitted(revoked)
 
-    async def on_partitions_lost(self, lost: Any) -> None:
-        self.tracker.revoke(lost)
-        self._drop_lag(lost)
-        log.warning("partitions lost: %s", _names(lost), extra={"event": "consumer.lost"})
+    def revoked(
+        self,
+        partitions: Collection[TopicPartition],
+        committed: Mapping[TopicPartition, int],
+        error: BaseException | None,
+    ) -> None:
+        if committed:
+            self.tracker.confirmed(committed)
+        if error is not None:
+            log.warning("offset commit before revocation failed: %s", error,
+                        extra={"event": "consumer.commit_failed"})
+        self.tracker.revoke(partitions)
+        self._drop_lag(partitions)
+        log.info("partitions revoked: %s", _names(partitions),
+                 extra={"event": "consumer.revoked"})
 
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.tracker.assign(assigned)
-        log.info("partitions assigned: %s", _names(assigned), extra={"event": "consumer.assigned"})
+    def lost(self, partitions: Collection[TopicPartition]) -> None:
+        self.tracker.revoke(partitions)
+        self._drop_lag(partitions)
+        log.warning("partitions lost: %s", _names(partitions), extra={"event": "consumer.lost"})
+
+    def assigned(self, partitions: Collection[TopicPartition]) -> None:
+        self.tracker.assign(partitions)
+        log.info("partitions assigned: %s", _names(partitions),
+                 extra={"event": "consumer.assigned"})
 
     def _drop_lag(self, partitions: Iterable[TopicPartition]) -> None:
         for tp in partitions:

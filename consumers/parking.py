@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kafka import TopicPartition
+from outbox.kafka import TopicPartition
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kafka.errors import MessageSizeTooLargeError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -49,6 +48,7 @@ from dedup.outstanding import awaited_operation
 from outbox import tracing
 from outbox.envelope import HEADER_RUN_ID
 from outbox.failpoints import failpoint
+from outbox.kafka import RecordTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -449,7 +449,7 @@ class Processor:
         # it again on redelivery (a duplicate in the dead-letter topic), never loses it.
         try:
             sent = self.send_dead_letter(topic, record.key, record.value, headers)
-        except MessageSizeTooLargeError:
+        except RecordTooLarge:
             # The error headers pushed a record near the limit over it: retrying would fail
             # for ever and stop the partition. The failures table has the bytes already.
             sent = self.send_dead_letter(topic, *slim_copy(record, headers))

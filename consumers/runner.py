@@ -24,8 +24,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from kafka import KafkaConsumer, TopicPartition
-from kafka import errors as kafka_errors
 from sqlalchemy import Engine, create_engine
 
 from consumers.app import Consumer
@@ -40,6 +38,8 @@ from dedup.inbox import purge_marks
 from outbox.dsn import redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
+from outbox.kafka import Consumer as KafkaConsumer
+from outbox.kafka import ConsumerOptions, TopicPartition, UnreadableRecord
 from outbox.migrate import check_schema
 from outbox.schema import translate
 from relay.http import HealthServer
@@ -72,13 +72,13 @@ class Runner:
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
         self.offsets = OffsetTracker()
-        self.sender = KafkaSender(s.resolved_bootstrap(), client_id=f"outboxkit-{app.group_id}",
-                                  client_config=s.kafka_client_config())
+        self.kafka = s.kafka()  # the Kafka client chosen (kafka_client)
+        self.sender = KafkaSender(self.kafka, client_id=f"outboxkit-{app.group_id}")
         self._stop = threading.Event()
         self.processor = Processor(
             app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
         )
-        self.consumer: Any = None
+        self.consumer: Any = None  # a KafkaConsumer once run() started
         self._handler_thread: ThreadPoolExecutor | None = None
         self.parking = ParkingLot()
         # The batch being handled, and which of its records are retries of parked messages.
@@ -133,10 +133,7 @@ class Runner:
                 check_schema(conn, app.outbox_settings)
             self.consumer = self._make_consumer()
             self._await_topic_metadata()
-            self.consumer.subscribe(
-                app.topics,
-                listener=Rebalance(self.consumer, self.offsets, self.metrics),
-            )
+            self.consumer.subscribe(app.topics, Rebalance(self.offsets, self.metrics))
             self._start_scheduler()
             self._set_ready(True)
             self._loop()
@@ -160,22 +157,19 @@ class Runner:
             log.warning("no partitions known yet for %s; joining anyway",
                         ", ".join(sorted(missing)), extra={"event": "consumer.topics_unknown"})
 
-    def _make_consumer(self) -> Any:
+    def _make_consumer(self) -> KafkaConsumer:
         s = self.settings
         try:
-            return KafkaConsumer(
-                **s.kafka_client_config(),
+            return self.kafka.consumer(ConsumerOptions(
                 group_id=self.app.group_id,
                 client_id=f"outboxkit-{self.app.group_id}",
-                enable_auto_commit=False,
                 auto_offset_reset=s.auto_offset_reset,
                 max_poll_records=s.max_poll_records,
                 session_timeout_ms=s.session_timeout_ms,
-                heartbeat_interval_ms=max(100, s.session_timeout_ms // 3),
                 max_poll_interval_ms=s.max_poll_interval_ms,
                 # New topics and partition changes are noticed within seconds, not minutes.
                 metadata_max_age_ms=10_000,
-            )
+            ))
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"the Kafka consumer refused its settings: {exc}") from exc
 
@@ -218,7 +212,7 @@ class Runner:
         if self.consumer is not None:
             # The database has committed everything processed: now (and only now) the offsets.
             self.offsets.commit(self.consumer)
-            self.consumer.close(autocommit=False)
+            self.consumer.close()
         self.sender.close()
         if self.http is not None:
             self.http.stop()
@@ -234,10 +228,8 @@ class Runner:
                 self._last_loop = time.monotonic()
                 self.parking.wake_due(self.consumer)
                 try:
-                    polled = self.consumer.poll(
-                        timeout_ms=self._poll_timeout_ms(), max_records=s.max_poll_records
-                    )
-                except kafka_errors.CorruptRecordError as exc:
+                    records = self.consumer.poll(self._poll_timeout_ms(), s.max_poll_records)
+                except UnreadableRecord as exc:
                     # Skipping marks the record's offset done: only once the batch before it
                     # is (if that failed, both are read again first).
                     if not self._collect(()):
@@ -247,7 +239,6 @@ class Runner:
                                            metrics=self.metrics):
                         self._backoff(f"the Kafka client cannot read a record: {exc}")
                     continue
-                records = [r for batch in polled.values() for r in batch]
                 self.parking.sync(self.consumer)  # the poll may have run a rebalance
                 if not self._collect(records):
                     continue
@@ -333,12 +324,9 @@ class Runner:
             high = self.consumer.highwater(tp)
             if high is None:
                 continue
-            try:
-                position = self.consumer.position(tp, timeout_ms=0)
-            except Exception:  # noqa: S112 - no position yet (being reset): nothing to report
-                continue
+            position = self.consumer.position(tp)
             if position is None:
-                continue
+                continue  # no position yet (being reset): nothing to report
             lag = max(0, high - position)
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
             total += lag

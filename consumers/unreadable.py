@@ -1,6 +1,6 @@
-"""Records kafka-python cannot parse (e.g. a header name that is not UTF-8).
+"""Records the Kafka client cannot parse (e.g. a header name that is not UTF-8).
 
-``poll()`` raises ``CorruptRecordError`` at such a record every time it is reached, so
+``poll()`` raises ``UnreadableRecord`` at such a record every time it is reached, so
 without help the partition would stop for good. The record never reaches us as bytes, so it
 cannot be dead-lettered; instead its position and the parser's error go to the failures
 table (status ``dead-lettered``, no dead-letter topic), where ``outbox dlq list`` shows it
@@ -16,32 +16,22 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kafka import TopicPartition
-from kafka import errors as kafka_errors
 from sqlalchemy import Engine
 
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker
 from dedup import failures
+from outbox.kafka import TopicPartition, UnreadableRecord
 
 log = logging.getLogger(__name__)
 NOT_FORWARDED = "(unreadable: not forwarded)"
 
 
-def find_culprit(consumer: Any) -> tuple[TopicPartition, int] | None:
-    """The partition and offset of the record that failed to parse.
-
-    kafka-python 3.0 keeps the half-read fetch of that partition, and polling over it again
-    spins forever; so it is dropped here (a private attribute of the pinned version, checked
-    by tests/e2e/test_consumer_unreadable.py), and the partition's position is the record.
-    Otherwise (the fetch failed as a whole) each partition is polled alone until one raises.
-    """
-    fetcher = getattr(consumer, "_fetcher", None)
-    broken = getattr(fetcher, "_next_partition_records", None)
-    if broken is not None:
-        fetcher._next_partition_records = None  # type: ignore[union-attr]
-        tp = broken.topic_partition
-        return tp, int(consumer.position(tp))
+def find_culprit(consumer: Any, error: UnreadableRecord) -> tuple[TopicPartition, int] | None:
+    """The partition and offset of the record that failed to parse: where the client said,
+    or else found by polling each partition alone until one raises."""
+    if error.partition is not None and error.offset is not None:
+        return error.partition, error.offset
     return _probe(consumer)
 
 
@@ -51,7 +41,9 @@ def _probe(consumer: Any) -> tuple[TopicPartition, int] | None:
     # Seeking to where each partition is drops what the fetcher buffered: polling again over
     # the fetch that failed to parse spins forever in kafka-python 3.0.
     for tp in assigned:
-        consumer.seek(tp, consumer.position(tp))
+        where = consumer.position(tp)
+        if where is not None:
+            consumer.seek(tp, where)
     culprit = None
     try:
         for tp in assigned:
@@ -60,24 +52,25 @@ def _probe(consumer: Any) -> tuple[TopicPartition, int] | None:
             position = consumer.position(tp)
             try:
                 got = consumer.poll(timeout_ms=500, max_records=1)
-            except kafka_errors.CorruptRecordError:
-                culprit = (tp, position)
+            except UnreadableRecord:
+                if position is not None:
+                    culprit = (tp, position)
                 break
-            if got:
+            if got and position is not None:
                 consumer.seek(tp, position)
     finally:
         consumer.resume(*assigned)
     return culprit
 
 
-def skip_unreadable(consumer: Any, engine: Engine, *, group: str, error: BaseException,
+def skip_unreadable(consumer: Any, engine: Engine, *, group: str, error: UnreadableRecord,
                     offsets: OffsetTracker, metrics: ConsumerMetrics) -> bool:
     """Record the unreadable record and move its partition past it; False if not found."""
-    culprit = find_culprit(consumer)
+    culprit = find_culprit(consumer, error)
     if culprit is None:
         return False
     tp, offset = culprit
-    text = f"{type(error).__name__}: {error}"[:4000]
+    text = str(error)[:4000]  # it starts with the client's own name for the error
     with engine.begin() as conn:
         failures.record_attempt(
             conn, group=group, topic=tp.topic, partition=tp.partition, offset=offset,

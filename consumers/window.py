@@ -14,12 +14,10 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kafka import errors as kafka_errors
-from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
-
 from consumers.settings import ConsumerSettings
 from dedup.window import check_window, human_duration
 from outbox.errors import ConfigurationError
+from outbox.kafka import KafkaClientError
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +34,16 @@ Retention = float | None | str
 def topic_retention(admin: Any, topics: Iterable[str]) -> tuple[dict[str, Retention], set[str]]:
     """Each existing topic's ``retention.ms`` in seconds, and the topics that do not exist."""
     wanted = sorted(set(topics))
-    existing = set(admin.list_topics())
+    existing = admin.list_topics()
     present = [t for t in wanted if t in existing]
     result: dict[str, Retention] = {}
-    if present:
-        found = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t, configs=["retention.ms"])
-             for t in present],
-            config_filter="all",  # the default reports only values changed from the broker's
-        )
-        configs = found.get("topic", {}) if isinstance(found, dict) else {}
-        for topic in present:
-            # kafka-python drops the per-topic error code: no entry is all we learn.
-            entry = (configs.get(topic) or {}).get("retention.ms")
-            if entry is None:
-                result[topic] = UNREADABLE
-                continue
-            ms = int(entry["value"])
-            result[topic] = None if ms < 0 else ms / 1000
+    for topic, values in admin.topic_configs(present, ["retention.ms"]).items():
+        entry = None if values is None else values.get("retention.ms")
+        if entry is None:
+            result[topic] = UNREADABLE
+            continue
+        ms = int(entry)
+        result[topic] = None if ms < 0 else ms / 1000
     return result, set(wanted) - existing
 
 
@@ -66,7 +56,7 @@ def await_retention(
     while True:
         try:
             retention, missing = topic_retention(admin, topics)
-        except kafka_errors.KafkaError as exc:
+        except KafkaClientError as exc:
             if not waited_for:
                 raise  # not waiting yet: a broker that cannot answer at all is reported
             log.warning("asking the broker about topic %s failed (%s: %s); still waiting",
@@ -128,11 +118,7 @@ def verify_window(
     if stated is not None:
         # Too short already on the stated figure: no need to ask the broker.
         check_window(dedup_s, dict.fromkeys(wanted, stated), lag_s)
-    admin = KafkaAdminClient(
-        **settings.kafka_client_config(),
-        client_id="outboxkit-consumer-window",
-        request_timeout_ms=15_000,
-    )
+    admin = settings.kafka().admin("outboxkit-consumer-window")
     try:
         found = await_retention(admin, wanted, stop or threading.Event(), interval_s)
     finally:

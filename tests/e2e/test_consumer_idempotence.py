@@ -337,7 +337,7 @@ class TestReplay:
         rehandle(fixed, bound, first.id)
         assert effects(engine) == {ids[0]: 1}
 
-        sender = KafkaSender(kafka_bootstrap, client_id="replay-test")
+        sender = KafkaSender(app.settings.kafka(), client_id="replay-test")
         try:
             republish(bound, sender, second.id, schema="outboxkit")
         finally:
