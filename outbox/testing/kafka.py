@@ -265,7 +265,9 @@ def start(
 
 def wait_ready(broker: KafkaBroker, *, timeout_s: float) -> None:
     """Ready means an admin client can list topics, not that a log line appeared."""
-    from kafka import KafkaAdminClient  # noqa: PLC0415 - heavy import, only when needed
+    from outbox.kafka import Connection, backend  # noqa: PLC0415
+
+    client = backend("kafka-python", Connection(broker.bootstrap))
 
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
@@ -277,17 +279,13 @@ def wait_ready(broker: KafkaBroker, *, timeout_s: float) -> None:
             )
         if port_open(broker.port):
             try:
-                admin = KafkaAdminClient(
-                    bootstrap_servers=broker.bootstrap,
-                    request_timeout_ms=5000,
-                    client_id="outboxkit-ready",
-                )
+                admin = client.admin("outboxkit-ready", request_timeout_ms=5000)
                 try:
                     admin.list_topics()
                     return
                 finally:
                     admin.close()
-            except Exception as exc:
+            except Exception as exc:  # not up yet, whatever the client says
                 last_error = exc
         time.sleep(0.2)
     raise ServiceError(

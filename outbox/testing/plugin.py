@@ -215,16 +215,15 @@ def kafka_topic(
     kafka_bootstrap: str, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., str]]:
     """Factory: ``kafka_topic(partitions=1)`` creates a topic unique to this test."""
-    from kafka import KafkaAdminClient  # noqa: PLC0415
-    from kafka.admin import NewTopic  # noqa: PLC0415
+    from outbox.kafka import Connection, backend  # noqa: PLC0415
 
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="outboxkit-tests")
+    admin = backend(_client_name(), Connection(kafka_bootstrap)).admin("outboxkit-tests")
     created: list[str] = []
     slug = re.sub(r"[^a-zA-Z0-9]+", "-", request.node.name)[:40]
 
     def make(partitions: int = 1, name: str | None = None) -> str:
         topic = name or f"t-{slug}-{uuid.uuid4().hex[:8]}"
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        admin.create_topic(topic, partitions, 1)
         created.append(topic)
         return topic
 
@@ -235,3 +234,8 @@ def kafka_topic(
             if created:
                 admin.delete_topics(created)
         admin.close()
+
+
+def _client_name() -> str:
+    """The Kafka client the tests' own helpers use: the one under test (OUTBOXKIT_KAFKA_CLIENT)."""
+    return os.environ.get("OUTBOXKIT_KAFKA_CLIENT", "") or "kafka-python"
