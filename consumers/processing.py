@@ -40,6 +40,7 @@ from consumers.decode import Decoded, decode, message_id_of
 from consumers.errors import MalformedMessage
 from consumers.metrics import ConsumerMetrics
 from consumers.parking import Parked
+from consumers.pipeline import kept_inserts
 from dedup import failures
 from dedup.failures import headers_json
 from dedup.inbox import Mark, insert_new, mark, mark_many, unmark
@@ -210,7 +211,11 @@ class Processor:
                     tx.rollback()  # some were marked: the careful insert says which
                     tx = conn.begin()
                     fresh, duplicates = self._mark_careful(conn, decoded)
-                at = self._call_all(conn, fresh)
+                # The handlers' plain INSERTs are kept and sent together (consumers.pipeline):
+                # an error among them surfaces later, so it does not name its message; any
+                # error rolls the whole batch back, and the careful path settles it.
+                with kept_inserts(conn):
+                    at = self._call_all(conn, fresh)
                 failpoint("consumer.after_handler")
                 tx.commit()
             except _HandlerFailed as failure:
