@@ -18,10 +18,12 @@ true. When the rejoin was asked for only because the leader's metadata changed s
 last assignment, ``need_rejoin()`` turns false as soon as the leader computes the new
 assignment, inside the task, before SyncGroup answers. ``poll()`` then stops awaiting the
 task: the assignment it brings is never applied, the heartbeat stays disabled, the broker
-drops the member after ``session_timeout_ms`` and the process polls nothing, forever, while
-looking alive. (The Java client checks "rejoin needed *or pending*" for this reason.)
-:func:`install` makes ``need_rejoin()`` true while a join kafka-python started is not
-complete. Two consumers starting together hit it once in 10 to 40 starts here.
+drops the member after ``session_timeout_ms`` and the process polls nothing (a first join)
+or partitions that are no longer its own (a rejoin), forever, while looking alive. (The
+Java client checks "rejoin needed *or pending*" for this reason.) :func:`install` makes
+``need_rejoin()`` true while a join kafka-python started is not complete. Two consumers
+starting together hit it once in 10 to 40 starts in outboxkit's tests, and 6 times in 21
+starts in the reproduction of docs/operations.md.
 
 **A socket left open by a connection attempt that did not finish.** When a connect times
 out, fails or is cancelled (a client closed while connecting), kafka-python drops the socket
@@ -43,6 +45,9 @@ all of them (module, class, a function with the expected parameters, the attribu
 constants the fix relies on) and raises :class:`~outbox.errors.KafkaClientIncompatible`,
 patching nothing, when one is missing or changed: a kafka-python release that moves a module
 must stop the process at start, not drop a fix unnoticed.
+
+Each bug, with a reproduction to report it upstream: docs/operations.md, "kafka-python bugs
+outboxkit works around".
 """
 
 from __future__ import annotations

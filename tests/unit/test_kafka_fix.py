@@ -22,6 +22,8 @@ from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
 
 from outbox import kafka_fix
 from outbox.errors import ConfigurationError, KafkaClientIncompatible
+from outbox.kafka.api import Connection
+from outbox.kafka.kafka_python import client_config
 
 
 @pytest.fixture
@@ -83,6 +85,20 @@ def test_installed_once(cls: type, attribute: str) -> None:
     wrapped = cls.__dict__[attribute]
     assert getattr(wrapped, "_outboxkit_fixed", False), cls
     assert not hasattr(wrapped.__wrapped__, "__wrapped__"), "wrapped twice"
+
+
+@pytest.mark.parametrize(("cls", "attribute"), _PATCHED)
+def test_installed_by_every_kafka_python_client_config(cls: type, attribute: str) -> None:
+    client_config(Connection("127.0.0.1:9092"))
+    assert getattr(cls.__dict__[attribute], "_outboxkit_fixed", False), cls
+
+
+def test_a_client_config_refuses_an_incompatible_kafka_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(KafkaNetSocket, "sock_connect")
+    with pytest.raises(KafkaClientIncompatible, match="sock_connect"):
+        client_config(Connection("127.0.0.1:9092"))
 
 
 # kafka-python releases that move or change what a fix patches. The classes are patched
