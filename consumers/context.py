@@ -14,6 +14,8 @@ from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.settings import OutboxSettings
 
+_new = object.__new__
+
 
 @dataclass(frozen=True)
 class HandlerContext:
@@ -34,6 +36,39 @@ class HandlerContext:
     headers: Mapping[str, bytes] = field(default_factory=dict)
     run_id: uuid.UUID | None = None
     outbox_settings: OutboxSettings | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        conn: Connection,
+        group_id: str,
+        message_id: str,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        headers: Mapping[str, bytes],
+        run_id: uuid.UUID | None,
+        outbox_settings: OutboxSettings | None,
+    ) -> HandlerContext:
+        """The consumer's constructor, one call per message: every field given, so the
+        frozen dataclass's ``__init__`` (a guarded ``object.__setattr__`` per field, most of
+        the cost) is skipped. The result is the same frozen object."""
+        self = _new(cls)
+        self.__dict__.update(
+            conn=conn,
+            group_id=group_id,
+            message_id=message_id,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            headers=headers,
+            run_id=run_id,
+            outbox_settings=outbox_settings,
+        )
+        return self
 
     def emit(self, envelope: Envelope) -> uuid.UUID:
         """Emit a follow-up message through the outbox in this message's transaction.

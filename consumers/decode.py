@@ -15,8 +15,7 @@ import itertools
 import json
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
@@ -32,9 +31,12 @@ MAX_MESSAGE_ID_BYTES = 512
 sends 36-character UUIDs)."""
 
 
-@dataclass(frozen=True)
-class Decoded:
-    """A record whose message id and payload passed validation."""
+class Decoded(NamedTuple):
+    """A record whose message id and payload passed validation.
+
+    A named tuple, not a dataclass: one is made per message, and a tuple is built several
+    times faster (immutable and compared by value all the same).
+    """
 
     record: Any
     message_id: str
@@ -42,14 +44,15 @@ class Decoded:
     payload: BaseModel
 
     def context(self, conn: Connection, group_id: str, settings: OutboxSettings) -> HandlerContext:
-        return HandlerContext(
+        record = self.record
+        return HandlerContext.of(
             conn=conn,
             group_id=group_id,
             message_id=self.message_id,
-            topic=self.record.topic,
-            partition=self.record.partition,
-            offset=self.record.offset,
-            key=self.record.key,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            key=record.key,
             headers=self.headers,
             run_id=_run_id(self.headers.get(HEADER_RUN_ID)),
             outbox_settings=settings,

@@ -43,7 +43,7 @@ from consumers.parking import Parked
 from consumers.pipeline import kept_inserts
 from dedup import failures
 from dedup.failures import headers_json
-from dedup.inbox import Mark, insert_new, mark, mark_many, unmark
+from dedup.inbox import Mark, Marks, insert_new, mark, mark_many, unmark
 from dedup.operations import Operation
 from dedup.outstanding import awaited_operation
 from outbox import tracing
@@ -108,6 +108,7 @@ class Processor:
         self.send_dead_letter = send_dead_letter
         self.stop = stop or threading.Event()
         self.committed = committed
+        self._traced = tracing.enabled()
 
     # --- the entry point -----------------------------------------------------------------
     def process(self, records: Sequence[Any], retries: Collection[Position] = ()) -> Progress:
@@ -116,6 +117,9 @@ class Processor:
         *retries*: positions of records that are retries of parked messages; each is handled
         alone, first (it is the first record of its partition in the batch).
         """
+        # Whether spans are made, looked up once per batch rather than per message: a
+        # tracer provider set meanwhile is picked up from the next batch on.
+        self._traced = tracing.enabled()
         parked: list[Parked] = []
         pending = list(records)
         handled = 0
@@ -235,7 +239,7 @@ class Processor:
         self, conn: Connection, decoded: list[Decoded]
     ) -> tuple[list[Decoded], list[Decoded]]:
         """Mark the batch with ``ON CONFLICT DO NOTHING``: (fresh, duplicates) in order."""
-        new = mark_many(conn, self.schema, self.group, [_mark(d) for d in decoded])
+        new = mark_many(conn, self.schema, self.group, _marks(decoded))
         fresh: list[Decoded] = []
         duplicates: list[Decoded] = []
         for d in decoded:
@@ -252,7 +256,7 @@ class Processor:
         if len({d.message_id for d in decoded}) < len(decoded):
             return False  # an id twice in the batch: the plain insert would refuse it anyway
         try:
-            insert_new(conn, self.schema, self.group, [_mark(d) for d in decoded])
+            insert_new(conn, self.schema, self.group, _marks(decoded))
         except IntegrityError:
             return False
         return True
@@ -496,6 +500,17 @@ class Processor:
 
     def _call(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
         settings = self.app.outbox_settings
+        if not self._traced:
+            # No span to make: call straight (spans cost a provider lookup per message).
+            if registration.batch_handler is not None:
+                registration.batch_handler(
+                    [(d.context(conn, self.group, settings), d.payload) for d in items]
+                )
+                return
+            assert registration.handler is not None
+            assert len(items) == 1
+            registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
+            return
         with self._span(items) as span:
             if span is not None:
                 tracing.set_attributes(span, self._span_attributes(items))
@@ -584,6 +599,17 @@ def _until_check(operation: Operation, longest: float) -> float:
 
 def _mark(d: Decoded) -> Mark:
     return Mark(d.message_id, d.record.topic, d.record.partition, d.record.offset)
+
+
+def _marks(decoded: list[Decoded]) -> Marks:
+    """The batch's marks as columns (no Mark object per message)."""
+    records = [d.record for d in decoded]
+    return Marks(
+        [d.message_id for d in decoded],
+        [r.topic for r in records],
+        [r.partition for r in records],
+        [r.offset for r in records],
+    )
 
 
 def _describe(exc: BaseException) -> str:

@@ -29,30 +29,53 @@ class Mark:
     offset: int
 
 
-def mark_many(conn: Connection, schema: str, group: str, marks: Sequence[Mark]) -> set[str]:
+@dataclass(frozen=True)
+class Marks:
+    """Many marks as the columns the statements send: what a consumer's batch builds, with
+    no :class:`Mark` per message."""
+
+    message_ids: list[str]
+    topics: list[str]
+    partitions: list[int]
+    offsets: list[int]
+
+    @classmethod
+    def of(cls, marks: Sequence[Mark]) -> Marks:
+        return cls(
+            [m.message_id for m in marks],
+            [m.topic for m in marks],
+            [m.partition for m in marks],
+            [m.offset for m in marks],
+        )
+
+
+def mark_many(
+    conn: Connection, schema: str, group: str, marks: Sequence[Mark] | Marks
+) -> set[str]:
     """Insert the marks of *marks* in one statement; return the message ids that were new.
 
     Never commits: the marks take effect with the caller's transaction. An id already
     marked (by an earlier delivery, or earlier in *marks*) is absent from the result:
     that delivery is a duplicate.
     """
-    if not marks:
+    columns = marks if isinstance(marks, Marks) else Marks.of(marks)
+    if not columns.message_ids:
         return set()
-    rows = conn.exec_driver_sql(_insert(schema), _columns(group, marks)).all()
+    rows = conn.exec_driver_sql(_insert(schema), _parameters(group, columns)).all()
     return {row[0] for row in rows}
 
 
-def _columns(group: str, marks: Sequence[Mark]) -> dict[str, object]:
+def _parameters(group: str, marks: Marks) -> dict[str, object]:
     return {
         "group": group,
-        "ids": [m.message_id for m in marks],
-        "topics": [m.topic for m in marks],
-        "partitions": [m.partition for m in marks],
-        "offsets": [m.offset for m in marks],
+        "ids": marks.message_ids,
+        "topics": marks.topics,
+        "partitions": marks.partitions,
+        "offsets": marks.offsets,
     }
 
 
-def insert_new(conn: Connection, schema: str, group: str, marks: Sequence[Mark]) -> None:
+def insert_new(conn: Connection, schema: str, group: str, marks: Sequence[Mark] | Marks) -> None:
     """Insert *marks*, all expected new, with a plain INSERT (no conflict handling).
 
     The fast path for a batch without duplicates: PostgreSQL's ``ON CONFLICT`` costs a
@@ -61,8 +84,9 @@ def insert_new(conn: Connection, schema: str, group: str, marks: Sequence[Mark])
     aborted: only for a caller that owns the transaction, rolls it back and starts over
     with :func:`mark_many` (the consumer's batch, whose marks are its first statement).
     """
-    if marks:
-        conn.exec_driver_sql(_insert_new(schema), _columns(group, marks))
+    columns = marks if isinstance(marks, Marks) else Marks.of(marks)
+    if columns.message_ids:
+        conn.exec_driver_sql(_insert_new(schema), _parameters(group, columns))
 
 
 def mark(conn: Connection, schema: str, group: str, one: Mark) -> bool:
