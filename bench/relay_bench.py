@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -384,7 +385,8 @@ def append_times(bootstrap: str, topic: str) -> list[tuple[float, str]]:
 
 
 def make_publisher(bootstrap: str, **overrides: Any) -> Any:
-    """The relay's own Publisher: the producer gets exactly the relay's settings."""
+    """The relay's own Publisher: the producer gets exactly the relay's settings (and its
+    Kafka client: ``kafka_client=...``)."""
     from relay.publisher import Publisher  # noqa: PLC0415
     from relay.settings import RelaySettings  # noqa: PLC0415
 
@@ -736,22 +738,28 @@ def read_ceiling(ctx: Ctx) -> tuple[float, int]:
 
 
 def raw_ceiling(
-    ctx: Ctx, messages: list[tuple[str, bytes | None, bytes, list[Any]]]
+    ctx: Ctx, messages: list[tuple[str, bytes | None, bytes, list[Any]]], client: str
 ) -> tuple[float, float, float]:
-    """Seconds for one relay-configured producer to send every message and flush, with the
-    CPU cores this process used and the fraction of the machine busy meanwhile.
+    """Seconds for one relay-configured producer of *client* to send every message and get
+    every acknowledgement, with the CPU cores this process used and the fraction of the
+    machine busy meanwhile.
 
     The clock starts before the producer is built (it connects and fetches the topic's
-    metadata inside the timing, as the relay must), headers are prepared beforehand.
+    metadata inside the timing, as the relay must), records are prepared beforehand. Sent
+    through ``outbox.kafka``'s ``Producer.send`` (the relay's own path), 10,000 at a time.
     """
+    from outbox.kafka import Outgoing  # noqa: PLC0415
+
+    outgoing = [Outgoing(*m) for m in messages]
     ticks, cpu = cpu_ticks(), time.process_time()
     started = time.monotonic()
-    publisher = make_publisher(ctx.bootstrap)
+    publisher = make_publisher(ctx.bootstrap, kafka_client=client)
     producer = publisher.producer
     try:
-        for topic, key, value, headers in messages:
-            producer.send(topic, value=value, key=key, headers=headers)
-        producer.flush()
+        for at in range(0, len(outgoing), 10_000):
+            sent = producer.send(outgoing[at : at + 10_000], timeout_s=120)
+            if refused := [d.error for d in sent if d.error is not None]:
+                raise RuntimeError(f"{len(refused)} records refused: {refused[0]}")
         took = time.monotonic() - started
         cores, busy = (time.process_time() - cpu) / took, busy_since(ticks)
     finally:
@@ -872,7 +880,8 @@ def published_minus_created_ms(ctx: Ctx, topic: str) -> tuple[str, dict[str, flo
 
 
 def latency(
-    ctx: Ctx, label: str, *, deaf: bool, rate: float, seconds: float, writers: int
+    ctx: Ctx, label: str, *, deaf: bool, rate: float, seconds: float, writers: int,
+    **settings: Any,
 ) -> Latency:
     """Writers at *rate* against one relay, NOTIFY-woken or (*deaf*) polling only."""
     topic = ctx.topic(f"lat-{label}")
@@ -880,7 +889,7 @@ def latency(
     psql(ctx.url, f"TRUNCATE {SCHEMA}.outbox_messages")
     result = Latency(label, offered=rate)
     watch = TopicWatch(ctx.bootstrap, topic)
-    relay = Relay(ctx, f"lat-{label}", deaf=deaf)
+    relay = Relay(ctx, f"lat-{label}", deaf=deaf, **settings)
     try:
         warm_up(ctx, relay, watch)
         psql(ctx.url, "CHECKPOINT")  # no checkpoint debt from earlier phases in the timing
@@ -943,6 +952,7 @@ def machine_info(admin_url: str, bootstrap: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "postgres": server,
         "kafka_python": kafka.__version__,
+        "confluent_kafka": confluent_version(),
         "kafka_bootstrap": bootstrap,
         "loadavg_start": os.getloadavg(),
     }
@@ -963,6 +973,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, help="backlog size of (a)/(b) (default 100,000; quick 20,000)")
     p.add_argument("--rounds", type=int, help="rounds of (a)+(b) (default 3; quick 1)")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument(
+        "--clients",
+        default="kafka-python,confluent",
+        help="Kafka clients to measure side by side, the first is the default (comma "
+        "separated; a client whose library is missing is left out with a note)",
+    )
     p.add_argument("--state-dir", help="where the throwaway services live (kept if given)")
     p.add_argument("--rate", type=float, default=1000.0, help="offered load of (c), msgs/s")
     p.add_argument("--writers", type=int, default=4, help="writer processes of (c)")
@@ -996,6 +1012,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def plan_of(args: argparse.Namespace) -> dict[str, Any]:
     quick = args.quick
     return {
+        "clients": available_clients(args.clients),
         "quick": quick,
         "durable": not args.allow_not_durable,
         "n": args.n or (20_000 if quick else 100_000),
@@ -1020,6 +1037,27 @@ def plan_of(args: argparse.Namespace) -> dict[str, Any]:
             ("batch 1000, linger 20", {"batch_size": 1000, "linger_ms": 20}),
         ],
     }
+
+
+def confluent_version() -> str:
+    if importlib.util.find_spec("confluent_kafka") is None:
+        return "not installed"
+    import confluent_kafka  # noqa: PLC0415
+
+    return f"{confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
+
+
+def available_clients(wanted: str) -> list[str]:
+    clients = []
+    for name in filter(None, (c.strip() for c in wanted.split(","))):
+        if name == "confluent" and importlib.util.find_spec("confluent_kafka") is None:
+            print("note: confluent-kafka is not installed: its figures are left out "
+                  "(pip install 'outboxkit[confluent]')")
+            continue
+        clients.append(name)
+    if not clients:
+        raise SystemExit("no Kafka client to measure (--clients)")
+    return clients
 
 
 def nothing_to_restore() -> None:
@@ -1055,7 +1093,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\nmachine: {machine['cpus']} cpus ({machine['cpu_model']}), load avg at start "
         f"{', '.join(f'{x:.2f}' for x in machine['loadavg_start'])}, at end "
         f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])}; PostgreSQL "
-        f"{machine['postgres']}, kafka-python {machine['kafka_python']}; "
+        f"{machine['postgres']}, kafka-python {machine['kafka_python']}, confluent-kafka "
+        f"{machine['confluent_kafka']}; "
         f"run took {time.monotonic() - t_run:.0f} s\n"
     )
     print_table(figures)
@@ -1120,6 +1159,9 @@ class Results:
     raw_spent: list[Spent] = field(default_factory=list)
     read: list[float] = field(default_factory=list)  # read ceiling per round, msgs/s
     relay_runs: list[RelayRun] = field(default_factory=list)
+    # The other clients' (a) and (b): {client: (producer alone per round, spent, drains)}.
+    others: dict[str, tuple[list[float], list[Spent], list[RelayRun]]] = field(
+        default_factory=dict)
     variants: list[tuple[str, RelayRun]] = field(default_factory=list)
     lat: dict[str, Latency] = field(default_factory=dict)
     head_small_ms: float = math.nan  # ms per 1,000 rows at the head of a 10k backlog
@@ -1206,15 +1248,39 @@ def phase_throughput(ctx: Ctx, plan: dict[str, Any], res: Results) -> None:
         "every process of the cluster, spawn to drained. Dead tuples: n_tup_upd + n_tup_del "
         "of the schema's tables (pg_stat_user_tables), spawn to the relay stopped."
     )
+    first, *others = plan["clients"]
+    if others:
+        print(
+            f"  (a) and (b) run with each Kafka client in turn, every round: {first} (the "
+            f"default; the figures without a client in their name) and {', '.join(others)} "
+            "(OUTBOXKIT_RELAY_KAFKA_CLIENT; figures named relay.<client>.* and "
+            "kafka.<client>.*)."
+        )
     for r in range(plan["rounds"]):
         log(f"round {r + 1}/{plan['rounds']}: (a) producer alone")
-        took, cores, busy = raw_ceiling(ctx, messages)
+        took, cores, busy = raw_ceiling(ctx, messages, first)
         res.raw.append(n / took)
         res.raw_spent.append(Spent(n / took, cores, busy))
         print(
             f"  round {r + 1}: (a) {res.raw[-1]:,.0f} msgs/s ({took:.2f} s), producer "
             f"{cores:.2f} cores, machine {busy:.0%} busy"
         )
+        for client in others:
+            raws, spent, runs = res.others.setdefault(client, ([], [], []))
+            log(f"round {r + 1}/{plan['rounds']}: (a) producer alone, {client}")
+            took, cores, busy = raw_ceiling(ctx, messages, client)
+            raws.append(n / took)
+            spent.append(Spent(n / took, cores, busy))
+            print(
+                f"  round {r + 1}: (a, {client}) {raws[-1]:,.0f} msgs/s ({took:.2f} s), "
+                f"producer {cores:.2f} cores, machine {busy:.0%} busy"
+            )
+            topic = ctx.topic(f"tput-{r + 1}-{client}")
+            refill_from_template(ctx, topic)
+            log(f"round {r + 1}/{plan['rounds']}: (b) relay, batch 1000, {client}")
+            run = drain(ctx, f"tput-{r + 1}-{client}", topic, n, kafka_client=client)
+            runs.append(run)
+            print(f"  round {r + 1}: (b, {client}) {drain_line(run)}")
         topic = ctx.topic(f"tput-{r + 1}")
         refill_from_template(ctx, topic)
         log(f"round {r + 1}/{plan['rounds']}: (r) read ceiling")
@@ -1261,17 +1327,23 @@ def phase_latency(ctx: Ctx, plan: dict[str, Any], res: Results) -> None:
         f"(c4) {idle:.0f} msgs/s from 2 writers for {plan['idle_s']:.0f} s: the relay's own "
         "CPU (its CPU seconds / the writers' wall seconds) and latency at a light load."
     )
-    for label, deaf, r, sec, w in (
-        ("notify", False, rate, seconds, writers),
-        ("poll", True, rate, seconds, writers),
-        ("notify-low", False, low, plan["low_s"], 1),
-        ("poll-low", True, low, plan["low_s"], 1),
-        ("notify-200", False, idle, plan["idle_s"], 2),
-    ):
+    phases: list[tuple[str, bool, float, float, int, dict[str, Any]]] = [
+        ("notify", False, rate, seconds, writers, {}),
+        ("poll", True, rate, seconds, writers, {}),
+        ("notify-low", False, low, plan["low_s"], 1, {}),
+        ("poll-low", True, low, plan["low_s"], 1, {}),
+        ("notify-200", False, idle, plan["idle_s"], 2, {}),
+    ]
+    for client in plan["clients"][1:]:  # c1 and c4 with each other client
+        phases += [
+            (f"notify-{client}", False, rate, seconds, writers, {"kafka_client": client}),
+            (f"notify-200-{client}", False, idle, plan["idle_s"], 2, {"kafka_client": client}),
+        ]
+    for label, deaf, r, sec, w, settings in phases:
         if sec <= 0:
             continue
         log(f"(c) latency, {label}: {r:,.0f} msgs/s for {sec:.0f} s")
-        lat = latency(ctx, label, deaf=deaf, rate=r, seconds=sec, writers=w)
+        lat = latency(ctx, label, deaf=deaf, rate=r, seconds=sec, writers=w, **settings)
         res.lat[label] = lat
         print(
             f"  {label}: offered {lat.offered:,.0f}/s, achieved {lat.achieved:,.0f}/s, "
@@ -1438,6 +1510,8 @@ def figures_of(res: Results) -> list[Figure]:
             f"{where or 'none'}",
         ),
     ]
+    for client in res.others:
+        figures += client_figures(client, read, res)
     for label, run in res.variants:
         name = "relay.throughput_msgs_per_s_" + label.replace(" ", "").replace(",", "_")
         figures.append(Figure(name, run.rate, "msgs/s", ceiling, run.rate / ceiling))
@@ -1521,6 +1595,52 @@ def figures_of(res: Results) -> list[Figure]:
             note="max VmHWM; flat = the large backlog's within 20 MB of the small one's",
         ),
     ]
+    return figures
+
+
+def client_figures(client: str, read: float, res: Results) -> list[Figure]:
+    """(a), (b), c1 and c4 with another Kafka client, beside the default's figures."""
+    raws, spent, runs = res.others[client]
+    ceiling = statistics.median(raws)
+    rate = statistics.median(r.rate for r in runs)
+    bound = 1 / (1 / ceiling + 1 / read)
+    pg_us = median([r.pg_cpu_us_per_msg for r in runs])
+    goal = 40_000 if client == "confluent" else None
+    figures = [
+        Figure(f"kafka.{client}.producer_alone_msgs_per_s", ceiling, "msgs/s",
+               note="median of rounds"),
+        Figure(
+            f"relay.{client}.throughput_msgs_per_s", rate, "msgs/s", ceiling, rate / ceiling,
+            goal=None if goal is None else f"≥ {goal:,}",
+            met=None if goal is None else rate >= goal,
+            note="as relay.throughput_msgs_per_s, with OUTBOXKIT_RELAY_KAFKA_CLIENT="
+            f"{client}; median of rounds",
+        ),
+        Figure(f"relay.{client}.throughput_ratio", rate / ceiling, "ratio", ceiling,
+               rate / ceiling),
+        Figure(f"relay.{client}.bound_ratio", rate / bound, "ratio", bound, rate / bound,
+               note="relay throughput / (1 / (1 / producer alone + 1 / read ceiling))"),
+        Figure(f"relay.{client}.pg_cpu_us_per_msg", pg_us, "us"),
+        Figure(f"relay.{client}.peak_rss_mb", max(r.peak_rss_mb for r in runs), "MB"),
+    ]
+    cpus = os.cpu_count() or 1
+    figures += cpu_budget(f"kafka.{client}.producer_alone", spent, ceiling, cpus)
+    figures += cpu_budget(
+        f"relay.{client}",
+        [Spent(r.rate, r.relay_cores, r.machine_busy) for r in runs],
+        ceiling,
+        cpus,
+    )
+    if lat := res.lat.get(f"notify-{client}"):
+        figures += [
+            Figure(f"relay.{client}.latency_p50_ms", pct(lat.kafka_ms, 50), "ms"),
+            Figure(f"relay.{client}.latency_p99_ms", pct(lat.kafka_ms, 99), "ms"),
+        ]
+    if idle := res.lat.get(f"notify-200-{client}"):
+        figures += [
+            Figure(f"relay.{client}.idle_cores_200", idle.relay_cores, "cores"),
+            Figure(f"relay.{client}.latency_p99_ms_200", pct(idle.kafka_ms, 99), "ms"),
+        ]
     return figures
 
 
