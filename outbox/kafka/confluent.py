@@ -384,10 +384,9 @@ class ConfluentConsumer:
         self._sought.update(starts)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        # Also called inside close(): kafka-python's close tells the listener too, and
+        # to_commit() only ever names offsets safe to commit (handled and in the database).
         tps = [TopicPartition(p.topic, p.partition) for p in partitions]
-        if self._closing:
-            self._forget(tps)
-            return  # close() leaves without committing, as kafka-python's close does
         committed: dict[TopicPartition, int] = {}
         error: BaseException | None = None
         listener = self._listener
@@ -445,14 +444,19 @@ class ConfluentConsumer:
                 self._message_error(err, msg, messages, n, records)
                 continue
             try:
-                headers = cast(Headers, msg.headers() or [])
-            except UnicodeDecodeError as exc:
+                append(Record(msg.topic(), msg.partition(), msg.offset(),  # type: ignore[arg-type]
+                              msg.timestamp()[1], msg.key(), msg.value(),
+                              cast(Headers, msg.headers() or [])))
+            except (UnicodeDecodeError, SystemError) as exc:
                 # A header name that is not UTF-8: the record cannot be handed over as it is.
+                # confluent-kafka 2.16 raises SystemError for it (its C code returns the
+                # headers with the decoding error still set), or returns and leaves the error
+                # set for the next call (here: making the Record) to trip over.
+                _clear_leaked_error()
+                cause = exc.__cause__ or exc
                 self._unreadable(KafkaClientError(
-                    f"_BAD_MSG: a header name is not UTF-8 ({exc})", code="_BAD_MSG"),
+                    f"_BAD_MSG: a header name is not UTF-8 ({cause})", code="_BAD_MSG"),
                     msg, messages, n, records)
-            append(Record(msg.topic(), msg.partition(), msg.offset(),  # type: ignore[arg-type]
-                          msg.timestamp()[1], msg.key(), msg.value(), headers))
         if self._sought and records:
             for record in records:  # librdkafka knows the position again once it reads
                 self._sought.pop(TopicPartition(record.topic, record.partition), None)
@@ -613,6 +617,21 @@ class ConfluentConsumer:
         self._closing = True
         with contextlib.suppress(Exception):
             self._consumer.close()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _clear_leaked_error() -> None:
+    """Raise and drop an error confluent-kafka's C code left set after a failed call, here
+    rather than at some unrelated line of the caller (seen: at the next name lookup)."""
+    for _ in range(5):
+        try:
+            _nothing()
+        except (UnicodeDecodeError, SystemError):
+            continue
+        return
 
 
 class _Handover(Exception):
