@@ -16,8 +16,11 @@ lint: bootstrap
 	$(VENV)/mypy
 	$(VENV)/lint-imports
 
+# The whole suite with kafka-python (the default client), then the Kafka contract suite
+# (relay, consumers, crashes, TLS/SASL, the fault harness's CI subset) with confluent-kafka.
 test: lint
 	$(VENV)/pytest
+	OUTBOXKIT_KAFKA_CLIENT=confluent $(VENV)/pytest -m kafka_contract
 
 # The benchmark suite on throwaway services: a table, bench/results/latest.json, two SVGs.
 # Minutes long; run it on a quiet machine. bench-quick is a one-minute smoke run.

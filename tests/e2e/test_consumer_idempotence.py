@@ -22,7 +22,7 @@ from tests.e2e.conftest import read_topic, wait_until
 from tests.e2e.consumer_app import Item, handle
 from tests.e2e.consumer_support import InProcess, create_effects, effects, produce, settings
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.kafka_contract]
 
 
 def make_app(

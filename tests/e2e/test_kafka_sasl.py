@@ -32,6 +32,8 @@ from tests.e2e.consumer_support import (
     scrape,
 )
 
+pytestmark = pytest.mark.kafka_contract
+
 USER, PASSWORD = "relay", "relay-Secret-9"
 
 # Appended to the usual test broker's server.properties: a later key wins when Java reads it.

@@ -6,11 +6,14 @@ import os
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import Engine, text
 
 from outbox.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
 from tests.e2e.test_relay_failures import make_topic
+
+pytestmark = pytest.mark.kafka_contract
 
 
 def blob(size: int) -> dict[str, str]:

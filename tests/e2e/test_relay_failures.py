@@ -19,6 +19,8 @@ from outbox.testing.services import LocalServices
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
 from tests.e2e.test_relay_publishes import _free_port, _get
 
+pytestmark = pytest.mark.kafka_contract
+
 
 def make_topic(bootstrap: str, name: str, **config: str) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)

@@ -8,11 +8,14 @@ import time
 import urllib.request
 import uuid
 
+import pytest
 from sqlalchemy import Engine, text
 
 from outbox.emit import emit
 from outbox.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, read_topic, wait_until
+
+pytestmark = pytest.mark.kafka_contract
 
 
 def test_every_committed_message_arrives_exactly_as_written_and_a_rolled_back_one_never(

@@ -26,7 +26,7 @@ from outbox.envelope import Envelope
 from relay import Relay, RelaySettings
 from tests.e2e.conftest import count_status, emit_batch, wait_until
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.kafka_contract]
 
 ERRORS = "outboxkit_relay_transient_errors_total"
 

@@ -18,6 +18,8 @@ from outbox.failpoints import FAILPOINTS
 from tests.faults import __main__ as faults
 from tests.faults.runner import table
 
+pytestmark = pytest.mark.kafka_contract
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> None:
     seed = os.environ.get("OUTBOXKIT_FAULTS_SEED", "20261202")
     report = faults.run(faults.parse([
-        "--seed", seed, "--workdir", str(tmp_path), "--report", str(ROOT / "faults-report.json"),
+        "--seed", seed, "--workdir", str(tmp_path), "--report", str(ROOT / report_name()),
     ]))
     shown = table(report)
     results = {r["name"]: r for r in report["results"]}
@@ -43,3 +45,9 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     # Killed during a hanging call, with the consumer's default retries: settled, not stranded.
     assert results["hanging-call:30s"]["runs_by_state"] == {"done": 1}, shown
     assert report["ok"], f"seed {seed}: {report['replay']}\n{shown}"
+
+
+def report_name() -> str:
+    """faults-report.json with the default Kafka client, faults-report-<client>.json else."""
+    client = os.environ.get("OUTBOXKIT_KAFKA_CLIENT", "") or "kafka-python"
+    return "faults-report.json" if client == "kafka-python" else f"faults-report-{client}.json"
