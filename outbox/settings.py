@@ -114,8 +114,8 @@ class ConnectionSettings(BaseSettings):
         description="Kafka bootstrap servers, comma separated (falls back to "
         "OUTBOXKIT_KAFKA_BOOTSTRAP).",
     )
-    kafka_client: Literal["", "kafka-python", "confluent"] = Field(
-        default="",
+    kafka_client: Literal["kafka-python", "confluent"] | None = Field(
+        default=None,
         description="Kafka client library: kafka-python (pure Python, the default) or "
         "confluent (librdkafka, pip install 'outboxkit[confluent]'; several times faster). "
         "Both put every key in the same partition. Falls back to OUTBOXKIT_KAFKA_CLIENT.",
