@@ -60,8 +60,11 @@ class _Queue:
         self.runs: list[tuple[str, list[Any]]] = []
 
     def keep(self, statement: str, parameters: Any) -> None:
-        if self.runs and self.runs[-1][0] == statement:
-            self.runs[-1][1].append(parameters)
+        last = self.runs[-1] if self.runs else None
+        # A run is one statement, all with parameters or all without (sent differently).
+        if last is not None and last[0] == statement and (last[1][0] is None) == (
+                parameters is None):
+            last[1].append(parameters)
         else:
             self.runs.append((statement, [parameters]))
 

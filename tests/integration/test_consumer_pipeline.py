@@ -109,6 +109,21 @@ def test_reads_see_the_kept_inserts_before_them_and_updates_count_rows(
     assert count(bound, "SELECT count(*) FROM public.effects") == 10
 
 
+def test_many_rows_at_once_and_statements_without_parameters_are_kept_in_order(
+    bound: Engine, database_url: str
+) -> None:
+    def write(ctx: HandlerContext, item: Item) -> None:
+        insert = text("INSERT INTO public.effects (n) VALUES (:n)")
+        ctx.conn.execute(insert, [{"n": item.n * 10 + 1}, {"n": item.n * 10 + 2}])
+        ctx.conn.exec_driver_sql(f"INSERT INTO public.effects (n) VALUES ({item.n * 10 + 3})")
+        ctx.conn.execute(insert, {"n": item.n * 10 + 4})
+
+    run(bound, database_url, write, [record(i, {"n": i}) for i in range(5)])
+    with bound.connect() as conn:
+        rows = conn.execute(text("SELECT n FROM public.effects ORDER BY ctid")).scalars().all()
+    assert rows == [i * 10 + j for i in range(5) for j in (1, 2, 3, 4)]
+
+
 def test_a_kept_insert_that_fails_later_is_charged_to_its_own_message(
     bound: Engine, database_url: str
 ) -> None:
