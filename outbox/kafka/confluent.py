@@ -133,6 +133,10 @@ def client_config(connection: Connection) -> dict[str, Any]:
     return config
 
 
+def _serious(err: KafkaError) -> bool:
+    return err.fatal() or err.code() in CONSUMER_FATAL_CODES
+
+
 def _error(err: KafkaError, kind: type[KafkaClientError] = KafkaClientError) -> KafkaClientError:
     """librdkafka's error as the interface's: its text starts with the error's name (what
     operators search for), ``code`` is the name, the original is the cause."""
@@ -228,7 +232,11 @@ class ConfluentProducer:
             # librdkafka's default (consistent_random, CRC32) puts keys elsewhere than
             # kafka-python and the Java client; murmur2 keeps every key where they put it.
             "partitioner": "murmur2_random",
+            "error_cb": self._on_error,
         })
+        # The client's last error of its own (a refused password, brokers unreachable): it
+        # explains a record that got no answer in time.
+        self._trouble: KafkaError | None = None
         try:
             self._producer = Producer(config)
         except KafkaException as exc:
@@ -243,6 +251,7 @@ class ConfluentProducer:
     ) -> list[Delivery]:
         started = time.monotonic()
         deadline = started + timeout_s
+        self._trouble = None
         results: list[Delivery] = []
         append = results.append
         produce, poll = self._producer.produce, self._producer.poll
@@ -302,11 +311,18 @@ class ConfluentProducer:
                 break
             if on_wait is not None:
                 on_wait(time.monotonic() - started)
-        for delivery in results:
-            if delivery.error is None and delivery.offset < 0:
-                delivery.error = KafkaClientError(
-                    "_MSG_TIMED_OUT: no acknowledgement in time", code="_MSG_TIMED_OUT"
-                )
+        unanswered = [d for d in results if d.error is None and d.offset < 0]
+        if unanswered:
+            text = "_MSG_TIMED_OUT: no acknowledgement in time"
+            if self._trouble is not None:
+                text += f" (the client: {self._trouble.name()}: {self._trouble.str()})"
+            for delivery in unanswered:
+                delivery.error = KafkaClientError(text, code="_MSG_TIMED_OUT")
+
+    def _on_error(self, err: KafkaError) -> None:
+        # A refused password says more than the "all brokers down" that follows it.
+        if self._trouble is None or not _serious(self._trouble) or _serious(err):
+            self._trouble = err
 
     def partitions_for(self, topic: str) -> set[int] | None:
         try:
@@ -345,6 +361,7 @@ class ConfluentConsumer:
             # kafka-python checks every record's CRC; librdkafka does only when asked.
             "check.crcs": True,
             "on_commit": self._on_commit,
+            "error_cb": self._on_error,
         })
         config.update(options.extra)
         try:
@@ -362,6 +379,7 @@ class ConfluentConsumer:
         self._assigning: dict[TopicPartition, int] | None = None
         self._async: list[tuple[dict[TopicPartition, int], CommitCallback]] = []
         self._closing = False
+        self._trouble: KafkaError | None = None  # an error no retry mends, raised by poll
 
     # rebalances: librdkafka calls these inside consume(), on the polling thread.
     def subscribe(self, topics: Sequence[str], listener: RebalanceListener) -> None:
@@ -430,6 +448,9 @@ class ConfluentConsumer:
             messages = consume(1, timeout_ms / 1000)
             if messages and max_records > 1:
                 messages += consume(max_records - 1, 0)
+        if self._trouble is not None:
+            trouble, self._trouble = self._trouble, None
+            raise _error(trouble)
         try:
             return self._records(messages)
         except _Handover as handover:
@@ -498,6 +519,15 @@ class ConfluentConsumer:
                                       offset=msg.offset())
         unreadable.__cause__ = error.__cause__ or error
         raise unreadable
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's errors of the client itself (served inside consume()). Most mend
+        on their own (a broker away for a while); a refused password or a fatal error is
+        raised by the next poll, as kafka-python raises it."""
+        if _serious(err):
+            self._trouble = err
+        else:
+            log.debug("Kafka consumer: %s: %s", err.name(), err.str())
 
     def _seek_again(self) -> None:
         retry, self._retry_seek = self._retry_seek, {}

@@ -280,6 +280,27 @@ def test_a_member_reads_every_record_once_with_key_headers_and_timestamp(
     assert consumer.assignment() == {TopicPartition(filled.topic, p) for p in range(PARTITIONS)}
 
 
+def test_poll_returns_as_soon_as_a_record_is_there(
+    client: Backend, consumers: Callable[..., Consumer], new_topic: Callable[[int], str]
+) -> None:
+    """A long poll timeout is a bound, not a wait: light traffic is handed over at once."""
+    topic = new_topic(1)
+    consumer = consumers(group())
+    consumer.subscribe([topic], Listener())
+    poll_until(consumer, lambda _: bool(consumer.assignment()))
+    consumer.poll(300, 500)  # the empty partition's fetching under way
+    producer = client.producer(ProducerOptions(client_id="contract"))
+    try:
+        assert producer.send([Outgoing(topic, b"k", b"v", [])], timeout_s=10)[0].ok
+    finally:
+        producer.close()
+    started = time.monotonic()
+    got = consumer.poll(10_000, 500)
+    waited = time.monotonic() - started
+    assert places(got) == [(0, 0)]
+    assert waited < 3, f"poll held a record back for {waited:.1f} s"
+
+
 def test_a_commit_is_where_the_next_member_resumes_after_a_close(
     consumers: Callable[..., Consumer], filled: Filled, kafka_bootstrap: str
 ) -> None:
