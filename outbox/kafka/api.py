@@ -254,7 +254,9 @@ class Consumer(Protocol):
     def partitions_for_topic(self, topic: str) -> set[int] | None: ...
 
     def close(self) -> None:
-        """Leave the group without committing anything. Never raises."""
+        """Leave the group. Both backends tell the listener first that its partitions are
+        revoked, and commit its ``to_commit()`` as at any revocation; nothing else is
+        committed. Never raises."""
         ...
 
 
