@@ -304,20 +304,24 @@ def test_poll_returns_as_soon_as_a_record_is_there(
 def test_a_commit_is_where_the_next_member_resumes_after_a_close(
     consumers: Callable[..., Consumer], filled: Filled, kafka_bootstrap: str
 ) -> None:
-    """The first member reads everything, commits part of it and closes (its listener has
-    nothing more to commit): the next member re-reads from the last commit."""
+    """The first member reads everything, commits part of it and closes (its listener
+    commits what it handled): the next member re-reads from the last commit."""
     name = group()
     first = consumers(name)
-    first.subscribe([filled.topic], Listener())
+    listener = Listener()
+    first.subscribe([filled.topic], listener)
     poll_until(first, lambda got: len(got) >= len(filled.every))
     first.commit({TopicPartition(filled.topic, 0): 4, TopicPartition(filled.topic, 1): 7})
     assert group_offsets(kafka_bootstrap, name) == {0: 4, 1: 7}
+    # Closing revokes: the listener's to_commit() is committed, and nothing else.
+    listener.handled = {TopicPartition(filled.topic, 0): 5}
     first.close()
-    assert group_offsets(kafka_bootstrap, name) == {0: 4, 1: 7}
+    assert group_offsets(kafka_bootstrap, name) == {0: 5, 1: 7}
+    assert any(kind == "revoked" and e[1] for kind, e in listener.events), listener.events
 
     second = consumers(name)
     second.subscribe([filled.topic], Listener())
-    want = {(0, o) for o in range(4, 10)} | {(1, o) for o in range(7, 10)} | {
+    want = {(0, o) for o in range(5, 10)} | {(1, o) for o in range(7, 10)} | {
         (2, o) for o in range(10)}
     again = poll_until(second, lambda got: len(got) >= len(want))
     assert sorted(places(again)) == sorted(want)
