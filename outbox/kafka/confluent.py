@@ -248,6 +248,7 @@ class ConfluentProducer:
         *,
         timeout_s: float,
         on_wait: Callable[[float], None] | None = None,
+        handed_over: Callable[[], None] | None = None,
     ) -> list[Delivery]:
         started = time.monotonic()
         deadline = started + timeout_s
@@ -266,6 +267,8 @@ class ConfluentProducer:
                 _refused(answer, exc.args[0])
             except (TypeError, ValueError) as exc:
                 answer.error, answer.permanent = exc, True
+        if handed_over is not None:
+            handed_over()
         poll(0)  # serve the answers that are in already
         self._await(results, started, deadline, on_wait)
         return results
