@@ -5,23 +5,24 @@ round trip to PostgreSQL and psycopg's whole per-statement path (a send, a wait,
 most of a batch's time. Inside :func:`kept_inserts`, a statement whose answer nobody can
 need (a plain ``INSERT`` without ``RETURNING``, ``ON CONFLICT`` or ``SELECT``:
 :func:`deferrable`) is kept, and kept ones are sent as runs of ``executemany`` over
-psycopg's pipeline mode, in their order, before any other statement and at the end of the
-block. Every other statement (a ``SELECT``, ``RETURNING``, an ``UPDATE`` or ``DELETE``
-whose row count a handler may check, a savepoint) is sent when it is executed and waits
-for its answer, as outside the block: the handler sees its rows and its ``rowcount`` as
-before, and every statement reaches PostgreSQL in the order the handler executed it. This
-works at the driver's cursor, under SQLAlchemy: ``ctx.conn.execute``, an ORM session on
-it and the psycopg connection itself are all kept in order.
+psycopg's pipeline mode, in their order, before any other statement, every ``SEND_EVERY``
+rows and before the commit. Every other statement (a ``SELECT``, ``RETURNING``, an
+``UPDATE`` or ``DELETE`` whose row count a handler may check, a savepoint) is sent when it
+is executed and waits for its answer, as outside the block: the handler sees its rows and
+its ``rowcount`` as before, and every statement reaches PostgreSQL in the order the handler
+executed it. This works at the driver's cursor, under SQLAlchemy: ``ctx.conn.execute``, an
+ORM session on it and the psycopg connection itself are all kept in order.
 
 What changes inside the block: a kept ``INSERT``'s ``rowcount`` is -1 (unknown, as PEP 249
 allows), and its error (a unique violation, say) is raised by a later statement or at the
-end of the block, not by the ``INSERT``. The consumer uses the block only on its optimistic
-path (:meth:`consumers.processing.Processor._plain`), where any error rolls the whole batch
-back and the careful path, without the block, settles which message failed.
+commit, not by the ``INSERT``. The consumer uses the block only on its optimistic path
+(:meth:`consumers.processing.Processor._plain`), where any error rolls the whole batch back
+and the careful path, without the block, settles which message failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Iterable, Iterator
@@ -51,6 +52,11 @@ def deferrable(statement: str) -> bool:
     return _INSERT.match(body) is not None and _NEEDS_ANSWER.search(body) is None
 
 
+# Kept rows sent as soon as there are this many: PostgreSQL then executes them while the
+# handlers go on (the two overlap on two cores), instead of all of them after the last one.
+SEND_EVERY = 100
+
+
 class _Queue:
     """Kept statements of one connection, in order: runs of (statement, parameter sets)."""
 
@@ -58,6 +64,7 @@ class _Queue:
         self.pipeline = pipeline
         self.cursor = cursor  # a plain cursor: sends the runs
         self.runs: list[tuple[str, list[Any]]] = []
+        self.rows = 0
 
     def keep(self, statement: str, parameters: Any) -> None:
         last = self.runs[-1] if self.runs else None
@@ -67,16 +74,43 @@ class _Queue:
             last[1].append(parameters)
         else:
             self.runs.append((statement, [parameters]))
+        self.rows += 1
+        if self.rows >= SEND_EVERY:
+            self.send()
 
     def send(self) -> None:
         """Send the kept statements, in order, without waiting for their answers."""
-        runs, self.runs = self.runs, []
+        runs, self.runs, self.rows = self.runs, [], 0
         for statement, rows in runs:
             if rows[0] is None:  # executed without parameters: no placeholders to fill
                 for _ in rows:
                     self.cursor.execute(statement)
             else:
                 self.cursor.executemany(statement, rows)
+
+
+class Kept:
+    """The caller's handle on the block: :meth:`send` what is kept before committing."""
+
+    def __init__(self, queue: _Queue | None) -> None:
+        self._queue = queue
+
+    def send(self) -> None:
+        """Send every kept statement (the commit must come after them all)."""
+        if self._queue is not None:
+            self._queue.send()
+
+    def discard(self) -> None:
+        """Before a rollback: drop what is kept and read every answer still due.
+
+        After an error, the statements sent behind it answer "pipeline aborted"; left
+        unread, the rollback would read them and raise instead of rolling back. They are
+        the same failure, already being handled: not raised again.
+        """
+        if self._queue is not None:
+            self._queue.runs, self._queue.rows = [], 0
+            with contextlib.suppress(psycopg.Error):
+                self._queue.pipeline.sync()
 
 
 # The queue of each connection inside the block, by id(): cursors find it through their
@@ -122,23 +156,25 @@ class _KeepingCursor(psycopg.Cursor[Any]):
 
 
 @contextmanager
-def kept_inserts(conn: Connection) -> Iterator[bool]:
-    """Keep *conn*'s plain INSERTs and send them together; yields whether it does.
+def kept_inserts(conn: Connection) -> Iterator[Kept]:
+    """Keep *conn*'s plain INSERTs and send them together, in pipeline mode.
 
-    Leaving the block sends what is kept, waits for every answer and raises the first error
-    among them; an error inside the block drops what is kept (the caller rolls back).
-    Commit after the block. A driver other than psycopg 3 runs the block as before (False).
+    Run the whole transaction inside the block: its first statement and its commit then
+    cost one round trip each (psycopg queues the BEGIN; the COMMIT waits for every answer
+    and raises the first error among them). Call ``send()`` on what it yields before the
+    commit; what is still kept when the block ends is dropped (the caller rolled back). A
+    driver other than psycopg 3, or a cursor class of the application's, runs the block as
+    without it.
     """
     raw = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection) or raw.cursor_factory is not psycopg.Cursor:
-        yield False  # another driver, or a cursor class of the application's: left alone
+        yield Kept(None)
         return
     with raw.pipeline() as pipeline:
         queue = _QUEUES[id(raw)] = _Queue(pipeline, raw.cursor())
         raw.cursor_factory = _KeepingCursor
         try:
-            yield True
-            queue.send()
+            yield Kept(queue)
         finally:
             raw.cursor_factory = psycopg.Cursor
             del _QUEUES[id(raw)]

@@ -208,25 +208,29 @@ class Processor:
         """
         fresh: list[Decoded] = decoded
         duplicates: list[Decoded] = []
-        with self.engine.connect() as conn:
+        # The handlers' plain INSERTs are kept and sent together, the transaction in
+        # psycopg's pipeline mode (consumers.pipeline): an error among them surfaces later,
+        # so it does not name its message; any error rolls the whole batch back, and the
+        # careful path, without the pipeline, settles it.
+        with self.engine.connect() as conn, kept_inserts(conn) as kept:
             tx = conn.begin()
             try:
                 if not self._all_new(conn, decoded):
+                    kept.discard()
                     tx.rollback()  # some were marked: the careful insert says which
                     tx = conn.begin()
                     fresh, duplicates = self._mark_careful(conn, decoded)
-                # The handlers' plain INSERTs are kept and sent together (consumers.pipeline):
-                # an error among them surfaces later, so it does not name its message; any
-                # error rolls the whole batch back, and the careful path settles it.
-                with kept_inserts(conn):
-                    at = self._call_all(conn, fresh)
+                at = self._call_all(conn, fresh)
                 failpoint("consumer.after_handler")
+                kept.send()  # the commit comes after every kept statement, and checks them
                 tx.commit()
             except _HandlerFailed as failure:
+                kept.discard()
                 tx.rollback()
                 index = -1 if failure.index < 0 else decoded.index(fresh[failure.index])
                 return index, failure.error
             except Exception as exc:  # the commit itself failed: let the careful path decide
+                kept.discard()
                 tx.rollback()
                 return -1, exc
         assert at == len(fresh)

@@ -124,8 +124,17 @@ def test_many_rows_at_once_and_statements_without_parameters_are_kept_in_order(
     assert rows == [i * 10 + j for i in range(5) for j in (1, 2, 3, 4)]
 
 
+@pytest.mark.parametrize(
+    ("ns", "bad"),
+    [
+        ([0, 1, 2, 1, 4, 5], 3),  # offset 3 repeats offset 1's n
+        # Past SEND_EVERY: the failing INSERT was sent while the handlers went on.
+        ([*range(180), 7, *range(1000, 1100)], 180),
+    ],
+    ids=["small", "sent-while-handling"],
+)
 def test_a_kept_insert_that_fails_later_is_charged_to_its_own_message(
-    bound: Engine, database_url: str
+    bound: Engine, database_url: str, ns: list[int], bad: int
 ) -> None:
     with bound.begin() as conn:
         conn.execute(text("CREATE UNIQUE INDEX ON public.effects (n)"))
@@ -135,14 +144,14 @@ def test_a_kept_insert_that_fails_later_is_charged_to_its_own_message(
         calls.append(ctx.offset)
         ctx.conn.execute(text("INSERT INTO public.effects (n) VALUES (:n)"), {"n": item.n})
 
-    # Offset 3 repeats offset 1's n: its INSERT fails, seen only at a later statement.
-    ns = [0, 1, 2, 1, 4, 5]
+    # The repeated n's INSERT fails, seen only at a later statement or at the commit.
     processor = run(bound, database_url, write, [record(i, {"n": n}) for i, n in enumerate(ns)])
-    assert count(bound, "SELECT count(*) FROM public.effects") == 3  # 0, 1, 2 committed
-    assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 3
+    # What came before it committed; nothing after it in its partition was handled.
+    assert count(bound, "SELECT count(*) FROM public.effects") == bad
+    assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == bad
     with bound.connect() as conn:
         (failure,) = list_failures(conn, group=processor.group, status=None)
-    assert (failure.offset, failure.attempts) == (3, 1)
+    assert (failure.offset, failure.attempts) == (bad, 1)
     assert "unique" in (failure.last_error or "").lower()
 
 
