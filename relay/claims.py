@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from json import dumps, loads
 from typing import Any
 
 from sqlalchemy import Connection
@@ -64,7 +65,7 @@ b AS (
 )
 SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
        p.part, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
-       p.headers, p.created_at, p.run_id,
+       CAST(p.headers AS text), p.created_at, p.run_id,
        -- Whether to read outbox_failures too (a blocked key, a retry): almost never.
        EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
                WHERE f.lane = ANY(CAST(%(lanes)s AS int[]))
@@ -363,7 +364,7 @@ def _reads(
         exhausted = complete and len(taken) == len(merged)
         rows += [
             OutboxRow(r[9], r[10], r[11], bytes(r[12]) if r[12] is not None else None, r[13],
-                      bytes(r[14]), r[15] or {}, r[16], lane, r[17])
+                      bytes(r[14]), loads(r[15]) if r[15] else {}, r[16], lane, r[17])
             for r in taken
         ]
         reads[lane] = LaneRead(lane, cursor, tuple(r[9] for r in taken), exhausted)
@@ -430,7 +431,6 @@ def _token(cursors: Mapping[int, tuple[Cursor, int]], lane: int) -> int:
 
 
 def _copy_failures(conn: Connection, schema: str, entries: list[tuple[Any, ...]]) -> None:
-    import json  # noqa: PLC0415 - only on this rare path
 
     rows = [e[0] for e in entries]
     conn.execute(
@@ -443,7 +443,7 @@ def _copy_failures(conn: Connection, schema: str, entries: list[tuple[Any, ...]]
             "lanes": [r.lane for r in rows],
             "types": [r.message_type for r in rows],
             "payloads": [r.payload for r in rows],
-            "headers": [json.dumps(r.headers) for r in rows],
+            "headers": [dumps(r.headers) for r in rows],
             "run_ids": [r.run_id for r in rows],
             "created": [r.created_at for r in rows],
             "states": [e[1] for e in entries],
