@@ -680,17 +680,35 @@ class ConfluentAdmin:
     def __init__(self, connection: Connection, client_id: str, request_timeout_ms: int) -> None:
         config = client_config(connection)
         config["client.id"] = client_id
+        config["error_cb"] = self._on_error
+        # The client's last error of its own (a refused password): a request that timed out
+        # says why, as kafka-python's admin raises the refusal itself.
+        self._trouble: KafkaError | None = None
         try:
             self._admin = AdminClient(config)
         except KafkaException as exc:
             raise translated(exc) from exc
         self._timeout_s = request_timeout_ms / 1000
 
+    def _on_error(self, err: KafkaError) -> None:
+        if self._trouble is None or not _serious(self._trouble) or _serious(err):
+            self._trouble = err
+
+    def _failed(self, exc: KafkaException) -> KafkaClientError:
+        self._admin.poll(0)  # serve the client's own errors (error_cb)
+        error = translated(exc)
+        trouble = self._trouble
+        if trouble is not None and trouble.name() != error.code:
+            error = type(error)(f"{error} (the client: {trouble.name()}: {trouble.str()})",
+                                code=error.code)
+            error.__cause__ = exc
+        return error
+
     def list_topics(self) -> set[str]:
         try:
             return set(self._admin.list_topics(timeout=self._timeout_s).topics)
         except KafkaException as exc:
-            raise translated(exc) from exc
+            raise self._failed(exc) from exc
 
     def create_topic(self, name: str, partitions: int = -1, replication: int = -1) -> None:
         topic = NewTopic(name, num_partitions=partitions, replication_factor=replication)

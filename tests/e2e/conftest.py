@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,10 @@ from sqlalchemy import Engine, text
 from outbox.dsn import sqlalchemy_url
 from outbox.emit import emit
 from outbox.envelope import Envelope
+
+# A broker's "record too large", as each Kafka client words it (kafka-python's exception,
+# librdkafka's error name).
+TOO_LARGE = re.compile("MessageSizeTooLarge|MSG_SIZE_TOO_LARGE")
 
 
 @dataclass

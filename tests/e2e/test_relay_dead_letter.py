@@ -10,7 +10,14 @@ import pytest
 from sqlalchemy import Engine, text
 
 from outbox.envelope import Envelope
-from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
+from tests.e2e.conftest import (
+    TOO_LARGE,
+    RelayProcesses,
+    count_status,
+    emit_batch,
+    read_topic,
+    wait_until,
+)
 from tests.e2e.test_relay_failures import make_topic
 
 pytestmark = pytest.mark.kafka_contract
@@ -70,4 +77,4 @@ def test_a_payload_that_fits_the_producer_keeps_its_value_in_the_dead_letter_cop
     headers = dict(copy.headers)
     assert copy.value == bytes(row.payload)
     assert "x-outboxkit-payload-omitted" not in headers
-    assert b"MessageSizeTooLarge" in headers["x-outboxkit-error"]
+    assert TOO_LARGE.search(headers["x-outboxkit-error"].decode())

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from kafka.errors import MessageSizeTooLargeError
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
@@ -21,6 +20,7 @@ from consumers import Consumer, DeadLetter, HandlerContext
 from consumers.deadletter import DROPPED_HEADER, Sent
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor
+from outbox.kafka import RecordTooLarge
 from outbox.schema import translate
 from outbox.settings import OutboxSettings
 from tests.e2e.consumer_support import settings
@@ -50,7 +50,7 @@ class Sender:
                  headers: list[tuple[str, bytes]]) -> Sent:
         if self.too_large:
             self.too_large -= 1
-            raise MessageSizeTooLargeError("The message is too large")
+            raise RecordTooLarge("MSG_SIZE_TOO_LARGE: the message is too large")
         self.sent.append((key, value, dict(headers)))
         return Sent(topic, 0, len(self.sent) - 1)
 
