@@ -32,6 +32,7 @@ from pydantic_core import ErrorDetails
 
 from outbox import tracing
 from outbox.errors import InvalidMessage
+from outbox.ids import uuid7
 from outbox.settings import OutboxSettings
 
 # Kafka's own rule (kafka.common.internals.Topic): 1-249 of these, and not "." or "..".
@@ -94,7 +95,8 @@ class Envelope(BaseModel):
     key: str | bytes | None = Field(
         default=None, description="Kafka key: one key, one partition, in commit order."
     )
-    message_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    # Time-ordered (version 7): cheap to index in every consumer's dedup marks (outbox.ids).
+    message_id: uuid.UUID = Field(default_factory=uuid7)
     correlation_id: str | None = None
     causation_id: str | None = None
     run_id: uuid.UUID | None = None
