@@ -1237,9 +1237,10 @@ def phase_throughput(ctx: Ctx, plan: dict[str, Any], res: Results) -> None:
     )
     messages = load_template_messages(ctx)
     print(
-        "\n(a) producer alone (relay.publisher.Publisher's KafkaProducer: acks=all, "
-        "idempotence, linger 5 ms, batch 256 KiB, lz4, 5 in flight), timed from building "
-        "the producer to the end of flush() / (r) read ceiling: one Python process reads the "
+        "\n(a) producer alone (relay.publisher.Publisher's producer, of each Kafka client: "
+        "acks=all, idempotence, linger 5 ms, batch 256 KiB, lz4, 5 in flight, through "
+        "outbox.kafka's Producer.send, 10,000 records at a time), timed from building the "
+        "producer to the last acknowledgement / (r) read ceiling: one Python process reads the "
         "same rows with psycopg, keyset pages of 1,000 by id, connecting inside the timing / "
         "(b) one relay process draining the same rows, timed from spawn until the topic's "
         "end offsets add up to N (checked every 50 ms; nothing reads PostgreSQL meanwhile); "
