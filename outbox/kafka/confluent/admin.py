@@ -1,0 +1,128 @@
+"""The confluent-kafka admin client behind :class:`outbox.kafka.api.Admin`."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from confluent_kafka import (
+    KafkaError,
+    KafkaException,
+)
+from confluent_kafka.admin import (  # type: ignore[attr-defined] # re-exported, not in __all__
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from outbox.kafka.api import (
+    Connection,
+    KafkaClientError,
+    TopicPartition,
+)
+from outbox.kafka.confluent.librdkafka import (
+    LATEST,
+    client_config,
+    kafka_tp,
+    serious,
+    translated,
+)
+
+
+class ConfluentAdmin:
+    def __init__(self, connection: Connection, client_id: str, request_timeout_ms: int) -> None:
+        config = client_config(connection)
+        config["client.id"] = client_id
+        config["error_cb"] = self._on_error
+        # The client's last error of its own (a refused password): a request that timed out
+        # says why, as kafka-python's admin raises the refusal itself.
+        self._trouble: KafkaError | None = None
+        try:
+            self._admin = AdminClient(config)
+        except KafkaException as exc:
+            raise translated(exc) from exc
+        self._timeout_s = request_timeout_ms / 1000
+
+    def _on_error(self, err: KafkaError) -> None:
+        if self._trouble is None or not serious(self._trouble) or serious(err):
+            self._trouble = err
+
+    def _failed(self, exc: KafkaException) -> KafkaClientError:
+        self._admin.poll(0)  # serve the client's own errors (error_cb)
+        error = translated(exc)
+        trouble = self._trouble
+        if trouble is not None and trouble.name() != error.code:
+            error = type(error)(f"{error} (the client: {trouble.name()}: {trouble.str()})",
+                                code=error.code)
+            error.__cause__ = exc
+        return error
+
+    def list_topics(self) -> set[str]:
+        try:
+            return set(self._admin.list_topics(timeout=self._timeout_s).topics)
+        except KafkaException as exc:
+            raise self._failed(exc) from exc
+
+    def create_topic(self, name: str, partitions: int = -1, replication: int = -1) -> None:
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=replication)
+        try:
+            futures = self._admin.create_topics(
+                [topic], operation_timeout=self._timeout_s, request_timeout=self._timeout_s
+            )
+            futures[name].result()
+        except KafkaException as exc:
+            raise translated(exc) from exc
+
+    def topic_configs(
+        self, topics: Collection[str], names: Collection[str]
+    ) -> dict[str, dict[str, str] | None]:
+        if not topics:
+            return {}
+        try:
+            futures = self._admin.describe_configs(
+                [ConfigResource(ResourceType.TOPIC, t) for t in sorted(topics)],
+                request_timeout=self._timeout_s,
+            )
+        except KafkaException as exc:
+            raise translated(exc) from exc
+        result: dict[str, dict[str, str] | None] = {}
+        for resource, future in futures.items():
+            try:
+                entries = future.result()  # every value, defaults included
+            except KafkaException:
+                result[resource.name] = None  # not there, or not ours to see
+                continue
+            values = {n: str(entries[n].value) for n in names if n in entries}
+            result[resource.name] = values or None
+        return result
+
+    def end_offsets(
+        self, partitions: Collection[TopicPartition], timeout_s: float = 15.0
+    ) -> dict[TopicPartition, int]:
+        if not partitions:
+            return {}
+        try:
+            futures = self._admin.list_offsets(
+                {kafka_tp(tp): LATEST for tp in partitions}, request_timeout=timeout_s
+            )
+            return {
+                TopicPartition(tp.topic, tp.partition): int(future.result().offset)
+                for tp, future in futures.items()
+            }
+        except KafkaException as exc:
+            raise translated(exc) from exc
+
+    def delete_topics(self, topics: Collection[str]) -> None:
+        if not topics:
+            return
+        try:
+            futures = self._admin.delete_topics(
+                list(topics), operation_timeout=self._timeout_s, request_timeout=self._timeout_s
+            )
+            for future in futures.values():
+                future.result()
+        except KafkaException as exc:
+            raise translated(exc) from exc
+
+    def close(self) -> None:
+        """Nothing to release: librdkafka's handle goes with the object."""
