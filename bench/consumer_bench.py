@@ -66,7 +66,13 @@ from typing import Any
 import psycopg
 import throwaway  # bench/throwaway.py (this folder is on sys.path)
 from durable import make_durable  # bench/durable.py (this folder is on sys.path)
-from figures import Figure, Spent, cpu_budget, print_table  # bench/figures.py (on sys.path)
+from figures import (  # bench/figures.py (on sys.path)
+    Figure,
+    Spent,
+    confluent_version,
+    cpu_budget,
+    print_table,
+)
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from pydantic import BaseModel
@@ -442,13 +448,6 @@ def machine_info(dsn: str, bootstrap: str) -> dict[str, Any]:
     }
 
 
-def confluent_version() -> str:
-    try:
-        import confluent_kafka  # noqa: PLC0415
-    except ImportError:
-        return "not installed"
-    version: str = confluent_kafka.version()[0]
-    return f"{version} (librdkafka {confluent_kafka.libversion()[0]})"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

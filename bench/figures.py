@@ -109,3 +109,14 @@ def cpu_budget(prefix: str, runs: list[Spent], ceiling: float, cpus: int) -> lis
         Figure(f"{prefix}.one_process_bound_ratio", one, "ratio", ceiling, one,
                note="the ratio if this one process had a whole core to itself"),
     ]
+
+
+def confluent_version() -> str:
+    """confluent-kafka's version and librdkafka's, for a bench's machine line."""
+    try:
+        import confluent_kafka  # noqa: PLC0415
+    except ImportError:
+        return "not installed"
+    found: Any = confluent_kafka.version()  # a str, or (str, int) in older releases
+    version = found[0] if isinstance(found, tuple) else found
+    return f"{version} (librdkafka {confluent_kafka.libversion()[0]})"

@@ -66,7 +66,13 @@ from typing import Any
 import psycopg
 import throwaway  # bench/throwaway.py (this folder is on sys.path)
 from durable import make_durable, show  # bench/durable.py (this folder is on sys.path)
-from figures import Figure, Spent, cpu_budget, print_table  # bench/figures.py (on sys.path)
+from figures import (  # bench/figures.py (on sys.path)
+    Figure,
+    Spent,
+    confluent_version,
+    cpu_budget,
+    print_table,
+)
 from sqlalchemy import Engine, create_engine
 
 from outbox.dsn import sqlalchemy_url, with_database
@@ -1039,12 +1045,6 @@ def plan_of(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def confluent_version() -> str:
-    if importlib.util.find_spec("confluent_kafka") is None:
-        return "not installed"
-    import confluent_kafka  # noqa: PLC0415
-
-    return f"{confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
 
 
 def available_clients(wanted: str) -> list[str]:
