@@ -503,29 +503,25 @@ class Processor:
         return self.app.registrations.get(record.topic)
 
     def _call(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
-        settings = self.app.outbox_settings
         if not self._traced:
             # No span to make: call straight (spans cost a provider lookup per message).
-            if registration.batch_handler is not None:
-                registration.batch_handler(
-                    [(d.context(conn, self.group, settings), d.payload) for d in items]
-                )
-                return
-            assert registration.handler is not None
-            assert len(items) == 1
-            registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
+            self._invoke(conn, registration, items)
             return
         with self._span(items) as span:
             if span is not None:
                 tracing.set_attributes(span, self._span_attributes(items))
-            if registration.batch_handler is not None:
-                registration.batch_handler(
-                    [(d.context(conn, self.group, settings), d.payload) for d in items]
-                )
-                return
-            assert registration.handler is not None
-            assert len(items) == 1
-            registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
+            self._invoke(conn, registration, items)
+
+    def _invoke(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
+        settings = self.app.outbox_settings
+        if registration.batch_handler is not None:
+            registration.batch_handler(
+                [(d.context(conn, self.group, settings), d.payload) for d in items]
+            )
+            return
+        assert registration.handler is not None
+        assert len(items) == 1
+        registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
 
     def _span(self, items: list[Decoded]) -> AbstractContextManager[Any]:
         """``outbox.handle``, current around the handler (so its follow-ups join the trace).
