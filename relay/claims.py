@@ -72,6 +72,20 @@ SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo,
                  AND (f.state <> 'failed' OR f.blocking)) AS failures
 FROM b
 LEFT JOIN LATERAL (
+    -- Part a first: when the outer LIMIT cuts a lane, what is missing is then its part b,
+    -- or part b and the end of part a; claims._reads knows which (see there).
+    (SELECT 'a' AS part, count(*) OVER () AS got, q.* FROM (
+        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+               m.created_at, m.run_id
+        FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
+        CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
+            SELECT * FROM {schema}.outbox_messages AS r
+            WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
+            OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
+        ) AS m
+        WHERE (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
+        ORDER BY m.id LIMIT %(more)s) AS q)
+    UNION ALL
     (SELECT 'b' AS part, count(*) OVER () AS got, q.* FROM (
         SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
                m.created_at, m.run_id
@@ -84,18 +98,6 @@ LEFT JOIN LATERAL (
           AND pg_visible_in_snapshot(m.xid, b.target)
           AND NOT pg_visible_in_snapshot(m.xid, b.snap)
         ORDER BY m.lane, m.id LIMIT %(more)s) AS q)
-    UNION ALL
-    (SELECT 'a' AS part, count(*) OVER () AS got, q.* FROM (
-        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-               m.created_at, m.run_id
-        FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
-        CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
-            SELECT * FROM {schema}.outbox_messages AS r
-            WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
-            OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
-        ) AS m
-        WHERE (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
-        ORDER BY m.id LIMIT %(more)s) AS q)
 ) AS p ON true
 LIMIT %(outer)s
 """
@@ -105,9 +107,11 @@ LIMIT %(outer)s
 # sort of the whole rest of a difference (tens of ms per lane with a backlog): the claim's
 # connection turns those off (the scans it needs have no sort and no bitmap). And JIT: the
 # penalty cost of the one small sort left (the running transactions' rows) would trigger
-# JIT compilation, most of a second per claim.
+# JIT compilation, most of a second per claim. No parallel plan: _reads relies on each
+# lane's rows coming together, part a before part b, as the nested loop and Append give them.
 CLAIM_PLANNER = (
-    "-c enable_sort=off -c enable_incremental_sort=off -c enable_bitmapscan=off -c jit=off"
+    "-c enable_sort=off -c enable_incremental_sort=off -c enable_bitmapscan=off -c jit=off "
+    "-c max_parallel_workers_per_gather=0"
 )
 
 # Blocked keys (a refused message holds back the later ones of its key, in block mode) and
@@ -273,7 +277,8 @@ def claim(
         "ceils": [c.ceil if isinstance(c, Cursor) else None for c in known],
         "relay_id": relay_id,
         "more": limit + 1,
-        "outer": limit + len(order),
+        # One more than a lane's part a can fill: the first lane always gets some of part b.
+        "outer": limit + len(order) + 1,
     }
     # Executed through SQLAlchemy, so a database error is a SQLAlchemyError (the loop backs
     # off on those) and a dropped connection is invalidated; but the rows are read from the
@@ -288,7 +293,7 @@ def claim(
     retried: list[OutboxRow] = []
     if fetched and fetched[0][18]:
         blocked, retried = _failures(conn, schema, order, limit)
-    rows, reads = _reads(fetched, tokens, limit, limit + 1)
+    rows, reads = _reads(fetched, tokens, limit, limit + 1, cut=len(fetched) >= params["outer"])
     return Claimed(retried + rows, reads, blocked)
 
 
@@ -329,7 +334,7 @@ def _failures(
 
 
 def _reads(
-    fetched: Sequence[Any], tokens: Mapping[int, int], room: int, more: int
+    fetched: Sequence[Any], tokens: Mapping[int, int], room: int, more: int, *, cut: bool = False
 ) -> tuple[list[OutboxRow], dict[int, LaneRead]]:
     """The rows taken (at most *room*) and, per lane, the cursor used and how far they go.
 
@@ -339,6 +344,12 @@ def _reads(
     claim's limit across lanes) is known only up to the last id that came, so the lane's rows
     are merged by id up to there. A lane is read to its end only when both parts were
     complete and every row was taken.
+
+    *cut*: the claim's limit across lanes was reached, so the last lane that came may be cut.
+    Its part a comes first: cut inside part b, that part's count tells (as above). But cut
+    inside or right after part a, its part b is missing altogether, and a missing part looks
+    like an empty one: the lane's rows would be taken as if there were no others, and its
+    cursor would pass the rows of part b it never saw (lost). That lane is left unread.
     """
     heads: dict[int, Any] = {}
     parts: dict[int, dict[str, list[Any]]] = {}
@@ -346,6 +357,9 @@ def _reads(
         heads.setdefault(r[1], r)
         if r[7] is not None:
             parts.setdefault(r[1], {}).setdefault(r[7], []).append(r)
+    if cut and fetched and fetched[-1][7] == "a":
+        heads.pop(fetched[-1][1], None)
+        parts.pop(fetched[-1][1], None)
     rows: list[OutboxRow] = []
     reads: dict[int, LaneRead] = {}
     for lane, head in sorted(heads.items(), key=lambda item: item[1][0]):
