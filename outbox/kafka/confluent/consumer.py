@@ -34,6 +34,7 @@ from outbox.kafka.confluent.librdkafka import (
     client_config,
     kafka_tp,
     serious,
+    topic_partitions,
     translated,
 )
 
@@ -330,14 +331,7 @@ class ConfluentConsumer:
         return None if high < 0 else int(high)
 
     def partitions_for_topic(self, topic: str) -> set[int] | None:
-        try:
-            found = self._consumer.list_topics(topic, timeout=10.0)
-        except KafkaException:
-            return None
-        meta = found.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            return None
-        return set(meta.partitions)
+        return topic_partitions(self._consumer, topic, 10.0)
 
     def close(self) -> None:
         self._closing = True

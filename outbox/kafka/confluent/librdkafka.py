@@ -139,3 +139,16 @@ def kafka_tp(tp: tuple[str, int], offset: int | None = None) -> KafkaTopicPartit
     if offset is None:
         return KafkaTopicPartition(tp[0], tp[1])
     return KafkaTopicPartition(tp[0], tp[1], offset)
+
+
+def topic_partitions(client: Any, topic: str, timeout_s: float) -> set[int] | None:
+    """*topic*'s partitions as *client*'s metadata (a producer or consumer) knows them;
+    None when unknown (not there yet, an error, no answer in time)."""
+    try:
+        found = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        return None
+    meta = found.topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        return None
+    return set(meta.partitions)

@@ -31,6 +31,7 @@ from outbox.kafka.confluent.librdkafka import (
     as_error,
     client_config,
     serious,
+    topic_partitions,
 )
 
 
@@ -174,14 +175,7 @@ class ConfluentProducer:
             self._trouble = err
 
     def partitions_for(self, topic: str) -> set[int] | None:
-        try:
-            found = self._producer.list_topics(topic, timeout=self.options.max_block_ms / 1000)
-        except KafkaException:
-            return None
-        meta = found.topics.get(topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            return None
-        return set(meta.partitions)
+        return topic_partitions(self._producer, topic, self.options.max_block_ms / 1000)
 
     def close(self, timeout_s: float = 10.0) -> None:
         with contextlib.suppress(Exception):
