@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from outbox import tracing
+from outbox.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID, HEADER_TYPE
 from outbox.failpoints import failpoint
 from outbox.kafka import (
     Admin,
@@ -32,11 +33,11 @@ log = logging.getLogger(__name__)
 def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
     """The envelope's headers as Kafka headers, plus the message id and type."""
     headers = [
-        ("message-id", str(row.message_id).encode()),
-        ("message-type", row.message_type.encode()),
+        (HEADER_MESSAGE_ID, str(row.message_id).encode()),
+        (HEADER_TYPE, row.message_type.encode()),
     ]
     for name, value in row.headers.items():
-        if value is None or name in ("message-id", "message-type"):
+        if value is None or name in (HEADER_MESSAGE_ID, HEADER_TYPE):
             continue
         headers.append((name, str(value).encode()))
     return headers
@@ -57,7 +58,7 @@ def publish_span(row: OutboxRow) -> Any:
             "messaging.destination.name": row.topic,
             "messaging.message.id": str(row.message_id),
             "messaging.message.body.size": len(row.payload),
-            "outboxkit.run_id": row.headers.get("run-id"),
+            "outboxkit.run_id": row.headers.get(HEADER_RUN_ID),
             "outboxkit.outbox_id": row.id,
         },
     )
