@@ -16,7 +16,7 @@ from consumers.deadletter import KafkaSender
 from consumers.errors import ConsumerError, FailureNotFound
 from consumers.replay import rehandle, republish
 from consumers.settings import ConsumerSettings
-from dedup.failures import STATUSES, Failure, get_failure, list_failures
+from dedup.failures import STATUSES, FailedMessage, get_failure, list_failures
 from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
 from outbox.entrypoints import explain
 from outbox.errors import ConfigurationError
@@ -115,7 +115,7 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
             sender.close()
 
 
-def _replayable(failure: Failure | None, failure_id: int) -> None:
+def _replayable(failure: FailedMessage | None, failure_id: int) -> None:
     if failure is None:
         raise FailureNotFound(failure_id)
     if failure.status != "dead-lettered":

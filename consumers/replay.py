@@ -22,7 +22,7 @@ from dedup import failures
 from dedup.inbox import Mark, mark, unmark
 
 
-def _load(engine: Engine, failure_id: int) -> failures.Failure:
+def _load(engine: Engine, failure_id: int) -> failures.FailedMessage:
     with engine.connect() as conn:
         found = failures.get_failure(conn, failure_id)
     if found is None:

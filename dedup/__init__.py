@@ -1,7 +1,7 @@
 """outboxkit's `dedup` package: the consumers' dedup marks and the ledger of outside operations."""
 
 from dedup.errors import OperationError, OperationNotFound, RequestMismatch, ResolutionRefused
-from dedup.failures import Failure, get_failure, list_failures
+from dedup.failures import FailedMessage, get_failure, list_failures
 from dedup.inbox import Mark, is_marked, mark_many, purge_marks
 from dedup.operations import (
     Intent,
@@ -44,7 +44,7 @@ __all__ = [
     "Applied",
     "CallOutcome",
     "Evidence",
-    "Failure",
+    "FailedMessage",
     "Found",
     "Intent",
     "Mark",

@@ -27,7 +27,7 @@ STATUSES = ("retrying", "recovered", "dead-lettered", "replayed")
 
 
 @dataclass(frozen=True)
-class Failure:
+class FailedMessage:
     """One row of the failures table."""
 
     id: int
@@ -166,12 +166,12 @@ def mark_replayed(conn: Connection, failure_id: int) -> None:
     )
 
 
-def get_failure(conn: Connection, failure_id: int) -> Failure | None:
+def get_failure(conn: Connection, failure_id: int) -> FailedMessage | None:
     """The failure with this id, or None."""
     row = conn.execute(
         select(consumer_failures).where(consumer_failures.c.id == failure_id)
     ).first()
-    return _failure(row._mapping) if row is not None else None
+    return _failed_message(row._mapping) if row is not None else None
 
 
 def list_failures(
@@ -180,14 +180,14 @@ def list_failures(
     group: str | None = None,
     status: str | None = "dead-lettered",
     limit: int = 100,
-) -> list[Failure]:
+) -> list[FailedMessage]:
     """Failures, oldest first; by default the dead-lettered ones (what needs an operator)."""
     stmt = select(consumer_failures).order_by(consumer_failures.c.id).limit(limit)
     if group is not None:
         stmt = stmt.where(consumer_failures.c.consumer_group == group)
     if status is not None:
         stmt = stmt.where(consumer_failures.c.status == status)
-    return [_failure(row._mapping) for row in conn.execute(stmt)]
+    return [_failed_message(row._mapping) for row in conn.execute(stmt)]
 
 
 def _position(group: str, topic: str, partition: int, offset: int) -> list[Any]:
@@ -204,8 +204,8 @@ def _now() -> Any:
     return func.now()
 
 
-def _failure(row: Any) -> Failure:
-    return Failure(
+def _failed_message(row: Any) -> FailedMessage:
+    return FailedMessage(
         id=row["id"],
         consumer_group=row["consumer_group"],
         topic=row["topic"],

@@ -140,7 +140,7 @@ class TestPublicSurface:
 
     def test_dedup_exports_the_inbox_names(self) -> None:
         assert {
-            "Failure",
+            "FailedMessage",
             "Mark",
             "check_window",
             "get_failure",
