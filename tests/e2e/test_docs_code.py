@@ -1,0 +1,218 @@
+"""Every code block of README.md and docs/*.md runs as written, so the docs never rot.
+
+A ```python block runs as a script of its own, in a fresh Python process (some blocks patch
+or reproduce bugs of kafka-python, which must not see another block's imports), against a
+migrated database and Kafka: the placeholder addresses the docs show are swapped for the
+test's, and ``OUTBOXKIT_DATABASE_URL`` / ``OUTBOXKIT_KAFKA_BOOTSTRAP`` point at them. A
+block that goes on from the one before it in its file says so right above it,
+``<!-- after the block above -->``, and runs after it in the same script. A block that
+cannot run at all (a part of someone else's file) says so too, ``<!-- not-run: why -->``,
+and ``NOT_RUN`` below counts them, so they stay few. Running proves little about a
+function's body that no block calls, so every name a block uses must also be defined or
+imported (pyflakes' undefined-name check, through ruff).
+
+Shell blocks are checked against the command line: every ``outbox ...`` command they (and
+the prose's inline code) show exists, with every ``--option`` shown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from outbox.cli import main as outbox_cli
+from outbox.dsn import sqlalchemy_url
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# Blocks marked `<!-- not-run: why -->`, per file. Adding one means adding it here.
+NOT_RUN = {
+    "docs/alembic.md": 2,  # an Alembic revision and env.py: they need Alembic's context
+    "docs/operations.md": 1,  # kafka-python bug 2, reproduction A: a minute of group joins
+}
+
+_FENCE = re.compile(r"^```(\S*)\s*$")
+_NOT_RUN = re.compile(r"^<!-- not-run: (.+?) -->$")
+_AFTER = "<!-- after the block above -->"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block: where it starts, its language, and the marker above it."""
+
+    doc: str  # path relative to the repository root
+    line: int  # the opening fence's line, 1-based
+    language: str
+    code: str
+    not_run: str | None  # the reason given by a `<!-- not-run: ... -->` right above it
+    after: Block | None  # the block this one goes on from (`<!-- after the block above -->`)
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+    @property
+    def script(self) -> str:
+        """The code that runs: the blocks this one goes on from, then this one."""
+        return (self.after.script if self.after else "") + self.code
+
+
+def _blocks(path: Path) -> list[Block]:
+    lines = path.read_text().splitlines()
+    found: list[Block] = []
+    index = 0
+    while index < len(lines):
+        opening = _FENCE.match(lines[index])
+        if opening is None:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        above = next((line.strip() for line in reversed(lines[:index]) if line.strip()), "")
+        marker = _NOT_RUN.match(above)
+        if above == _AFTER:
+            assert found, f"{path}:{index + 1}: no block above to go on from"
+        found.append(Block(doc=str(path.relative_to(ROOT)), line=index + 1,
+                           language=opening.group(1), code="\n".join(lines[index + 1:end]) + "\n",
+                           not_run=marker.group(1) if marker else None,
+                           after=found[-1] if above == _AFTER else None))
+        index = end + 1
+    return found
+
+
+ALL_BLOCKS = [block for path in DOCS for block in _blocks(path)]
+PYTHON = [block for block in ALL_BLOCKS if block.language.startswith("py")]
+SHELL = [block for block in ALL_BLOCKS if block.language in {"sh", "bash", "shell", "console"}]
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.not_run is None],
+                         ids=lambda block: block.where)
+def test_the_python_block_runs(block: Block, database_url: str, kafka_bootstrap: str,
+                               tmp_path: Path) -> None:
+    # The addresses the docs show, and what stands for them here.
+    code = (block.script
+            .replace("postgresql+psycopg://app@db/app", sqlalchemy_url(database_url))
+            .replace("127.0.0.1:9092", kafka_bootstrap))
+    script = tmp_path / "block.py"
+    script.write_text(code)
+    env = {**os.environ, "OUTBOXKIT_DATABASE_URL": database_url,
+           "OUTBOXKIT_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, (
+        f"the block at {block.where} failed:\n{result.stdout}{result.stderr}"
+    )
+
+
+def test_every_name_a_python_block_uses_is_defined(tmp_path: Path) -> None:
+    for number, block in enumerate(PYTHON):
+        if block.not_run is None:
+            (tmp_path / f"block_{number}.py").write_text(block.script)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache",
+         "--select", "F821,F822,F823", "--output-format", "concise", str(tmp_path)],
+        capture_output=True, text=True, check=False,
+    )
+    where = {f"block_{number}.py": block.where for number, block in enumerate(PYTHON)}
+    report = re.sub(r"\S*(block_\d+\.py)", lambda m: where[m.group(1)], result.stdout)
+    assert result.returncode == 0, f"names used and never defined:\n{report}"
+
+
+def test_the_blocks_not_run_are_few_and_say_why() -> None:
+    marked: dict[str, int] = {}
+    for block in PYTHON:
+        if block.not_run is not None:
+            assert block.not_run.strip(), f"{block.where}: say why it is not run"
+            marked[block.doc] = marked.get(block.doc, 0) + 1
+    assert marked == NOT_RUN
+
+
+def test_every_not_run_marker_sits_above_a_python_block() -> None:
+    """A marker whose block moved away would silently stop excusing anything."""
+    for path in DOCS:
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if _NOT_RUN.match(line.strip()):
+                following = next((text for text in lines[number + 1:] if text.strip()), "")
+                assert following.startswith("```py"), (
+                    f"{path.relative_to(ROOT)}:{number + 1}: not-run marker without its block"
+                )
+
+
+# `outbox` followed by its words, in a shell line or in the prose's inline code.
+_SHELL_COMMAND = re.compile(r"(?:^|[\s;(`'\"=])outbox((?: +[^\s#`]+)*)")
+_INLINE_COMMAND = re.compile(r"`outbox ([^`]+)`")
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """(where, the words after ``outbox``) for every command the docs show."""
+    shown: list[tuple[str, str]] = []
+    for block in SHELL:
+        for offset, line in enumerate(block.code.splitlines(), start=1):
+            command = line.split(" #")[0]
+            for match in _SHELL_COMMAND.finditer(command):
+                words = match.group(1).strip()
+                if words and not words.startswith(("-", ".")):
+                    shown.append((f"{block.doc}:{block.line + offset}", words))
+    for path in DOCS:
+        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+        shown += [(str(path.relative_to(ROOT)), match.group(1))
+                  for match in _INLINE_COMMAND.finditer(text)]
+    return shown
+
+
+def _resolve(words: str) -> list[tuple[list[str], click.Command]]:
+    """The commands ``outbox <words>`` names: ``list|show`` names both."""
+    paths: list[tuple[list[str], click.Command]] = [([], outbox_cli)]
+    for word in words.split():
+        group_paths = [(p, c) for p, c in paths if isinstance(c, click.Group)]
+        if not group_paths or not re.fullmatch(r"[a-z-]+(\|[a-z-]+)*", word):
+            break
+        ctx = click.Context(outbox_cli)
+        paths = []
+        for path, group in group_paths:
+            assert isinstance(group, click.Group)
+            for name in word.split("|"):
+                command = group.get_command(ctx, name)
+                assert command is not None, f"`outbox {' '.join([*path, name])}` does not exist"
+                paths.append(([*path, name], command))
+    return paths
+
+
+@pytest.mark.parametrize(("where", "words"), _command_lines(),
+                         ids=[f"{where} {words}" for where, words in _command_lines()])
+def test_the_command_shown_exists_with_its_options(where: str, words: str) -> None:
+    resolved = _resolve(words)
+    assert resolved[0][0], f"{where}: `outbox {words}` names no command"
+    options = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", words))
+    known: set[str] = set()
+    for path, command in resolved:
+        result = CliRunner().invoke(outbox_cli, [*path, "--help"])
+        assert result.exit_code == 0, f"{where}: outbox {' '.join(path)} --help: {result.output}"
+        for param in command.params:
+            known.update(param.opts + param.secondary_opts)
+        # `outbox relay` and `outbox consume` hand their arguments to the daemon's own
+        # parser: its help is where their options are.
+        known.update(re.findall(r"--[a-z][a-z0-9-]*", result.output))
+    assert options <= known, f"{where}: `outbox {words}`: no option {sorted(options - known)}"
+
+
+def test_the_architecture_lists_every_table_and_view() -> None:
+    created = set()
+    for migration in (ROOT / "outbox" / "migrations").glob("*.sql"):
+        created |= set(re.findall(r"CREATE (?:TABLE|VIEW) \{schema\}\.(\w+)",
+                                  migration.read_text()))
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    tables = architecture.split("## Tables", 1)[1].split("\n## ", 1)[0]
+    assert created, "no CREATE TABLE found: did the migrations' spelling change?"
+    assert sorted(name for name in created if f"`{name}`" not in tables) == []
