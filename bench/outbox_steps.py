@@ -115,7 +115,6 @@ def _run_async(
 
     from outbox import aio  # noqa: PLC0415
     from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
-    from outbox.emit import emit_async  # noqa: PLC0415
 
     async def main() -> int:
         engine = create_async_engine(sqlalchemy_url(url), pool_size=1)
@@ -128,7 +127,7 @@ def _run_async(
                     nonlocal lease
                     lease = await aio.save_checkpoint(conn, lease, _checkpoint(n), step=f"s{n}")
                     if with_message:
-                        await emit_async(conn, _envelope(run_id, n), lease=lease)
+                        await aio.emit(conn, _envelope(run_id, n), lease=lease)
                     await conn.commit()
 
                 for n in range(20):

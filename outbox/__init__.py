@@ -2,8 +2,8 @@
 
 from outbox.approvals import Approval, ApprovalCheck, grant, request_approval, revalidate, revoke
 from outbox.artifacts import ArtifactRef, load_artifact, store_artifact
-from outbox.confirm import apply_confirmation, apply_confirmation_async
-from outbox.emit import emit, emit_async, emit_many, emit_many_async
+from outbox.confirm import apply_confirmation
+from outbox.emit import emit, emit_many
 from outbox.envelope import Envelope
 from outbox.errors import (
     ApprovalInvalid,
@@ -79,13 +79,10 @@ __all__ = [
     "Workflow",
     "WorkflowRetired",
     "apply_confirmation",
-    "apply_confirmation_async",
     "check_schema",
     "claim",
     "emit",
-    "emit_async",
     "emit_many",
-    "emit_many_async",
     "get_run",
     "grant",
     "handle_failure",

@@ -1,24 +1,32 @@
-"""The asyncio twin of the run API: same plans, same SQL, awaited on your connection.
+"""The asyncio twin of outbox's API: same plans, same SQL, awaited on your connection.
 
-Every function takes the caller's ``AsyncConnection`` or ``AsyncSession`` and **never
-commits**; see the sync functions in :mod:`outbox.runs`, :mod:`outbox.steps`,
-:mod:`outbox.retry`, :mod:`outbox.approvals`, :mod:`outbox.artifacts` and
-:mod:`outbox.workflows` for what each one does.
+One convention: the asyncio twin of ``outbox.X`` is ``outbox.aio.X``, same name, same
+arguments, awaited; no other name says "async". Every function takes the caller's
+``AsyncConnection`` or ``AsyncSession`` and **never commits** (except :func:`purge`, a
+maintenance job that commits per batch, like its sync twin); see the sync functions in
+:mod:`outbox.runs`, :mod:`outbox.steps`, :mod:`outbox.retry`, :mod:`outbox.approvals`,
+:mod:`outbox.artifacts`, :mod:`outbox.workflows`, :mod:`outbox.emit`, :mod:`outbox.confirm`
+and :mod:`outbox.retention` for what each one does.
 """
 
 from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from outbox import approvals, artifacts, retry, runs, steps, workflows
 from outbox.checkpoints import KEEP, bounded
+from outbox.confirm import Outcome, confirmation_plan
+from outbox.emit import _emit_async, _emit_many_async
+from outbox.envelope import Envelope
 from outbox.execution import AsyncConn, run_plan_async
 from outbox.leases import Lease
-from outbox.retention import purge_async, purge_batch_plan
+from outbox.retention import DEFAULT_STATES, purge_batch_plan, purgeable_plan
 from outbox.settings import OutboxSettings
 from outbox.states import RunState
 from outbox.workflows import Workflow
@@ -26,15 +34,19 @@ from outbox.workflows import Workflow
 T = TypeVar("T")
 
 __all__ = [
+    "apply_confirmation",
     "claim",
+    "emit",
+    "emit_many",
     "get_run",
     "grant",
     "handle_failure",
     "history",
     "load_artifact",
     "move",
-    "purge_async",
+    "purge",
     "purge_batch",
+    "purgeable",
     "record",
     "recorded",
     "register",
@@ -225,10 +237,59 @@ async def retire(conn: AsyncConn, name: str, *, reason: str,
     await run_plan_async(conn, workflows.retire_plan(name, reason), settings)
 
 
+async def emit(conn: AsyncConn, envelope: Envelope, *, lease: Lease | None = None,
+               settings: OutboxSettings | None = None) -> uuid.UUID:
+    """Async :func:`outbox.emit.emit`; never commits."""
+    # emit runs driver SQL, not a plan: its async body lives beside the sync one it mirrors.
+    return await _emit_async(conn, envelope, lease=lease, settings=settings)
+
+
+async def emit_many(conn: AsyncConn, envelopes: Sequence[Envelope], *,
+                    lease: Lease | None = None,
+                    settings: OutboxSettings | None = None) -> list[uuid.UUID]:
+    """Async :func:`outbox.emit.emit_many`; never commits."""
+    return await _emit_many_async(conn, envelopes, lease=lease, settings=settings)
+
+
+async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
+                             confirmation_id: str | uuid.UUID, outcome: Outcome, evidence: Any,
+                             actor: str, reason: str | None = None,
+                             settings: OutboxSettings | None = None) -> bool:
+    """Async :func:`outbox.confirm.apply_confirmation`; never commits."""
+    plan = confirmation_plan(run_id, str(confirmation_id), outcome=outcome, evidence=evidence,
+                             actor=actor, reason=reason)
+    return await run_plan_async(conn, plan, settings)
+
+
 async def purge_batch(conn: AsyncConn, *, older_than: timedelta, batch_size: int = 100,
-                      archive: bool = False,
-                      states: Sequence[RunState | str] = (RunState.DONE, RunState.FAILED),
+                      archive: bool = False, states: Collection[RunState | str] = DEFAULT_STATES,
                       settings: OutboxSettings | None = None) -> int:
-    """Async :func:`outbox.retention.purge_batch`."""
+    """Async :func:`outbox.retention.purge_batch`; never commits."""
     return await run_plan_async(
         conn, purge_batch_plan(older_than, batch_size, archive, states), settings)
+
+
+async def purgeable(conn: AsyncConn, *, older_than: timedelta,
+                    states: Collection[RunState | str] = DEFAULT_STATES,
+                    settings: OutboxSettings | None = None) -> int:
+    """Async :func:`outbox.retention.purgeable`; reads only."""
+    return await run_plan_async(conn, purgeable_plan(older_than, states), settings)
+
+
+async def purge(engine: AsyncEngine, *, older_than: timedelta, batch_size: int = 100,
+                max_batches: int = 1000, archive: bool = False,
+                states: Collection[RunState | str] = DEFAULT_STATES,
+                settings: OutboxSettings | None = None,
+                on_batch: Callable[[int], object] | None = None) -> int:
+    """Async :func:`outbox.retention.purge`: commits one transaction per batch."""
+    total = 0
+    for _ in range(max_batches):
+        async with engine.begin() as conn:
+            done = await purge_batch(conn, older_than=older_than, batch_size=batch_size,
+                                     archive=archive, states=states, settings=settings)
+        total += done
+        if on_batch is not None:
+            on_batch(done)
+        if done < batch_size:
+            break
+    return total

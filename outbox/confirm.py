@@ -27,7 +27,7 @@ from sqlalchemy import CTE, Insert, exists, func, insert, literal, select
 
 from outbox import fencing
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition
-from outbox.execution import AsyncConn, Plan, SyncConn, run_plan, run_plan_async
+from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
 from outbox.states import RunState
 from outbox.tables import agent_runs, confirmations
@@ -64,24 +64,6 @@ def apply_confirmation(
         run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
     )
     return run_plan(conn, plan, settings)
-
-
-async def apply_confirmation_async(
-    conn: AsyncConn,
-    *,
-    run_id: uuid.UUID,
-    confirmation_id: str | uuid.UUID,
-    outcome: Outcome,
-    evidence: Any,
-    actor: str,
-    reason: str | None = None,
-    settings: OutboxSettings | None = None,
-) -> bool:
-    """:func:`apply_confirmation` on an ``AsyncConnection`` / ``AsyncSession``; never commits."""
-    plan = confirmation_plan(
-        run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
-    )
-    return await run_plan_async(conn, plan, settings)
 
 
 def confirmation_plan(

@@ -73,14 +73,15 @@ def emit(
         return _outcome(row, params, lease)
 
 
-async def emit_async(
+async def _emit_async(
     conn: AsyncConn,
     envelope: Envelope,
     *,
     lease: Lease | None = None,
     settings: OutboxSettings | None = None,
 ) -> uuid.UUID:
-    """:func:`emit` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
+    """:func:`emit` on an ``AsyncConnection`` / ``AsyncSession`` (public as
+    :func:`outbox.aio.emit`); never commits either."""
     with tracing.start_span(_SPAN) as span:
         sql, params = _prepare(envelope, lease, settings or default_settings())
         _describe(span, [params])
@@ -127,14 +128,15 @@ def emit_many(
         return _batch_outcome(row, messages, lease)
 
 
-async def emit_many_async(
+async def _emit_many_async(
     conn: AsyncConn,
     envelopes: Sequence[Envelope],
     *,
     lease: Lease | None = None,
     settings: OutboxSettings | None = None,
 ) -> list[uuid.UUID]:
-    """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession``; never commits either."""
+    """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession`` (public as
+    :func:`outbox.aio.emit_many`); never commits either."""
     resolved = settings or default_settings()
     with tracing.start_span(_SPAN) as span:
         messages = _prepare_batch(envelopes, lease, resolved)

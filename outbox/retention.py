@@ -14,10 +14,9 @@ from datetime import timedelta
 
 from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.errors import ConfigurationError
-from outbox.execution import Plan, SyncConn, run_plan, run_plan_async
+from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
 from outbox.states import FINISHED, RunState
 from outbox.tables import agent_runs, run_archive, step_results
@@ -112,21 +111,3 @@ def purge(engine: Engine, *, older_than: timedelta, batch_size: int = 100,
         if done < batch_size:
             break
     return total
-
-
-async def purge_async(engine: AsyncEngine, *, older_than: timedelta, batch_size: int = 100,
-                      max_batches: int = 1000, archive: bool = False,
-                      states: Collection[RunState | str] = DEFAULT_STATES,
-                      settings: OutboxSettings | None = None) -> int:
-    """Async twin of :func:`purge` (commits one transaction per batch)."""
-    total = 0
-    for _ in range(max_batches):
-        async with engine.begin() as conn:
-            plan = purge_batch_plan(older_than, batch_size, archive, states)
-            done = await run_plan_async(conn, plan, settings)
-        total += done
-        if done < batch_size:
-            break
-    return total
-
-

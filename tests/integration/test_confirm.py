@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.confirm import apply_confirmation, apply_confirmation_async
+from outbox import aio
+from outbox.confirm import apply_confirmation
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition, RunNotFound
 from outbox.runs import claim
 from outbox.tables import agent_runs, confirmations, run_transitions
@@ -228,7 +229,7 @@ def test_async_confirmation_applies_once(engine: Engine, async_engine: AsyncEngi
             for _ in range(2):
                 async with async_engine.begin() as conn:
                     outcomes.append(
-                        await apply_confirmation_async(
+                        await aio.apply_confirmation(
                             conn,
                             run_id=run_id,
                             confirmation_id=uuid.UUID(int=7),

@@ -13,7 +13,8 @@ from sqlalchemy import Connection, Engine, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox.emit import emit, emit_async
+from outbox import aio
+from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.errors import InvalidMessage, LeaseLost
 from outbox.leases import Lease
@@ -209,10 +210,10 @@ class TestAsync:
     ) -> None:
         async def scenario() -> None:
             async with async_engine.connect() as conn:
-                await emit_async(conn, make(payload="rolled back"))
+                await aio.emit(conn, make(payload="rolled back"))
                 await conn.rollback()
             async with async_engine.begin() as conn:
-                await emit_async(conn, make(payload="kept"))
+                await aio.emit(conn, make(payload="kept"))
 
         run_async(async_engine, scenario())
         with engine.connect() as conn:
@@ -227,8 +228,8 @@ class TestAsync:
         async def scenario() -> None:
             async with AsyncSession(async_engine) as session:
                 with pytest.raises(LeaseLost):
-                    await emit_async(session, make(), lease=stale)
-                await emit_async(session, make(), lease=lease)
+                    await aio.emit(session, make(), lease=stale)
+                await aio.emit(session, make(), lease=lease)
                 await session.commit()
 
         run_async(async_engine, scenario())
@@ -240,7 +241,7 @@ class TestAsync:
         async def scenario() -> None:
             async with async_engine.begin() as conn:
                 with pytest.raises(InvalidMessage):
-                    await emit_async(conn, make(topic="no spaces"))
+                    await aio.emit(conn, make(topic="no spaces"))
 
         run_async(async_engine, scenario())
         assert count_messages(engine) == 0
@@ -353,12 +354,11 @@ class TestEmitMany:
     def test_async_batch_refusal_says_which_envelope_was_bad(
         self, engine: Engine, async_engine: AsyncEngine
     ) -> None:
-        from outbox.emit import emit_many_async  # noqa: PLC0415
 
         async def scenario() -> None:
             async with async_engine.begin() as conn:
                 with pytest.raises(InvalidMessage) as caught:
-                    await emit_many_async(conn, [make(), make(), make(topic="x" * 5000)])
+                    await aio.emit_many(conn, [make(), make(), make(topic="x" * 5000)])
                 assert (caught.value.index, caught.value.field) == (2, "topic")
                 assert "(5000 characters) is too long" in str(caught.value)
 

@@ -22,7 +22,8 @@ from sqlalchemy import Engine, event, insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox.emit import emit, emit_many, emit_many_async
+from outbox import aio
+from outbox.emit import emit, emit_many
 from outbox.envelope import Envelope
 from outbox.errors import InvalidMessage, LeaseLost
 from outbox.lanes import lane_for, ordering_lock_key
@@ -144,7 +145,7 @@ class TestOneStatement:
         async def scenario() -> None:
             async with async_engine.begin() as conn:
                 before = len(sent)
-                assert await emit_many_async(conn, envelopes) == [e.message_id for e in envelopes]
+                assert await aio.emit_many(conn, envelopes) == [e.message_id for e in envelopes]
                 assert len(sent) - before == 1
 
         run_async(async_engine, scenario())
@@ -303,8 +304,8 @@ class TestFencing:
         async def scenario() -> None:
             async with AsyncSession(async_engine) as session:
                 with pytest.raises(LeaseLost):
-                    await emit_many_async(session, [make(key="a"), make(key="b")], lease=stale)
-                await emit_many_async(session, [make(key="a"), make(key="b")], lease=lease)
+                    await aio.emit_many(session, [make(key="a"), make(key="b")], lease=stale)
+                await aio.emit_many(session, [make(key="a"), make(key="b")], lease=lease)
                 await session.commit()
 
         run_async(async_engine, scenario())

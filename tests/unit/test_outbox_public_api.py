@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 import outbox
-from outbox import confirm
+from outbox import aio, confirm
 
 # outbox.emit is the function once the package re-exports it; the module is in sys.modules.
 emit = importlib.import_module("outbox.emit")
@@ -16,12 +16,9 @@ OUTBOX_API = {
     "LeaseLost",
     "SchemaError",
     "apply_confirmation",
-    "apply_confirmation_async",
     "check_schema",
     "emit",
-    "emit_async",
     "emit_many",
-    "emit_many_async",
     "migrate",
     "pending_sql",
 }
@@ -43,11 +40,20 @@ def test_outbox_all_is_exactly_the_pinned_surface() -> None:
 def test_write_side_functions_say_they_never_commit() -> None:
     for function in (
         emit.emit,
-        emit.emit_async,
+        aio.emit,
         emit.emit_many,
-        emit.emit_many_async,
+        aio.emit_many,
         confirm.apply_confirmation,
-        confirm.apply_confirmation_async,
+        aio.apply_confirmation,
     ):
         assert function.__doc__ is not None
         assert "never commits" in function.__doc__.lower(), function.__name__
+
+
+def test_one_async_convention_the_twin_of_outbox_x_is_outbox_aio_x() -> None:
+    """No public name spells async: each asyncio twin is ``outbox.aio`` + the sync name."""
+    spelled = [name for module in (outbox, aio) for name in module.__all__ if "async" in name]
+    assert spelled == []
+    for name in ("emit", "emit_many", "apply_confirmation", "purge", "purge_batch",
+                 "purgeable", "claim", "transition"):
+        assert name in aio.__all__, name

@@ -23,8 +23,9 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
+from outbox import aio
 from outbox.dsn import sqlalchemy_url
-from outbox.emit import emit, emit_async, emit_many, emit_many_async
+from outbox.emit import emit, emit_many
 from outbox.envelope import Envelope
 from outbox.errors import InvalidMessage
 from outbox.leases import Lease
@@ -172,7 +173,7 @@ def write(conn: Connection, envelopes: list[Envelope], lease: Lease | None) -> l
     return emit_many(conn, envelopes, lease=lease, settings=SETTINGS)
 
 
-# --- the async twins: emit_async and emit_many_async keep the same promise ------------------
+# --- the async twins: aio.emit and aio.emit_many keep the same promise ------------------
 
 
 class AsyncCase:
@@ -215,7 +216,7 @@ def async_case(module_database_url: str) -> Iterator[AsyncCase]:
 def test_async_emits_write_exactly_what_was_given_or_nothing(
     async_case: AsyncCase, call: tuple[bool, list[Case]]
 ) -> None:
-    """``emit_async`` (one envelope) and ``emit_many_async`` (2-5): all written, or none."""
+    """``aio.emit`` (one envelope) and ``aio.emit_many`` (2-5): all written, or none."""
     async_case.loop.run(check_call_async(async_case, call))
 
 
@@ -251,5 +252,5 @@ async def write_async(
     conn: AsyncConnection, envelopes: list[Envelope], lease: Lease | None
 ) -> list[Any]:
     if len(envelopes) == 1:
-        return [await emit_async(conn, envelopes[0], lease=lease, settings=SETTINGS)]
-    return await emit_many_async(conn, envelopes, lease=lease, settings=SETTINGS)
+        return [await aio.emit(conn, envelopes[0], lease=lease, settings=SETTINGS)]
+    return await aio.emit_many(conn, envelopes, lease=lease, settings=SETTINGS)
