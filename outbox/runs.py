@@ -20,8 +20,11 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    FromClause,
     RowMapping,
+    Subquery,
     Text,
+    bindparam,
     case,
     cast,
     exists,
@@ -29,6 +32,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -179,23 +183,71 @@ def start_run_plan(
     raise WorkflowRetired(workflow, rows[0]["retired_reason"] if rows else None)
 
 
-def _claim_once(
-    worker: str, lease_seconds: float, names: Sequence[str] | None
-) -> Plan[Claim | None]:
+def _runnable() -> ColumnElement[bool]:
+    """What makes a run claimable: queued and due, running with an expired lease, or waiting
+    with a passed timer."""
     now = func.now()
-    runnable = (
+    return (
         ((runs.c.state == RunState.QUEUED) & (func.coalesce(runs.c.not_before, now) <= now))
         | ((runs.c.state == RunState.RUNNING)
            & (func.coalesce(runs.c.lease_expires_at, now) <= now))
         | ((runs.c.state == RunState.WAITING) & (runs.c.not_before <= now))
     )
-    candidate = select(runs.c.id, runs.c.state).where(
-        runnable, runs.c.purged_at.is_(None), ~fencing.retired_clause()
+
+
+def _in_state(table: FromClause, *states: RunState) -> ColumnElement[bool]:
+    # Written into the SQL text, not sent as parameters: a partial index is used only when the
+    # planner proves its predicate from constants, and psycopg prepares a statement after five
+    # runs (a generic plan sees parameters, not values).
+    return table.c.state.in_(
+        bindparam(None, [s.value for s in states], expanding=True, literal_execute=True))
+
+
+def _due_probes(names: Sequence[str] | None) -> Subquery:
+    """The claimable runs' ids in created_at order, one index probe per way of being due.
+
+    An OR of the three states cannot follow an index in created_at order (a scan and a sort
+    of every runnable run per claim), and ``now()`` cannot be in an index predicate. So each
+    probe reads one partial index (migration 0007) and the planner merges them (Merge
+    Append): queued runs with no ``not_before`` in created_at order, read from the start;
+    the timed ones (a past ``not_before``, an expired lease) by time up to ``now()``, sorted.
+    Runs not due yet are never read. Each probe has its own ORDER BY: without it PostgreSQL
+    15 plans the union as one unordered Append and sorts every queued run.
+    """
+    probe = runs.alias("probe")
+    now = func.now()
+    unpurged = probe.c.purged_at.is_(None)
+    ways = [
+        _in_state(probe, RunState.QUEUED) & probe.c.not_before.is_(None),
+        _in_state(probe, RunState.QUEUED, RunState.WAITING) & (probe.c.not_before <= now),
+        _in_state(probe, RunState.RUNNING) & (probe.c.lease_expires_at <= now),
+        _in_state(probe, RunState.RUNNING) & probe.c.lease_expires_at.is_(None),
+    ]
+    selects = []
+    for due in ways:
+        one = select(probe.c.id, probe.c.created_at).where(due, unpurged)
+        if names is not None:
+            one = one.where(probe.c.workflow.in_(list(names)))
+        selects.append(one.order_by(probe.c.created_at))
+    return union_all(*selects).subquery("due")
+
+
+def _claim_once(
+    worker: str, lease_seconds: float, names: Sequence[str] | None
+) -> Plan[Claim | None]:
+    now = func.now()
+    due = _due_probes(names)
+    # The conditions are checked again on the row being locked: a run another worker claimed
+    # and committed since this statement's snapshot is re-read by the lock and skipped.
+    candidate = (
+        select(runs.c.id, runs.c.state)
+        .select_from(due.join(runs, runs.c.id == due.c.id))
+        .where(_runnable(), runs.c.purged_at.is_(None), ~fencing.retired_clause())
     )
     if names is not None:
         candidate = candidate.where(runs.c.workflow.in_(list(names)))
     candidate_cte = (
-        candidate.order_by(runs.c.created_at).limit(1)
+        candidate.order_by(due.c.created_at).limit(1)
         .with_for_update(skip_locked=True, of=runs).cte("candidate")
     )
     claimed = (

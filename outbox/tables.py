@@ -116,6 +116,18 @@ Index(
     agent_runs.c.not_before,
     postgresql_where=text("state IN ('queued', 'running', 'waiting')"),
 )
+# The claim's probes in claim order (migration 0007): the queued backlog by age, and running
+# runs by lease expiry (the timed queued/waiting runs use agent_runs_runnable_idx).
+Index(
+    "agent_runs_claim_queued_idx",
+    agent_runs.c.created_at,
+    postgresql_where=text("state = 'queued' AND not_before IS NULL AND purged_at IS NULL"),
+)
+Index(
+    "agent_runs_claim_expired_idx",
+    agent_runs.c.lease_expires_at,
+    postgresql_where=text("state = 'running' AND purged_at IS NULL"),
+)
 Index(
     "agent_runs_finished_idx", agent_runs.c.finished_at, postgresql_where=text("purged_at IS NULL")
 )
