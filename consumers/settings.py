@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from outbox.backoff import Backoff
 from outbox.settings import ConnectionSettings
 
 DAY = 86_400.0
@@ -76,6 +77,12 @@ class ConsumerSettings(ConnectionSettings):
 
     def backoff(self, attempt: int) -> float:
         """The delay after failed attempt number *attempt* (1-based), before the next one."""
-        delay = self.backoff_initial_seconds * 2.0 ** (attempt - 1)
-        return float(min(self.backoff_max_seconds, delay))
+        return self.retry_backoff.delay(attempt)
+
+    @property
+    def retry_backoff(self) -> Backoff:
+        """A failed message's delays: doubling from ``backoff_initial_seconds``, at most
+        ``backoff_max_seconds``, no jitter (its partition waits, not a crowd of clients)."""
+        return Backoff(base=min(self.backoff_initial_seconds, self.backoff_max_seconds),
+                       cap=self.backoff_max_seconds)
 

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 
 from dedup.outcomes import DEFAULT_MAX_VALUE_BYTES, MIN_MAX_VALUE_BYTES
+from outbox.backoff import POLICY_NAMES, Backoff
+from outbox.backoff import check as check_backoff
 from outbox.errors import ConfigurationError
 
 
@@ -52,20 +54,8 @@ class ReconcilePolicy:
             raise ConfigurationError("max_checks and max_calls must be >= 1")
         if self.max_age_seconds is not None and self.max_age_seconds <= 0:
             raise ConfigurationError("max_age_seconds must be > 0 (or None for no age limit)")
-        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
-            raise ConfigurationError(
-                "backoff needs initial_backoff >= 0, max_backoff >= 0 and multiplier >= 1"
-            )
-        if self.initial_backoff > self.max_backoff:
-            # Capped silently, the first check would come sooner than the caller asked for:
-            # one of the two values is a mistake, and only the caller knows which.
-            raise ConfigurationError(
-                f"initial_backoff ({self.initial_backoff:g} s) is over max_backoff "
-                f"({self.max_backoff:g} s): the first delay cannot exceed the largest; "
-                "raise max_backoff or lower initial_backoff"
-            )
-        if not 0 <= self.jitter <= 1:
-            raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
+        check_backoff(self.initial_backoff, self.multiplier, self.max_backoff, self.jitter,
+                      POLICY_NAMES)
         if self.in_flight_grace < 0 or self.claim_seconds <= 0:
             raise ConfigurationError("in_flight_grace must be >= 0 and claim_seconds > 0")
         if self.evidence_last_events < 1:
@@ -79,5 +69,10 @@ class ReconcilePolicy:
 
     def backoff(self, checks: int, rng: random.Random | None = None) -> float:
         """Seconds until the next status query after *checks* unclear ones (0 → first)."""
-        base = min(self.max_backoff, self.initial_backoff * self.multiplier ** max(0, checks - 1))
-        return base * (1 - self.jitter * (rng or random).random())  # jitter, not crypto
+        return self.schedule.delay(max(1, checks), rng)
+
+    @property
+    def schedule(self) -> Backoff:
+        """The delays between status queries as a :class:`Backoff`."""
+        return Backoff(base=self.initial_backoff, factor=self.multiplier, cap=self.max_backoff,
+                       jitter=self.jitter)
