@@ -14,6 +14,7 @@ from outbox.errors import (
     IllegalTransition,
     InvalidMessage,
     LeaseLost,
+    LeaseSpent,
     MissingToolError,
     OutboxError,
     RunError,
@@ -23,15 +24,14 @@ from outbox.errors import (
     StepAlreadyRecorded,
     WorkflowRetired,
 )
+from outbox.handle import ClaimedRun, claim
 from outbox.leases import Lease
 from outbox.migrate import check_schema, migrate, pending_sql
 from outbox.retention import purge, purge_batch
-from outbox.retry import Failure, RetryPolicy, handle_failure
+from outbox.retry import RetryOutcome, RetryPolicy, handle_failure
 from outbox.runs import (
-    Claim,
     Run,
     Transition,
-    claim,
     get_run,
     history,
     move,
@@ -53,17 +53,18 @@ __all__ = [
     "ArtifactNotFound",
     "ArtifactRef",
     "CheckpointTooLarge",
-    "Claim",
+    "ClaimedRun",
     "ConfigurationError",
     "Envelope",
     "EvidenceRequired",
-    "Failure",
     "IllegalTransition",
     "InvalidMessage",
     "Lease",
     "LeaseLost",
+    "LeaseSpent",
     "MissingToolError",
     "OutboxError",
+    "RetryOutcome",
     "RetryPolicy",
     "Run",
     "RunError",

@@ -25,6 +25,7 @@ from outbox.confirm import Outcome, confirmation_plan
 from outbox.emit import _emit_async, _emit_many_async
 from outbox.envelope import Envelope
 from outbox.execution import AsyncConn, run_plan_async
+from outbox.handle import RunHandle, transition_ends
 from outbox.leases import Lease
 from outbox.retention import DEFAULT_STATES, purge_batch_plan, purgeable_plan
 from outbox.settings import OutboxSettings
@@ -34,6 +35,7 @@ from outbox.workflows import Workflow
 T = TypeVar("T")
 
 __all__ = [
+    "AsyncClaimedRun",
     "apply_confirmation",
     "claim",
     "emit",
@@ -78,11 +80,12 @@ async def start_run(conn: AsyncConn, *, workflow: str, workflow_version: str,
 
 async def claim(conn: AsyncConn, *, worker: str, lease_seconds: float,
                 workflows: Sequence[str | Workflow] | None = None,
-                settings: OutboxSettings | None = None) -> runs.Claim | None:
-    """Async :func:`outbox.runs.claim`."""
-    return await run_plan_async(conn, runs.claim_plan(
+                settings: OutboxSettings | None = None) -> AsyncClaimedRun | None:
+    """Async :func:`outbox.claim`: the claimed run's handle, or ``None``; never commits."""
+    got = await run_plan_async(conn, runs.claim_plan(
         worker=worker, lease_seconds=lease_seconds, workflows=workflows, settings=settings),
         settings)
+    return None if got is None else AsyncClaimedRun(conn, got.run, got.lease, settings=settings)
 
 
 async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
@@ -177,7 +180,7 @@ async def run_step(conn: AsyncConn, lease: Lease, step_key: str,
 async def handle_failure(conn: AsyncConn, lease: Lease, error: BaseException, *,
                          policy: retry.RetryPolicy, step: str | None = None,
                          rng: random.Random | None = None,
-                         settings: OutboxSettings | None = None) -> retry.Failure:
+                         settings: OutboxSettings | None = None) -> retry.RetryOutcome:
     """Async :func:`outbox.retry.handle_failure`."""
     return await run_plan_async(
         conn, retry.handle_failure_plan(lease, error, policy, step, rng), settings)
@@ -293,3 +296,69 @@ async def purge(engine: AsyncEngine, *, older_than: timedelta, batch_size: int =
         if done < batch_size:
             break
     return total
+
+
+class AsyncClaimedRun(RunHandle[AsyncConn]):
+    """Async :class:`outbox.handle.ClaimedRun`: same methods, awaited; never commits."""
+
+    async def transition(self, to: RunState | str, *, step: str | None = None,
+                         reason: str | None = None, evidence: Any = None,
+                         actor: str | None = None, checkpoint: Any = KEEP,
+                         wake_at: datetime | timedelta | None = None) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.transition`; it ends the lease."""
+        lease = await transition(self.conn, self._held(), to, step=step, reason=reason,
+                                 evidence=evidence, actor=actor, checkpoint=checkpoint,
+                                 wake_at=wake_at, settings=self.settings)
+        self._kept(lease, ends=transition_ends(to))
+
+    async def save_checkpoint(self, checkpoint: Any, *, step: str | None = None) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.save_checkpoint`."""
+        self._kept(await save_checkpoint(self.conn, self._held(), checkpoint, step=step,
+                                         settings=self.settings))
+
+    async def renew(self, lease_seconds: float) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.renew`."""
+        self._kept(await renew(self.conn, self._held(), lease_seconds, settings=self.settings))
+
+    async def release(self, *, reason: str | None = None) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.release`; it ends the lease."""
+        await release(self.conn, self._held(), reason=reason, settings=self.settings)
+        self._ended_by = "release()"
+
+    async def record(self, step_key: str, result: Any, *, checkpoint: Any = KEEP) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.record`."""
+        self._kept(await record(self.conn, self._held(), step_key, result,
+                                checkpoint=checkpoint, settings=self.settings))
+
+    async def run_step(self, step_key: str, fn: Callable[[], Awaitable[T]], *,
+                       regenerable: bool = False, checkpoint: Any = KEEP) -> steps.StepRun[T]:
+        """Async :meth:`outbox.handle.ClaimedRun.run_step`: *fn* is a coroutine function."""
+        done = await run_step(self.conn, self._held(), step_key, fn, regenerable=regenerable,
+                              checkpoint=checkpoint, settings=self.settings)
+        self._kept(done.lease)
+        return done
+
+    async def handle_failure(self, error: BaseException, *, policy: retry.RetryPolicy,
+                             step: str | None = None,
+                             rng: random.Random | None = None) -> retry.RetryOutcome:
+        """Async :meth:`outbox.handle.ClaimedRun.handle_failure`; it ends the lease."""
+        outcome = await handle_failure(self.conn, self._held(), error, policy=policy,
+                                       step=step, rng=rng, settings=self.settings)
+        self._kept(outcome.lease, ends=f"handle_failure(), which moved the run to "
+                                       f"{outcome.state.value!r}")
+        return outcome
+
+    async def revalidate(self, approval_id: uuid.UUID, *,
+                         scope: Mapping[str, Any]) -> approvals.ApprovalCheck:
+        """Async :meth:`outbox.handle.ClaimedRun.revalidate`."""
+        check = await revalidate(self.conn, self._held(), approval_id, scope=scope,
+                                 settings=self.settings)
+        return self._after_check(check, approval_id)
+
+    async def emit(self, envelope: Envelope) -> uuid.UUID:
+        """Async :meth:`outbox.handle.ClaimedRun.emit`."""
+        return await emit(self.conn, envelope, lease=self._held(), settings=self.settings)
+
+    async def emit_many(self, envelopes: Sequence[Envelope]) -> list[uuid.UUID]:
+        """Async :meth:`outbox.handle.ClaimedRun.emit_many`."""
+        return await emit_many(self.conn, envelopes, lease=self._held(), settings=self.settings)

@@ -16,6 +16,7 @@ stays attached::
     │   ├── RunNotFound
     │   ├── IllegalTransition     the move is not allowed from the run's current state
     │   ├── LeaseLost             another worker holds the run now; stop writing for it
+    │   ├── LeaseSpent            this worker ended its own lease; claim the run again
     │   ├── EvidenceRequired      ``done`` needs evidence
     │   ├── CheckpointTooLarge    the checkpoint exceeds the configured bound
     │   ├── StepAlreadyRecorded   the step has a recorded result; read it, don't redo it
@@ -104,6 +105,21 @@ class LeaseLost(RunError):
     def expected_token(self) -> int:
         """The token this worker held (the name the style guide uses)."""
         return self.held_token
+
+
+class LeaseSpent(RunError):
+    """A run handle was asked to write after its own lease ended; nothing was sent.
+
+    *ended_by* says what ended it (a transition out of ``running``, a release, a failure
+    handled, an approval that did not hold).
+    """
+
+    def __init__(self, run_id: UUID, ended_by: str) -> None:
+        super().__init__(
+            f"the lease on run {run_id} was already ended by {ended_by}: this handle writes "
+            "nothing more; commit, and claim the run again to go on working on it"
+        )
+        self.run_id, self.ended_by = run_id, ended_by
 
 
 class RunNotFound(RunError):

@@ -76,7 +76,7 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
-class Failure:
+class RetryOutcome:
     """What :func:`handle_failure` did: the run's new state, the attempt it counted and,
     when requeued, the backoff delay. ``lease`` is spent either way: stop working."""
 
@@ -94,7 +94,7 @@ def _evidence(error: BaseException, attempt: int, retryable: bool) -> dict[str, 
 def handle_failure_plan(
     lease: Lease, error: BaseException, policy: RetryPolicy, step: str | None,
     rng: random.Random | None,
-) -> Plan[Failure]:
+) -> Plan[RetryOutcome]:
     runs = agent_runs
     rows = yield select(runs.c.attempts, runs.c.lease_token, runs.c.version,
                         fencing.retired_clause().label("retired")).where(runs.c.id == lease.run_id)
@@ -128,7 +128,7 @@ def handle_failure_plan(
                                  history=history)
         moved = yield from fencing.write(stmt, lease.run_id, lease, RunState.QUEUED, sources)
         assert moved is not None
-        return Failure(RunState.QUEUED, attempt, delay, fencing.next_lease(lease, moved))
+        return RetryOutcome(RunState.QUEUED, attempt, delay, fencing.next_lease(lease, moved))
     target = RunState(policy.give_up_state)
     if not retryable:
         reason = f"final error on attempt {attempt}: {described}"
@@ -147,7 +147,7 @@ def handle_failure_plan(
     )
     moved = yield from fencing.write(stmt, lease.run_id, lease, target, sources)
     assert moved is not None
-    return Failure(target, attempt, None, fencing.next_lease(lease, moved))
+    return RetryOutcome(target, attempt, None, fencing.next_lease(lease, moved))
 
 
 def handle_failure(
@@ -159,7 +159,7 @@ def handle_failure(
     step: str | None = None,
     rng: random.Random | None = None,
     settings: OutboxSettings | None = None,
-) -> Failure:
+) -> RetryOutcome:
     """Requeue the run with backoff, or move it to ``policy.give_up_state``; never commits.
 
     Call it from the ``except`` block of a failed step, in a *fresh* transaction (the

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
+
 import outbox
 from outbox import aio, runs
 
 RUN_API = {
     "Approval", "ApprovalCheck", "ApprovalInvalid", "ArtifactNotFound", "ArtifactRef",
-    "CheckpointTooLarge", "Claim", "EvidenceRequired", "Failure", "IllegalTransition", "Lease",
-    "LeaseLost", "RetryPolicy", "Run", "RunError", "RunNotFound", "RunState",
+    "CheckpointTooLarge", "ClaimedRun", "EvidenceRequired", "IllegalTransition", "Lease",
+    "LeaseLost", "LeaseSpent", "RetryOutcome", "RetryPolicy", "Run", "RunError", "RunNotFound",
+    "RunState",
     "StepAlreadyRecorded", "StepRecord", "StepRun", "Transition", "VersionPolicy", "Workflow",
     "WorkflowRetired", "claim", "get_run", "grant", "handle_failure", "history",
     "load_artifact", "move", "purge", "purge_batch", "record", "recorded", "register",
@@ -27,8 +30,20 @@ def test_every_sync_writer_has_an_async_twin() -> None:
     sync_writers = {"start_run", "claim", "transition", "save_checkpoint", "renew", "release",
                     "move", "wake", "get_run", "history", "record", "recorded", "run_step",
                     "handle_failure", "store_artifact", "load_artifact", "request_approval",
-                    "grant", "revoke", "revalidate", "register", "retire", "purge_batch"}
+                    "grant", "revoke", "revalidate", "register", "retire", "purge_batch",
+                    "purge", "purgeable", "emit", "emit_many", "apply_confirmation"}
     assert sync_writers <= set(aio.__all__)
     assert all(callable(getattr(aio, name)) for name in aio.__all__)
-    assert runs.claim.__doc__ is not None
-    assert "never commits" in runs.claim.__doc__.lower()
+    for function in (runs.claim, outbox.claim, aio.claim):
+        assert function.__doc__ is not None
+        assert "never commits" in function.__doc__.lower(), function.__module__
+
+
+def test_the_async_handle_has_every_method_of_the_sync_one() -> None:
+    """One convention for the handle too: same method names, awaited."""
+    def methods(cls: type) -> set[str]:
+        return {name for name in dir(cls) if not name.startswith("_")}
+
+    assert methods(outbox.ClaimedRun) == methods(aio.AsyncClaimedRun)
+    for name in methods(outbox.ClaimedRun) - {"lease", "spent", "on"}:
+        assert inspect.iscoroutinefunction(getattr(aio.AsyncClaimedRun, name)), name

@@ -1,0 +1,170 @@
+"""A claimed run as one handle: its connection, its settings and its current lease.
+
+:func:`claim` returns a :class:`ClaimedRun`. Each write through it calls the lease function
+of the same name (:mod:`outbox.runs`, :mod:`outbox.steps`, :mod:`outbox.retry`,
+:mod:`outbox.approvals`, :mod:`outbox.emit`) with the handle's lease and keeps the lease that
+write returned, so nobody threads a :class:`~outbox.leases.Lease` by hand. Like those
+functions, the handle never commits. The asyncio twin is :class:`outbox.aio.AsyncClaimedRun`.
+
+A handle belongs to one transaction. Workers often claim in one transaction and work in the
+next: ``job.on(conn)`` is a handle on another connection that starts from ``job``'s lease.
+Keep the handle of the last *committed* transaction: a write that was rolled back advanced
+only the lease of the handle that made it, so the handle it was forked from still holds the
+lease the database has.
+
+A write after the handle's own lease ended (any transition, which always leaves ``running``;
+a release; a handled failure; an approval that did not hold) raises
+:class:`~outbox.errors.LeaseSpent` and sends nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Generic, Self, TypeVar
+
+from outbox import approvals, retry, runs, steps
+from outbox.checkpoints import KEEP
+from outbox.emit import emit as emit_one
+from outbox.emit import emit_many as emit_several
+from outbox.envelope import Envelope
+from outbox.errors import LeaseSpent
+from outbox.execution import SyncConn
+from outbox.leases import Lease
+from outbox.settings import OutboxSettings
+from outbox.states import RunState
+from outbox.workflows import Workflow
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+class RunHandle(Generic[C]):
+    """What the sync and async handles share: the run, the lease and who ended it."""
+
+    def __init__(self, conn: C, run: runs.Run, lease: Lease, *,
+                 settings: OutboxSettings | None = None, ended_by: str | None = None) -> None:
+        self.conn = conn
+        self.run = run
+        """The run as claimed: resume from ``run.step`` / ``run.checkpoint``."""
+        self.settings = settings
+        self._lease = lease
+        self._ended_by = ended_by
+
+    @property
+    def lease(self) -> Lease:
+        """The current lease: the one the last write through this handle returned."""
+        return self._lease
+
+    @property
+    def spent(self) -> bool:
+        """True once this handle ended its lease; it then writes nothing more."""
+        return self._ended_by is not None
+
+    def on(self, conn: C) -> Self:
+        """This run on *conn* (another transaction), starting from this handle's lease."""
+        return type(self)(conn, self.run, self._lease, settings=self.settings,
+                          ended_by=self._ended_by)
+
+    def _held(self) -> Lease:
+        if self._ended_by is not None:
+            raise LeaseSpent(self._lease.run_id, self._ended_by)
+        return self._lease
+
+    def _kept(self, lease: Lease, *, ends: str | None = None) -> None:
+        self._lease = lease
+        if ends is not None:
+            self._ended_by = ends
+
+    def _after_check(self, check: approvals.ApprovalCheck,
+                     approval_id: uuid.UUID) -> approvals.ApprovalCheck:
+        self._kept(check.lease, ends=None if check.valid else
+                   f"revalidate(approval {approval_id}), which moved the run to {check.state}")
+        return check
+
+
+def transition_ends(to: RunState | str) -> str:
+    """How :class:`~outbox.errors.LeaseSpent` names a transition (every one ends the lease)."""
+    return (f"transition to {RunState(to).value!r} (emit and write before the transition "
+            "that ends the lease, in the same transaction)")
+
+
+class ClaimedRun(RunHandle[SyncConn]):
+    """A run this worker holds, bound to a ``Connection`` / ``Session``; never commits."""
+
+    def transition(self, to: RunState | str, *, step: str | None = None,
+                   reason: str | None = None, evidence: Any = None, actor: str | None = None,
+                   checkpoint: Any = KEEP, wake_at: datetime | timedelta | None = None) -> None:
+        """:func:`outbox.runs.transition`; it ends the lease (the run leaves ``running``)."""
+        lease = runs.transition(self.conn, self._held(), to, step=step, reason=reason,
+                                evidence=evidence, actor=actor, checkpoint=checkpoint,
+                                wake_at=wake_at, settings=self.settings)
+        self._kept(lease, ends=transition_ends(to))
+
+    def save_checkpoint(self, checkpoint: Any, *, step: str | None = None) -> None:
+        """:func:`outbox.runs.save_checkpoint`."""
+        self._kept(runs.save_checkpoint(self.conn, self._held(), checkpoint, step=step,
+                                        settings=self.settings))
+
+    def renew(self, lease_seconds: float) -> None:
+        """:func:`outbox.runs.renew`: extend the lease to ``now() + lease_seconds``."""
+        self._kept(runs.renew(self.conn, self._held(), lease_seconds, settings=self.settings))
+
+    def release(self, *, reason: str | None = None) -> None:
+        """:func:`outbox.runs.release`: give the run back; it ends the lease."""
+        runs.release(self.conn, self._held(), reason=reason, settings=self.settings)
+        self._ended_by = "release()"
+
+    def record(self, step_key: str, result: Any, *, checkpoint: Any = KEEP) -> None:
+        """:func:`outbox.steps.record`."""
+        self._kept(steps.record(self.conn, self._held(), step_key, result,
+                                checkpoint=checkpoint, settings=self.settings))
+
+    def run_step(self, step_key: str, fn: Callable[[], T], *, regenerable: bool = False,
+                 checkpoint: Any = KEEP) -> steps.StepRun[T]:
+        """:func:`outbox.steps.run_step`: the recorded result, or *fn*'s, recorded once."""
+        done = steps.run_step(self.conn, self._held(), step_key, fn, regenerable=regenerable,
+                              checkpoint=checkpoint, settings=self.settings)
+        self._kept(done.lease)
+        return done
+
+    def handle_failure(self, error: BaseException, *, policy: retry.RetryPolicy,
+                       step: str | None = None,
+                       rng: random.Random | None = None) -> retry.RetryOutcome:
+        """:func:`outbox.retry.handle_failure`; it ends the lease (requeued or given up)."""
+        outcome = retry.handle_failure(self.conn, self._held(), error, policy=policy, step=step,
+                                       rng=rng, settings=self.settings)
+        self._kept(outcome.lease, ends=f"handle_failure(), which moved the run to "
+                                       f"{outcome.state.value!r}")
+        return outcome
+
+    def revalidate(self, approval_id: uuid.UUID, *,
+                   scope: Mapping[str, Any]) -> approvals.ApprovalCheck:
+        """:func:`outbox.approvals.revalidate`; an approval that does not hold ends the lease."""
+        check = approvals.revalidate(self.conn, self._held(), approval_id, scope=scope,
+                                     settings=self.settings)
+        return self._after_check(check, approval_id)
+
+    def emit(self, envelope: Envelope) -> uuid.UUID:
+        """:func:`outbox.emit.emit`, fenced by the lease; the message gets this run's id."""
+        return emit_one(self.conn, envelope, lease=self._held(), settings=self.settings)
+
+    def emit_many(self, envelopes: Sequence[Envelope]) -> list[uuid.UUID]:
+        """:func:`outbox.emit.emit_many`, fenced by the lease."""
+        return emit_several(self.conn, envelopes, lease=self._held(), settings=self.settings)
+
+
+def claim(conn: SyncConn, *, worker: str, lease_seconds: float,
+          workflows: Sequence[str | Workflow] | None = None,
+          settings: OutboxSettings | None = None) -> ClaimedRun | None:
+    """Lease one runnable run to *worker* and return its handle, or ``None``; never commits.
+
+    :func:`outbox.runs.claim` says which runs are runnable; it returns the bare run and
+    lease, for callers who thread the lease themselves. The handle carries *settings* to
+    every write. Commit promptly: the run's row stays locked until then.
+    """
+    got = runs.claim(conn, worker=worker, lease_seconds=lease_seconds, workflows=workflows,
+                     settings=settings)
+    return None if got is None else ClaimedRun(conn, got.run, got.lease, settings=settings)
