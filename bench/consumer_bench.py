@@ -285,7 +285,7 @@ def consumer_rate(
         def do_nothing(ctx: HandlerContext, order: Order) -> None:
             pass
 
-        app.register(topic, Order, do_nothing)
+        app.register(topic, do_nothing)
     elif handler == "batch":
 
         def write_batch(batch: Sequence[tuple[HandlerContext, Order]]) -> None:
@@ -296,13 +296,13 @@ def consumer_rate(
                 {"ids": [c.message_id for c, _ in batch], "ns": [o.n for _, o in batch]},
             )
 
-        app.register_batch(topic, Order, write_batch)
+        app.register_batch(topic, write_batch)
     else:
 
         def write_one(ctx: HandlerContext, order: Order) -> None:
             ctx.conn.execute(insert(effects), {"message_id": ctx.message_id, "n": order.n})
 
-        app.register(topic, Order, write_one)
+        app.register(topic, write_one)
     with kafka_client(client):  # for the whole run: the runner may resolve it late
         rate, done = run_until(Runner(app), topic, n, limit_s=900)
     if done < n:
@@ -408,7 +408,7 @@ def isolation_rate(
             raise RetryLater("supplier hangs", RECHECK_S)
         ctx.conn.execute(insert(effects), {"message_id": ctx.message_id, "n": order.n})
 
-    app.register(topic, Order, write_one)
+    app.register(topic, write_one)
     with kafka_client("kafka-python"):
         runner = Runner(app)
         rate, processed = run_until(runner, topic, 3 * k, limit_s=limit_s, began=began)

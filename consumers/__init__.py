@@ -4,10 +4,11 @@ Register handlers on a :class:`Consumer`; run it with ``python -m consumers modu
 (or ``outbox consume module:app``), or embed it with :class:`Runner`.
 """
 
-from consumers.app import Consumer, Registration
+from consumers.app import Consumer
 from consumers.context import HandlerContext
 from consumers.control import DeadLetter, HandlerControl, RetryLater, SkipMessage
 from consumers.errors import ConsumerError, FailureNotFound, MalformedMessage
+from consumers.handlers import Registration
 from consumers.replay import rehandle, republish
 from consumers.runner import Runner
 from consumers.settings import ConsumerSettings

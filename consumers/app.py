@@ -1,46 +1,44 @@
-"""The consumer application: which handler takes which topic, with which payload model.
+"""The consumer application: which handler takes which topic.
 
 ::
 
     app = Consumer(group_id="orders")
 
-    @app.handler("order.submit", model=OrderSubmit)
+    @app.handler("order.submit")
     def place(ctx: HandlerContext, order: OrderSubmit) -> None:
         ctx.conn.execute(...)            # commits with the dedup mark, or not at all
 
-Run it with ``python -m consumers module:app`` (or ``outbox consume module:app``).
+The payload type is the handler's annotation (:mod:`consumers.handlers`). Run the app with
+``python -m consumers module:app`` (or ``outbox consume module:app``), or embed it with
+``consumers.Runner(app).run()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
-from pydantic import BaseModel
-
-from consumers.context import HandlerContext
+from consumers.handlers import (
+    BatchHandler,
+    Handler,
+    Registration,
+    batch_registration,
+    registration,
+)
 from consumers.settings import ConsumerSettings
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 
-M = TypeVar("M", bound=BaseModel)
-Handler = Callable[[HandlerContext, Any], None]
-BatchHandler = Callable[[Sequence[tuple[HandlerContext, Any]]], None]
-
-
-@dataclass(frozen=True)
-class Registration:
-    """One topic's handler: per message (``handler``) or per batch (``batch_handler``)."""
-
-    topic: str
-    model: type[BaseModel]
-    handler: Handler | None = None
-    batch_handler: BatchHandler | None = None
+H = TypeVar("H", bound=Handler)
+B = TypeVar("B", bound=BatchHandler)
 
 
 class Consumer:
-    """A set of handlers consumed as one Kafka consumer group."""
+    """A set of handlers consumed as one Kafka consumer group.
+
+    It only describes: :class:`consumers.Runner` runs it (the runner imports this module,
+    so this one does not import the runner).
+    """
 
     def __init__(
         self,
@@ -60,63 +58,46 @@ class Consumer:
     def topics(self) -> list[str]:
         return sorted(self.registrations)
 
-    def register(
-        self, topic: str, model: type[M], handler: Callable[[HandlerContext, M], None]
-    ) -> None:
-        """Handle each message of *topic*, its JSON payload validated into *model*."""
-        self._add(Registration(topic, model, handler=handler))
+    def register(self, topic: str, handler: Handler) -> None:
+        """Handle each message of *topic*; the payload type is the handler's second
+        parameter's annotation (a pydantic model, ``bytes``, ``dict`` or none).
 
-    def register_batch(
-        self,
-        topic: str,
-        model: type[M],
-        handler: Callable[[Sequence[tuple[HandlerContext, M]]], None],
-    ) -> None:
+        Raises:
+            ConfigurationError: the topic has a handler already, or the annotation is not
+                one of those.
+        """
+        self._add(registration(topic, handler))
+
+    def register_batch(self, topic: str, handler: BatchHandler) -> None:
         """Handle *topic*'s messages a poll batch at a time (one call, one statement).
 
-        For throughput: the handler writes the whole batch at once. When it raises, the
-        batch is split in halves, each in its own savepoint, until the failing message is
-        alone; it then takes the retry and dead-letter path like any other.
+        The handler takes one ``Sequence[tuple[HandlerContext, T]]``, T read as in
+        :meth:`register`. For throughput: the handler writes the whole batch at once. When
+        it raises, the batch is split in halves, each in its own savepoint, until the
+        failing message is alone; it then takes the retry and dead-letter path like any
+        other.
         """
-        self._add(Registration(topic, model, batch_handler=handler))
+        self._add(batch_registration(topic, handler))
 
-    def handler(
-        self, topic: str, *, model: type[M]
-    ) -> Callable[[Callable[[HandlerContext, M], None]], Callable[[HandlerContext, M], None]]:
+    def handler(self, topic: str) -> Callable[[H], H]:
         """Decorator form of :meth:`register`."""
 
-        def decorate(
-            fn: Callable[[HandlerContext, M], None],
-        ) -> Callable[[HandlerContext, M], None]:
-            self.register(topic, model, fn)
+        def decorate(fn: H) -> H:
+            self.register(topic, fn)
             return fn
 
         return decorate
 
-    def batch_handler(self, topic: str, *, model: type[M]) -> Callable[[Any], Any]:
+    def batch_handler(self, topic: str) -> Callable[[B], B]:
         """Decorator form of :meth:`register_batch`."""
 
-        def decorate(fn: Any) -> Any:
-            self.register_batch(topic, model, fn)
+        def decorate(fn: B) -> B:
+            self.register_batch(topic, fn)
             return fn
 
         return decorate
-
-    def run(self) -> int:
-        """Consume until :meth:`stop`; see :class:`consumers.runner.Runner`."""
-        from consumers.runner import Runner  # noqa: PLC0415 - the runner imports this module
-
-        self._runner = Runner(self)
-        return self._runner.run()
-
-    def stop(self) -> None:
-        runner = getattr(self, "_runner", None)
-        if runner is not None:
-            runner.stop()
 
     def _add(self, registration: Registration) -> None:
         if registration.topic in self.registrations:
             raise ConfigurationError(f"topic {registration.topic!r} already has a handler")
-        if not (isinstance(registration.model, type) and issubclass(registration.model, BaseModel)):
-            raise ConfigurationError(f"model for {registration.topic!r} must be a pydantic model")
         self.registrations[registration.topic] = registration

@@ -1,11 +1,11 @@
-"""Turning a Kafka record into (context, payload model), or naming why it cannot be.
+"""Turning a Kafka record into (context, payload), or naming why it cannot be.
 
 The contract is what the relay sends: UTF-8 JSON (RFC 8259), each object naming a key once.
 Anything else is malformed and dead-lettered, whichever parser would have guessed what it
 meant: UTF-16 or UTF-32 text, bytes that are not UTF-8, a UTF-8 byte order mark (RFC 8259
 forbids senders to add one; refused rather than skipped so that every reader, replays
 included, sees the same bytes the same way) and duplicate keys (parsers disagree on which
-value counts).
+value counts). A handler that takes ``bytes`` gets the value as it is: none of this applies.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
-from consumers.app import Registration
 from consumers.context import HandlerContext
 from consumers.errors import MalformedMessage
+from consumers.handlers import Registration
 from outbox.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
 from outbox.settings import OutboxSettings
 
@@ -41,7 +41,7 @@ class Decoded(NamedTuple):
     record: Any
     message_id: str
     headers: dict[str, bytes]
-    payload: BaseModel
+    payload: Any
 
     def context(self, conn: Connection, group_id: str, settings: OutboxSettings) -> HandlerContext:
         record = self.record
@@ -92,7 +92,8 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
 
     Raises:
         MalformedMessage: no handler for the topic, no usable message id, no value, not
-            JSON (or nested too deeply to parse), wrong schema.
+            JSON (or nested too deeply to parse), wrong schema. A handler that takes
+            ``bytes`` gets any value but None.
     """
     where = (record.topic, record.partition, record.offset)
     if registration is None:
@@ -104,12 +105,15 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
         raise MalformedMessage(*where, "the record has no value")
     headers = {name: bytes(value or b"") for name, value in record.headers or ()}
     value = record.value if isinstance(record.value, bytes) else bytes(record.value)
+    kind = registration.payload
+    if kind.raw:
+        return Decoded(record, message_id, headers, value)
     try:
         # The fast path: pydantic parses and validates the bytes in one pass (about three
         # times faster than json.loads and model_validate). Its parser takes only UTF-8
         # without a BOM, but keeps the last of a repeated key silently: a count over the
         # result rules repeats out without a second parse (see _kept_keys_and_colons).
-        payload = registration.model.model_validate_json(value)
+        payload = kind.validate_json(value)
     except ValidationError:
         pass
     else:
@@ -120,13 +124,13 @@ def decode(record: Any, registration: Registration | None) -> Decoded:
     # names, stay those of Python's json module (it takes NaN and deeper nesting).
     data = _strict_json(value, where)
     try:
-        payload = registration.model.model_validate(data)
+        payload = kind.validate_python(data)
     except ValidationError as exc:
         detail = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
         )
         raise MalformedMessage(
-            *where, f"the payload does not match {registration.model.__name__}: {detail}"
+            *where, f"the payload does not match {kind.name}: {detail}"
         ) from exc
     return Decoded(record, message_id, headers, payload)
 
@@ -190,7 +194,7 @@ def _colons(value: bytes) -> int:
     return value.count(b":") + value.count(b"\\u003a") + value.count(b"\\u003A")
 
 
-def _kept_keys_and_colons(payload: BaseModel, size: int) -> int:
+def _kept_keys_and_colons(payload: Any, size: int) -> int:
     """Keys the validated *payload* kept plus the ':' in its strings: a repeated key is
     certainly absent from the JSON it came from when this reaches :func:`_colons` of it.
 

@@ -33,11 +33,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from consumers.app import Consumer, Registration
+from consumers.app import Consumer
 from consumers.control import DeadLetter, RetryLater, SkipMessage
 from consumers.deadletter import Sent, dead_letter_headers, slim_copy
 from consumers.decode import Decoded, decode, message_id_of
 from consumers.errors import MalformedMessage
+from consumers.handlers import Registration
 from consumers.metrics import ConsumerMetrics
 from consumers.parking import Parked
 from consumers.pipeline import kept_inserts

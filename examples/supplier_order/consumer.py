@@ -63,4 +63,4 @@ def place_order(ctx: HandlerContext, order: OrderSubmit) -> None:
         raise RetryLater(f"the order's outcome is {op.status}: reconciling", retry_delay(op))
 
 
-app.register(config.topic(), OrderSubmit, place_order)
+app.register(config.topic(), place_order)

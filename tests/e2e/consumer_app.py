@@ -55,4 +55,4 @@ def handle(ctx: HandlerContext, item: Item) -> None:
         time.sleep(sleep)
 
 
-app.register(os.environ.get("TEST_CONSUMER_TOPIC", "e2e-items"), Item, handle)
+app.register(os.environ.get("TEST_CONSUMER_TOPIC", "e2e-items"), handle)

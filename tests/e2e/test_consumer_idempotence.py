@@ -36,7 +36,7 @@ def make_app(
         group_id=f"g-{uuid.uuid4().hex[:8]}",
         settings=settings(database_url, bootstrap, **overrides),
     )
-    app.register(topic, Item, handler)
+    app.register(topic, handler)
     return app
 
 
@@ -97,7 +97,7 @@ class TestRedelivery:
         finally:
             rewind.close()
         again = Consumer(group_id=app.group_id, settings=app.settings)
-        again.register(topic, Item, handle)
+        again.register(topic, handle)
         with InProcess(again) as running:
             wait_until(
                 lambda: running.runner.metrics.duplicates.labels(topic)._value.get() >= 30,
@@ -331,9 +331,10 @@ class TestReplay:
             first, second = list_failures(conn, group=app.group_id)
 
         fixed = Consumer(group_id=app.group_id, settings=app.settings)
-        fixed.register(
-            topic, Item, lambda ctx, item: handle(ctx, item.model_copy(update={"fail": None}))
-        )
+        def handle_fixed(ctx: HandlerContext, item: Item) -> None:
+            handle(ctx, item.model_copy(update={"fail": None}))
+
+        fixed.register(topic, handle_fixed)
         rehandle(fixed, bound, first.id)
         assert effects(engine) == {ids[0]: 1}
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
-from pydantic import BaseModel
 
 from consumers import Consumer, ConsumerSettings
 from consumers.window import verify_window
@@ -57,10 +56,6 @@ def unique(prefix: str) -> str:
 
 def window_settings(bootstrap: str, **overrides: float) -> ConsumerSettings:
     return ConsumerSettings(kafka_bootstrap=bootstrap, **overrides)  # type: ignore[arg-type]
-
-
-class _Item(BaseModel):
-    n: int = 0
 
 
 class TestRealRetention:
@@ -151,7 +146,7 @@ class TestMissingTopic:
         port = free_port()
         app = Consumer(f"g-{topic}",
                        settings=settings(database_url, kafka_bootstrap, http_port=port))
-        app.register(topic, _Item, lambda ctx, item: None)
+        app.register(topic, lambda ctx, item: None)
         caplog.set_level(logging.INFO, logger="consumers.window")
         with InProcess(app) as running:
             wait_until(lambda: any("waiting for topic" in r.getMessage()

@@ -90,7 +90,7 @@ def test_decide_emit_publish_handle_is_one_trace_with_each_span_the_child_of_the
     app = Consumer(
         group_id=f"g-{uuid.uuid4().hex[:8]}", settings=settings(database_url, kafka_bootstrap)
     )
-    app.register(topic, Item, handle)
+    app.register(topic, handle)
 
     with trace.get_tracer("agent").start_as_current_span("agent.decide"), engine.begin() as conn:
         message_id = emit(conn, Envelope(topic=topic, type="item", key="k1", payload={"n": 1}))
@@ -155,7 +155,7 @@ def test_a_failing_handler_leaves_an_error_span_per_attempt(
         group_id=f"g-{uuid.uuid4().hex[:8]}",
         settings=settings(database_url, kafka_bootstrap, max_attempts=2),
     )
-    app.register(topic, Item, handle)
+    app.register(topic, handle)
     with engine.begin() as conn:
         emit(conn, Envelope(topic=topic, type="item", key="k1", payload={"n": 1}))
 

@@ -14,7 +14,7 @@ class Order(BaseModel):
     item: str
 
 
-@app.handler("order.submit", model=Order)
+@app.handler("order.submit")
 def place(ctx: HandlerContext, order: Order) -> None:
     if order.item == "poison":
         raise ValueError("still cannot handle poison")

@@ -58,7 +58,7 @@ def bound(engine: Engine) -> Engine:
 
 def run(bound: Engine, database_url: str, handler: Any, records: list[Any]) -> Processor:
     app = app_for(database_url, "batch", max_attempts=5)
-    app.register(TOPIC, Item, handler)
+    app.register(TOPIC, handler)
     processor = Processor(app, bound, ConsumerMetrics(), FakeSender())
     processor.process(records)
     return processor

@@ -104,6 +104,11 @@ def write(ctx: HandlerContext, item: Item) -> None:
         raise RuntimeError("boom")
 
 
+def write_each(batch: Sequence[tuple[HandlerContext, Item]]) -> None:
+    for ctx, item in batch:
+        write(ctx, item)
+
+
 class TestTransactions:
     @pytest.mark.parametrize("mode", ["batch", "per-message"])
     def test_a_failed_handler_leaves_neither_mark_nor_follow_up_nor_effect(
@@ -117,7 +122,7 @@ class TestTransactions:
             stop.set()  # the retry wait returns at once: we look at the state after attempt 1
             raise RuntimeError("boom")
 
-        app.register(TOPIC, Item, fail_then_stop)
+        app.register(TOPIC, fail_then_stop)
         processor = Processor(app, bound, ConsumerMetrics(), FakeSender(), stop=stop)
         assert processor.process([record(0, {"n": 1})]).handled == 0
         assert count(bound, "SELECT count(*) FROM public.effects") == 0
@@ -130,7 +135,7 @@ class TestTransactions:
         self, bound: Engine, database_url: str, mode: str
     ) -> None:
         app = app_for(database_url, mode)
-        app.register(TOPIC, Item, write)
+        app.register(TOPIC, write)
         committed: list[Any] = []
         processor = Processor(
             app, bound, ConsumerMetrics(), FakeSender(), committed=committed.extend
@@ -154,9 +159,9 @@ class TestTransactions:
         id twice in the batch): the careful insert then drops exactly the duplicates."""
         app = app_for(database_url, "batch")
         if batch_handler:
-            app.register_batch(TOPIC, Item, lambda batch: [write(c, i) for c, i in batch])
+            app.register_batch(TOPIC, write_each)
         else:
-            app.register(TOPIC, Item, write)
+            app.register(TOPIC, write)
         metrics = ConsumerMetrics()
         processor = Processor(app, bound, metrics, FakeSender())
         ids = [str(uuid.uuid4()) for _ in range(6)]
@@ -173,7 +178,7 @@ class TestTransactions:
         self, bound: Engine, database_url: str
     ) -> None:
         app = app_for(database_url, "batch", max_attempts=2)
-        app.register(TOPIC, Item, write)
+        app.register(TOPIC, write)
         sender = FakeSender()
         processor = Processor(app, bound, ConsumerMetrics(), sender)
         records = [record(i, {"n": i, "fail": i == 2}) for i in range(5)]
@@ -197,7 +202,7 @@ class TestTransactions:
             if any(item.fail for _, item in batch):
                 raise RuntimeError("one of them is bad")
 
-        app.register_batch(TOPIC, Item, write_all)
+        app.register_batch(TOPIC, write_all)
         sender = FakeSender()
         processor = Processor(app, bound, ConsumerMetrics(), sender)
         records = [record(i, {"n": i, "fail": i == 5}) for i in range(8)]
@@ -219,7 +224,7 @@ class TestTransactions:
             if item.n % 2:
                 raise SkipMessage("odd")
 
-        app.register(TOPIC, Item, skip_odd)
+        app.register(TOPIC, skip_odd)
         metrics = ConsumerMetrics()
         processor = Processor(app, bound, metrics, FakeSender())
         assert processor.process([record(i, {"n": i}) for i in range(4)]).handled == 4
@@ -240,7 +245,7 @@ class TestAttemptsSurviveRestarts:
             stop.set()
             raise RuntimeError("still broken")
 
-        app.register(TOPIC, Item, always_fails)
+        app.register(TOPIC, always_fails)
         sender = FakeSender()
         poison = record(0, {"n": 0})
         for _ in range(2):  # two "processes", each stopped after one attempt
@@ -268,7 +273,7 @@ class TestParking:
         its own partition is handled or reported committed; the message is parked, not
         waited for (process returns at once, well before its retry is due)."""
         app = app_for(database_url, mode, backoff_initial_seconds=30, backoff_max_seconds=30)
-        app.register(TOPIC, Item, write)
+        app.register(TOPIC, write)
         committed: list[Any] = []
         processor = Processor(app, bound, ConsumerMetrics(), FakeSender(),
                               committed=committed.extend)
@@ -306,7 +311,7 @@ class TestParking:
                 raise RuntimeError("not yet")
             write(ctx, item)
 
-        app.register(TOPIC, Item, flaky)
+        app.register(TOPIC, flaky)
         processor = Processor(app, bound, ConsumerMetrics(), FakeSender())
         records = [record(i, {"n": i}) for i in range(4)]
         assert drain(processor, records) == 4
@@ -339,7 +344,7 @@ class TestAwaitedOperations:
                 raise RetryLater("the order's outcome is not known yet")
             write(ctx, item)
 
-        app.register(TOPIC, Item, place)
+        app.register(TOPIC, place)
         sender = FakeSender()
         processor = Processor(app, bound, ConsumerMetrics(), sender)
         poison = record(0, {"n": 7})
@@ -369,7 +374,7 @@ class TestAwaitedOperations:
         def refuse(ctx: HandlerContext, item: Item) -> None:
             raise RetryLater("the supplier is down")
 
-        app.register(TOPIC, Item, refuse)
+        app.register(TOPIC, refuse)
         sender = FakeSender()
         assert drain(Processor(app, bound, ConsumerMetrics(), sender), [record(0, {"n": 1})]) == 1
         assert [t for t, _ in sender.sent] == [f"{TOPIC}.dlq"]

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, RootModel
 
 from consumers import decode as decode_module
-from consumers.app import Registration
 from consumers.decode import decode
 from consumers.errors import MalformedMessage
+from consumers.handlers import Payload, Registration, payload_of
 
 
 class Line(BaseModel):
@@ -70,13 +70,19 @@ ORDER = {
 
 
 def decoded(value: bytes, model: type[BaseModel] = Order) -> BaseModel:
-    return decode(Record(value), Registration("orders", model)).payload
+    return decode(Record(value), Registration("orders", _payload(model))).payload
 
 
 def refused(value: bytes, model: type[BaseModel] = Order) -> str:
     with pytest.raises(MalformedMessage) as caught:
-        decode(Record(value), Registration("orders", model))
+        decode(Record(value), Registration("orders", _payload(model)))
     return caught.value.reason
+
+
+def _payload(model: type[BaseModel]) -> Payload:
+    payload = payload_of(model)
+    assert payload is not None
+    return payload
 
 
 class TestOnlyUtf8:

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 
 import consumers
 import dedup
-from consumers import Consumer, ConsumerSettings, DeadLetter, RetryLater, SkipMessage
+from consumers import Consumer, ConsumerSettings, DeadLetter, RetryLater, Runner, SkipMessage
 from dedup.window import check_window
 from outbox.errors import ConfigurationError, OutboxError
 
@@ -43,13 +42,9 @@ class TestDedupWindow:
             topic_retention_seconds=DAY,
         )
         app = Consumer("g", settings=settings)
-        app.register("orders", _Model, lambda ctx, m: None)
+        app.register("orders", lambda ctx, m: None)
         with pytest.raises(ConfigurationError, match="shorter than topic 'orders'"):
-            app.run()
-
-
-class _Model(BaseModel):
-    n: int = 0
+            Runner(app).run()
 
 
 class TestSettings:

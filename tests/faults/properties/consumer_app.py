@@ -39,4 +39,4 @@ def handle(ctx: HandlerContext, order: Order) -> None:
     )
 
 
-app.register(os.environ.get("PROPERTY_CONSUMER_TOPIC", "property-orders"), Order, handle)
+app.register(os.environ.get("PROPERTY_CONSUMER_TOPIC", "property-orders"), handle)

@@ -64,7 +64,7 @@ def bound(engine: Engine) -> Engine:
 
 def process(database_url: str, engine: Engine, sender: Sender, *records: Record) -> int:
     app = Consumer(f"g-{uuid.uuid4().hex[:6]}", settings=settings(database_url, "127.0.0.1:1"))
-    app.register(TOPIC, Order, handle)
+    app.register(TOPIC, handle)
     return Processor(app, engine, ConsumerMetrics(), sender).process(list(records)).handled
 
 
@@ -150,7 +150,7 @@ def test_an_error_quoting_a_lone_surrogate_is_sent_and_stored_escaped(
     database_url: str, bound: Engine
 ) -> None:
     app = Consumer(f"g-{uuid.uuid4().hex[:6]}", settings=settings(database_url, "127.0.0.1:1"))
-    app.register("echo", Echo, refuse)
+    app.register("echo", refuse)
     sender = Sender()
     record = Record(0, b'{"data": "x\\ud800y"}', [("message-id", b"s-1")], topic="echo")
     assert Processor(app, bound, ConsumerMetrics(), sender).process([record]).handled == 1
