@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy import func, select
 
 from outbox import fencing
+from outbox.backoff import POLICY_NAMES, Backoff
+from outbox.backoff import check as check_backoff
 from outbox.errors import ConfigurationError, LeaseLost, RunError, RunNotFound
 from outbox.execution import Plan, SyncConn, run_plan
 from outbox.leases import Lease
@@ -47,17 +49,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
-            raise ConfigurationError(
-                "backoff needs initial_backoff >= 0, max_backoff >= 0 and multiplier >= 1"
-            )
-        if self.initial_backoff > self.max_backoff:
-            raise ConfigurationError(
-                f"initial_backoff ({self.initial_backoff:g} s) is over max_backoff "
-                f"({self.max_backoff:g} s): lower the first or raise the second"
-            )
-        if not 0 <= self.jitter <= 1:
-            raise ConfigurationError(f"jitter is a fraction in [0, 1], got {self.jitter}")
+        check_backoff(self.initial_backoff, self.multiplier, self.max_backoff, self.jitter,
+                      POLICY_NAMES)
         if RunState(self.give_up_state) not in _TERMINAL:
             raise ConfigurationError(
                 f"give_up_state must be 'failed' or 'needs-human', got {self.give_up_state!r}"
@@ -65,8 +58,13 @@ class RetryPolicy:
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number *attempt* (1-based)."""
-        base = min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1))
-        return base * (1 - self.jitter * (rng or random).random())  # jitter, not crypto
+        return self.schedule.delay(attempt, rng)
+
+    @property
+    def schedule(self) -> Backoff:
+        """The delays as a :class:`Backoff`."""
+        return Backoff(base=self.initial_backoff, factor=self.multiplier, cap=self.max_backoff,
+                       jitter=self.jitter)
 
     def is_retryable(self, error: BaseException) -> bool:
         """True when *error* may be retried (final types win over retryable ones)."""
