@@ -17,12 +17,11 @@ from pydantic import ValidationError
 from consumers.app import Consumer
 from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
-from outbox.dsn import redact
-from outbox.entrypoints import add_setting_flags, explain, stop_gracefully_on_signals
-from outbox.errors import ConfigurationError, OutboxError
-from relay.logs import configure
+from outbox.entrypoints import add_setting_flags, explain
+from outbox.errors import ConfigurationError
+from outbox.runtime import EXIT_CONFIG, EXIT_FAILED, run_daemon
 
-EXIT_FAILED, EXIT_CONFIG = 1, 2
+__all__ = ["EXIT_CONFIG", "EXIT_FAILED", "load_app", "main", "parser"]
 # Help and errors name the command as typed; ``outbox consume`` passes its own.
 PROG = "python -m consumers"
 
@@ -68,22 +67,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
     except ValidationError as exc:
         print(f"{prog}: {explain(exc, ENV_PREFIX)}", file=sys.stderr)
         return EXIT_CONFIG
-    configure(settings.log_format, settings.log_level)
-    try:
-        app = load_app(path, settings)
-        runner = Runner(app)
-    except OutboxError as exc:
-        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_CONFIG
-
-    # Past the bound: whatever was committed in PostgreSQL but not in Kafka is redelivered
-    # and dropped by the dedup marks.
-    stop_gracefully_on_signals(runner.stop, settings.shutdown_timeout_seconds)
-    try:
-        return runner.run()
-    except ConfigurationError as exc:
-        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_CONFIG
-    except OutboxError as exc:
-        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_FAILED
+    # Past the shutdown bound: whatever was committed in PostgreSQL but not in Kafka is
+    # redelivered and dropped by the dedup marks.
+    return run_daemon(prog, lambda: Runner(load_app(path, settings)), settings)

@@ -2,72 +2,50 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from outbox.runtime import MetricFamilies
 
 BATCH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class ConsumerMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.processed = Counter(
-            "outboxkit_consumer_processed_total",
-            "Messages handled and committed with their dedup mark.",
-            ["topic"],
-            registry=r,
+        families = MetricFamilies("consumer")
+        self.registry = families.registry
+        self.processed = families.counter(
+            "processed_total", "Messages handled and committed with their dedup mark.", ["topic"]
         )
-        self.duplicates = Counter(
-            "outboxkit_consumer_duplicates_total",
+        self.duplicates = families.counter(
+            "duplicates_total",
             "Redelivered messages dropped because their dedup mark was there.",
             ["topic"],
-            registry=r,
         )
-        self.skipped = Counter(
-            "outboxkit_consumer_skipped_total",
-            "Messages a handler skipped (SkipMessage).",
-            ["topic"],
-            registry=r,
+        self.skipped = families.counter(
+            "skipped_total", "Messages a handler skipped (SkipMessage).", ["topic"]
         )
-        self.failures = Counter(
-            "outboxkit_consumer_failures_total",
+        self.failures = families.counter(
+            "failures_total",
             "Failed attempts (handler raised, or the message is malformed).",
             ["topic"],
-            registry=r,
         )
-        self.dead_lettered = Counter(
-            "outboxkit_consumer_dead_lettered_total",
-            "Messages sent to the dead-letter topic.",
-            ["topic"],
-            registry=r,
+        self.dead_lettered = families.counter(
+            "dead_lettered_total", "Messages sent to the dead-letter topic.", ["topic"]
         )
-        self.parked = Gauge(
-            "outboxkit_consumer_parked_partitions",
+        self.parked = families.gauge(
+            "parked_partitions",
             "Partitions held back by a failed message: paused until its retry, or resumed for it.",
-            registry=r,
         )
-        self.lag = Gauge(
-            "outboxkit_consumer_lag_messages",
+        self.lag = families.gauge(
+            "lag_messages",
             "Messages behind the partition's high watermark.",
             ["topic", "partition"],
-            registry=r,
         )
-        self.lag_total = Gauge(
-            "outboxkit_consumer_lag_total_messages",
-            "Sum of the lag over the assigned partitions.",
-            registry=r,
+        self.lag_total = families.gauge(
+            "lag_total_messages", "Sum of the lag over the assigned partitions."
         )
-        self.batch_seconds = Histogram(
-            "outboxkit_consumer_batch_seconds",
+        self.batch_seconds = families.histogram(
+            "batch_seconds",
             "Time to process one poll batch (database commits included).",
-            buckets=BATCH_BUCKETS,
-            registry=r,
+            BATCH_BUCKETS,
         )
-        self.purged = Counter(
-            "outboxkit_consumer_dedup_purged_total",
-            "Dedup marks deleted by retention.",
-            registry=r,
-        )
-        self.ready = Gauge(
-            "outboxkit_consumer_ready", "1 while the consumer polls and commits.", registry=r
-        )
+        self.purged = families.counter("dedup_purged_total", "Dedup marks deleted by retention.")
+        self.ready = families.gauge("ready", "1 while the consumer polls and commits.")

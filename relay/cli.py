@@ -12,15 +12,13 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from outbox.dsn import redact
-from outbox.entrypoints import add_setting_flags, explain, stop_gracefully_on_signals
-from outbox.errors import ConfigurationError, OutboxError
+from outbox.entrypoints import add_setting_flags, explain
+from outbox.runtime import EXIT_CONFIG, run_daemon
 from outbox.settings import OutboxSettings
 from relay.daemon import Relay
-from relay.logs import configure
 from relay.settings import RelaySettings
 
-EXIT_CONFIG = 2
+__all__ = ["EXIT_CONFIG", "load", "main", "parser"]
 
 ENV_PREFIX = "OUTBOXKIT_RELAY_"
 
@@ -44,21 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"relay: {explain(exc, ENV_PREFIX)}", file=sys.stderr)
         return EXIT_CONFIG
-    configure(settings.log_format, settings.log_level)
-    try:
-        relay = Relay(settings, outbox_settings)
-    except OutboxError as exc:
-        print(f"relay: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_CONFIG
-
-    # Past the bound, rows not yet marked are published again by the next relay (same
-    # message ids, dropped by consumers).
-    stop_gracefully_on_signals(relay.stop, settings.shutdown_timeout_seconds)
-    try:
-        return relay.run()
-    except ConfigurationError as exc:  # found only on connecting, e.g. the producer's checks
-        print(f"relay: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_CONFIG
+    # Past the shutdown bound, rows not yet marked are published again by the next relay
+    # (same message ids, dropped by consumers).
+    return run_daemon("relay", lambda: Relay(settings, outbox_settings), settings)
 
 
 if __name__ == "__main__":

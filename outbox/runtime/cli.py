@@ -1,0 +1,58 @@
+"""How ``outbox relay`` and ``outbox consume`` run their daemon: the same steps, exit codes
+and one-line errors for both.
+
+Only command-line entry points call this: it configures logging and installs signal
+handlers, which the library itself never does.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Protocol
+
+from outbox.dsn import redact
+from outbox.entrypoints import stop_gracefully_on_signals
+from outbox.errors import ConfigurationError, OutboxError
+from outbox.runtime.logs import configure_logging
+
+EXIT_FAILED, EXIT_CONFIG = 1, 2
+
+
+class Daemon(Protocol):
+    def run(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
+class DaemonSettings(Protocol):
+    @property
+    def log_format(self) -> str: ...
+
+    @property
+    def log_level(self) -> str: ...
+
+    @property
+    def shutdown_timeout_seconds(self) -> float: ...
+
+
+def run_daemon(prog: str, build: Callable[[], Daemon], settings: DaemonSettings) -> int:
+    """Log as *settings* say, build the daemon, stop it gracefully on SIGTERM/SIGINT (within
+    ``shutdown_timeout_seconds``) and run it until then.
+
+    An error that says what to fix is printed as one line after *prog*: a configuration
+    error exits with 2 (before or after connecting: the Kafka client's checks come late),
+    any other of outboxkit's errors with 1.
+    """
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        daemon = build()
+    except OutboxError as exc:
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_CONFIG
+    stop_gracefully_on_signals(daemon.stop, settings.shutdown_timeout_seconds)
+    try:
+        return daemon.run()
+    except OutboxError as exc:
+        print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_CONFIG if isinstance(exc, ConfigurationError) else EXIT_FAILED
