@@ -4,11 +4,11 @@ The relay never updates or deletes an outbox row: it reads snapshot differences 
 relay/cursors.py) and, once Kafka acknowledged a batch, writes one ``deliveries`` row per
 lane (the ids with their partitions and offsets) and moves the lanes' cursors, in one
 statement, fenced by the lanes' tokens. Refused rows are copied to ``outbox_failures``.
+The statements are relay/queries.sql's (``claim_messages`` explains the claim's two parts).
 """
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,89 +18,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from outbox.queries import driver_sql, sql
 from relay.cursors import Cursor, LaneRead
-from relay.sql import sql
-
-# Per owned lane (fenced by the join on relay_lanes: a relay whose lane was taken over reads
-# nothing there), the next rows of the lane's difference, in two parts, each through an index
-# and in id order:
-#   b. a range of (lane, id) from lo to hi, the smallest and largest id of the rows of
-#      transactions that started after the cursor (xid >= its xmax), computed once per target
-#      from (lane, xid) and then passed back by the relay; the filter is the whole difference
-#      (visible in the target, not in the cursor), so it also takes the rows of transactions
-#      that were running at the cursor when their ids fall in the range;
-#   a. the rest of those: rows of the cursor's running transactions (its xip list, a probe
-#      on (lane, xid) each) outside the range; they may have low ids (a late commit).
-# The relay merges the two by id (claims._reads). A lane the relay knows nothing about (first
-# read, or its token changed) starts from the cursor stored in relay_lanes. There is no ORDER
-# BY across lanes: the nested loop over the lanes stops as soon as the limit's rows came out.
-CLAIM = """
-WITH c AS MATERIALIZED (
-    SELECT o.ord, o.lane, o.token,
-           CASE WHEN o.known THEN CAST(o.snap AS pg_snapshot) ELSE l.cursor_snapshot END AS snap,
-           coalesce(CASE WHEN o.known THEN CAST(o.target AS pg_snapshot) ELSE l.batch_snapshot END,
-                    pg_current_snapshot()) AS target,
-           CASE WHEN o.known THEN o.pos ELSE l.batch_pos END AS pos,
-           o.floor, o.ceil
-    FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]),
-                CAST(%(known)s AS bool[]), CAST(%(snaps)s AS text[]),
-                CAST(%(targets)s AS text[]), CAST(%(pos)s AS bigint[]),
-                CAST(%(floors)s AS bigint[]), CAST(%(ceils)s AS bigint[]))
-         WITH ORDINALITY AS o(lane, token, known, snap, target, pos, floor, ceil, ord)
-    JOIN {schema}.relay_lanes AS l
-      ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s
-     AND l.expires_at > now()
-),
-b AS (
-    SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi
-    FROM c
-    LEFT JOIN LATERAL (
-        -- "+ 0": an aggregate, not the planner's min/max shortcut, which would walk the lane's
-        -- (lane, id) index from its oldest row instead of the (lane, xid) range.
-        SELECT min(m.id + 0) AS lo, max(m.id + 0) AS hi FROM {schema}.outbox_messages AS m
-        WHERE c.floor IS NULL AND m.lane = c.lane
-          AND m.xid >= pg_snapshot_xmax(c.snap) AND m.xid < pg_snapshot_xmax(c.target)
-          AND pg_visible_in_snapshot(m.xid, c.target)
-    ) AS r ON true
-)
-SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
-       p.part, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
-       CAST(p.headers AS text), p.created_at, p.run_id,
-       -- Whether to read outbox_failures too (a blocked key, a retry): almost never.
-       EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
-               WHERE f.lane = ANY(CAST(%(lanes)s AS int[]))
-                 AND (f.state <> 'failed' OR f.blocking)) AS failures
-FROM b
-LEFT JOIN LATERAL (
-    -- Part a first: when the outer LIMIT cuts a lane, what is missing is then its part b,
-    -- or part b and the end of part a; claims._reads knows which (see there).
-    (SELECT 'a' AS part, count(*) OVER () AS got, q.* FROM (
-        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-               m.created_at, m.run_id
-        FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
-        CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
-            SELECT * FROM {schema}.outbox_messages AS r
-            WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
-            OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
-        ) AS m
-        WHERE (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
-        ORDER BY m.id LIMIT %(more)s) AS q)
-    UNION ALL
-    (SELECT 'b' AS part, count(*) OVER () AS got, q.* FROM (
-        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-               m.created_at, m.run_id
-        FROM {schema}.outbox_messages AS m
-        -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
-        -- order asked for, so the scan stops at the limit.
-        WHERE b.lo <= b.hi  -- no such rows: no scan at all
-          AND (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
-          AND (m.lane, m.id) <= (b.lane, b.hi)
-          AND pg_visible_in_snapshot(m.xid, b.target)
-          AND NOT pg_visible_in_snapshot(m.xid, b.snap)
-        ORDER BY m.lane, m.id LIMIT %(more)s) AS q)
-) AS p ON true
-LIMIT %(outer)s
-"""
 
 # The claim's plan must be ordered index scans that stop at the limit. With its parameters
 # unknown the planner misjudges the sizes and prefers a bitmap scan or another index plus a
@@ -113,87 +32,6 @@ CLAIM_PLANNER = (
     "-c enable_sort=off -c enable_incremental_sort=off -c enable_bitmapscan=off -c jit=off "
     "-c max_parallel_workers_per_gather=0"
 )
-
-# Blocked keys (a refused message holds back the later ones of its key, in block mode) and
-# rows an operator asked to retry, of the owned lanes: usually none, one index probe.
-FAILURES = """
-SELECT f.id, f.message_id, f.topic, f.key, f.message_type, f.payload, f.headers, f.created_at,
-       f.run_id, f.lane, f.state, f.blocking
-FROM {schema}.outbox_failures AS f
-WHERE f.lane = ANY(CAST(:lanes AS int[])) AND (f.state <> 'failed' OR f.blocking)
-ORDER BY f.lane, f.id
-LIMIT :limit
-"""
-
-# One statement records a clean batch: the proof per lane, and the lanes' cursors, fenced.
-RECORD = """
-WITH v AS (
-    SELECT * FROM unnest(CAST(:lanes AS int[]), CAST(:tokens AS bigint[]), CAST(:ids AS bigint[]),
-                         CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
-         AS v(lane, token, id, partition, kafka_offset)
-),
-proof AS (
-    INSERT INTO {schema}.deliveries
-        (lane, relay_id, token, first_id, last_id, ids, partitions, offsets)
-    SELECT lane, :relay_id, token, min(id), max(id), array_agg(id ORDER BY id),
-           array_agg(partition ORDER BY id), array_agg(kafka_offset ORDER BY id)
-    FROM v WHERE id IS NOT NULL GROUP BY lane, token
-    RETURNING lane
-),
-locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
-    SELECT lane FROM {schema}.relay_lanes
-    WHERE lane = ANY(CAST(:c_lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
-),
-moved AS (
-    UPDATE {schema}.relay_lanes AS l
-    SET cursor_snapshot = CAST(c.snap AS pg_snapshot),
-        batch_snapshot = CAST(c.target AS pg_snapshot), batch_pos = c.pos,
-        published_count = l.published_count + c.n, last_error = NULL, last_error_at = NULL
-    FROM unnest(CAST(:c_lanes AS int[]), CAST(:c_tokens AS bigint[]), CAST(:c_snaps AS text[]),
-                CAST(:c_targets AS text[]), CAST(:c_pos AS bigint[]), CAST(:c_n AS bigint[]))
-         AS c(lane, token, snap, target, pos, n), locked AS k
-    WHERE l.lane = c.lane AND k.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
-    RETURNING l.lane
-)
-SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved,
-       -- A clean batch's record need not wait for the WAL flush (see the daemon): said in the
-       -- statement itself, so that it can run alone, as its own transaction.
-       set_config('synchronous_commit', CASE WHEN :durable THEN 'on' ELSE 'off' END, true)
-           AS synchronous_commit
-"""
-
-# A refused row is copied whole: retention may delete the outbox row long before an operator
-# looks at it. A retried row refused again is updated in place.
-RECORD_FAILURES = """
-INSERT INTO {schema}.outbox_failures
-    (id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
-     state, blocking, error, dlq_partition, dlq_offset)
-SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
-       CAST(r.headers AS jsonb), r.run_id, r.created_at, r.state, r.blocking, r.error,
-       r.dlq_partition, r.dlq_offset
-FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS uuid[]), CAST(:topics AS text[]),
-            CAST(:keys AS bytea[]), CAST(:lanes AS int[]), CAST(:types AS text[]),
-            CAST(:payloads AS bytea[]), CAST(:headers AS text[]), CAST(:run_ids AS uuid[]),
-            CAST(:created AS timestamptz[]), CAST(:states AS text[]), CAST(:blocking AS bool[]),
-            CAST(:errors AS text[]), CAST(:dlq_partitions AS int[]), CAST(:dlq_offsets AS bigint[]))
-     AS r(id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
-          state, blocking, error, dlq_partition, dlq_offset)
-ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, blocking = EXCLUDED.blocking,
-    error = coalesce(EXCLUDED.error, {schema}.outbox_failures.error), failed_at = now(),
-    dlq_partition = EXCLUDED.dlq_partition, dlq_offset = EXCLUDED.dlq_offset
-"""
-
-# Retried rows that Kafka has now acknowledged leave the failures.
-FORGET_FAILURES = "DELETE FROM {schema}.outbox_failures WHERE id = ANY(CAST(:ids AS bigint[]))"
-
-NOTE_ERROR = """
-WITH locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
-    SELECT lane FROM {schema}.relay_lanes
-    WHERE lane = ANY(CAST(:lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
-)
-UPDATE {schema}.relay_lanes AS l SET last_error = :error, last_error_at = now()
-FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
-"""
 
 
 @dataclass(frozen=True)
@@ -240,7 +78,7 @@ class Claimed:
     blocked: dict[tuple[int, str, bytes | None], str]
 
 
-def claim(
+def claim_messages(
     conn: Connection,
     schema: str,
     *,
@@ -284,7 +122,7 @@ def claim(
     # off on those) and a dropped connection is invalidated; but the rows are read from the
     # driver's cursor as plain tuples: decoding a thousand Row objects cost a sixth of the
     # relay's loop.
-    result = conn.exec_driver_sql(_claim_sql(schema), params)
+    result = conn.exec_driver_sql(driver_sql("relay", "claim_messages", schema), params)
     try:
         fetched = result.cursor.fetchall()
     finally:
@@ -297,17 +135,13 @@ def claim(
     return Claimed(retried + rows, reads, blocked)
 
 
-@functools.cache
-def _claim_sql(schema: str) -> str:
-    return CLAIM.replace("{schema}", f'"{schema}"')  # a validated identifier, see relay.sql
-
-
 def _failures(
     conn: Connection, schema: str, lanes: list[int], limit: int
 ) -> tuple[dict[tuple[int, str, bytes | None], str], list[OutboxRow]]:
     blocked: dict[tuple[int, str, bytes | None], str] = {}
     retried: list[OutboxRow] = []
-    for r in conn.execute(sql(FAILURES, schema), {"lanes": lanes, "limit": 10 * limit}):
+    query = sql("relay", "claim_failures", schema)
+    for r in conn.execute(query, {"lanes": lanes, "limit": 10 * limit}):
         key = (r.lane, r.topic, bytes(r.key) if r.key is not None else None)
         if r.state == "retry":
             if blocked.get(key) != "held" and len(retried) < limit // 2 + 1:
@@ -409,7 +243,7 @@ def record(
     """
     lanes = sorted(cursors)
     row = conn.execute(
-        sql(RECORD, schema),
+        sql("relay", "record_batch", schema),
         {
             "lanes": [p.row.lane for p in published],
             "tokens": [_token(cursors, p.row.lane) for p in published],
@@ -428,7 +262,7 @@ def record(
     ).one()
     retried = [p.row.id for p in published if p.row.retry]
     if retried:
-        conn.execute(sql(FORGET_FAILURES, schema), {"ids": retried})
+        conn.execute(sql("relay", "forget_failures", schema), {"ids": retried})
     entries: list[tuple[OutboxRow, str, str | None, int | None, int | None, bool]] = [
         (f.row, "failed", f.error, f.partition, f.offset, blocking and f.offset is None)
         for f in failed
@@ -448,7 +282,7 @@ def _copy_failures(conn: Connection, schema: str, entries: list[tuple[Any, ...]]
 
     rows = [e[0] for e in entries]
     conn.execute(
-        sql(RECORD_FAILURES, schema),
+        sql("relay", "record_failures", schema),
         {
             "ids": [r.id for r in rows],
             "message_ids": [r.message_id for r in rows],
@@ -474,5 +308,6 @@ def note_error(
 ) -> None:
     """Say on the lanes why their rows wait (a transient failure): ``outbox status`` shows it."""
     conn.execute(
-        sql(NOTE_ERROR, schema), {"lanes": lanes, "relay_id": relay_id, "error": error[:2000]}
+        sql("relay", "note_error", schema),
+        {"lanes": lanes, "relay_id": relay_id, "error": error[:2000]},
     )

@@ -28,6 +28,7 @@ from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import KafkaClientError
+from outbox.queries import driver_sql, sql
 from outbox.settings import OutboxSettings
 from relay.claims import (
     CLAIM_PLANNER,
@@ -35,7 +36,7 @@ from relay.claims import (
     Failed,
     OutboxRow,
     Published,
-    claim,
+    claim_messages,
     note_error,
     record,
 )
@@ -46,43 +47,13 @@ from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
 from relay.retention import purge_published
 from relay.settings import RelaySettings
-from relay.sql import sql
-from relay.wakeup import SET_IDLE, Listener, WakeUp
+from relay.wakeup import Listener, WakeUp
 
 log = logging.getLogger(__name__)
 
-# Per lane, the rows its cursor has not passed: those of transactions running when it was
-# taken (a probe each) and those after it (an index range from its xmax): the backlog only,
-# never the history; counted up to a cap. The oldest is the smallest id among them.
-BACKLOG = """
-SELECT coalesce(sum(p.n), 0) AS backlog,
-       greatest(0, coalesce(extract(epoch FROM clock_timestamp() - min(p.oldest)), 0))
-           AS oldest_age,
-       (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed
-FROM {schema}.relay_lanes AS l
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(q.created_at) AS oldest FROM (
-        SELECT m.created_at FROM {schema}.outbox_messages AS m
-        WHERE m.lane = l.lane
-          AND (m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
-               OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
-          AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
-                                         l.batch_pos)
-        LIMIT :cap
-    ) AS q
-) AS p
-WHERE l.lane < :lanes
-"""
+# The backlog gauge counts up to this many rows per lane (relay/queries.sql: backlog).
 BACKLOG_CAP = 1_000_000
 
-# Operations whose outcome nobody has established (the ledger of dedup.perform), for an alert:
-# the status index makes this cheap. Its own statement, since a least-privileged relay role
-# may not read the table (then the gauge is simply not exported).
-UNSETTLED_OPERATIONS = """
-SELECT count(*) FILTER (WHERE status = 'unknown') AS unknown,
-       count(*) FILTER (WHERE status = 'needs-human') AS needs_human
-FROM {schema}.operations WHERE status IN ('unknown', 'needs-human')
-"""
 # The relay's role may not read it (least privilege), or the schema predates it.
 OPERATIONS_UNREADABLE = frozenset({"42501", "42P01"})  # insufficient privilege, no such table
 
@@ -353,7 +324,8 @@ class Relay:
     def _refresh_metrics(self) -> None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                sql(BACKLOG, self.schema), {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes}
+                sql("relay", "backlog", self.schema),
+                {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes},
             ).one()
         self.metrics.backlog.set(row.backlog)
         self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
@@ -364,7 +336,7 @@ class Relay:
     def _refresh_operations(self) -> None:
         try:
             with self.engine.connect() as conn:
-                row = conn.execute(sql(UNSETTLED_OPERATIONS, self.schema)).one()
+                row = conn.execute(sql("relay", "unsettled_operations", self.schema)).one()
         except ProgrammingError as exc:
             if getattr(exc.orig, "sqlstate", None) not in OPERATIONS_UNREADABLE:
                 raise
@@ -493,7 +465,7 @@ class Relay:
             known = self._cursors.get(lane)
             cursors[lane] = known if known is not None and known.token == token else token
         with self.claim_engine.begin() as conn:
-            batch = claim(
+            batch = claim_messages(
                 conn,
                 self.schema,
                 relay_id=self.settings.relay_id,
@@ -509,9 +481,10 @@ class Relay:
     def _declare_idle(self, idle: bool) -> None:
         with self.engine.begin() as conn:
             # A hint, not state: a lost flag is covered by the heartbeat's staleness rule.
-            conn.exec_driver_sql("SET LOCAL synchronous_commit TO off")
+            conn.exec_driver_sql(driver_sql("relay", "commit_without_flush", self.schema))
             conn.execute(
-                sql(SET_IDLE, self.schema), {"idle": idle, "relay_id": self.settings.relay_id}
+                sql("relay", "set_idle", self.schema),
+                {"idle": idle, "relay_id": self.settings.relay_id},
             )
         self._idle = idle
 

@@ -23,75 +23,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, TextClause
 
-from relay.sql import sql
+from outbox.queries import sql
 
 log = logging.getLogger(__name__)
-
-ENSURE_LANES = """
-INSERT INTO {schema}.relay_lanes (lane)
-SELECT generate_series(0, :lanes - 1)
-ON CONFLICT (lane) DO NOTHING
-"""
-
-UPSERT_RELAY = """
-INSERT INTO {schema}.relays (relay_id, host, pid, started_at, heartbeat_at, idle)
-VALUES (:relay_id, :host, :pid, now(), now(), false)
-ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
-    pid = EXCLUDED.pid
-RETURNING (SELECT count(*) FROM {schema}.relays
-           WHERE heartbeat_at > now() - make_interval(secs => :lease)
-             AND relay_id <> :relay_id) + 1 AS live
-"""
-
-# Every statement that writes several of a relay's lane rows locks them in lane order first
-# (the heartbeat here, the record of a batch on the marking thread, giving lanes back): two
-# such statements locking them in different orders deadlock, and PostgreSQL takes a second
-# (deadlock_timeout) to notice, a second in which nothing is published.
-RENEW = """
-WITH locked AS (
-    SELECT lane FROM {schema}.relay_lanes
-    WHERE owner = :relay_id AND expires_at > now() ORDER BY lane FOR UPDATE
-)
-UPDATE {schema}.relay_lanes AS l SET expires_at = now() + make_interval(secs => :lease)
-FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id AND l.expires_at > now()
-RETURNING l.lane, l.token
-"""
-
-ACQUIRE = """
-UPDATE {schema}.relay_lanes AS l
-SET owner = :relay_id, token = l.token + 1,
-    expires_at = now() + make_interval(secs => :lease)
-FROM (SELECT lane FROM {schema}.relay_lanes
-      WHERE lane < :lanes AND (owner IS NULL OR expires_at <= now())
-      ORDER BY lane LIMIT :wanted FOR UPDATE SKIP LOCKED) AS free
-WHERE l.lane = free.lane
-RETURNING l.lane, l.token
-"""
-
-# Seconds until the soonest lease of another relay runs out. A live relay renews every third
-# of a lease, so its leases always have more than two thirds to run: a sooner expiry means
-# its owner missed a renewal (dead, or stuck), and the lanes are free at that moment.
-OTHERS_EXPIRE = """
-SELECT extract(epoch FROM min(expires_at) - now()) FROM {schema}.relay_lanes
-WHERE lane < :lanes AND owner IS NOT NULL AND owner <> :relay_id AND expires_at > now()
-"""
-
-RELEASE = """
-WITH locked AS (
-    SELECT lane FROM {schema}.relay_lanes
-    WHERE owner = :relay_id AND lane = ANY(:lanes) ORDER BY lane FOR UPDATE
-)
-UPDATE {schema}.relay_lanes AS l SET owner = NULL, expires_at = NULL
-FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
-"""
-
-LEAVE = "DELETE FROM {schema}.relays WHERE relay_id = :relay_id"
-
-FORGET_DEAD = """
-DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => :horizon)
-"""
 
 # A dead relay stays listed (as dead, in ``outbox status``) this many leases, then goes.
 FORGET_AFTER_LEASES = 6
@@ -150,25 +86,28 @@ class LaneManager:
                 return OwnedLanes({}, 0.0)
             return self._heartbeat()
 
+    def _sql(self, name: str) -> TextClause:
+        return sql("relay", name, self._schema)
+
     def _heartbeat(self) -> OwnedLanes:
         started = time.monotonic()
         params = {"relay_id": self.relay_id, "lease": self.lease, "lanes": self.lanes}
         with self._engine.begin() as conn:
-            conn.execute(sql(ENSURE_LANES, self._schema), params)
+            conn.execute(self._sql("ensure_lanes"), params)
             live = conn.execute(
-                sql(UPSERT_RELAY, self._schema), {**params, "host": self._host, "pid": self._pid}
+                self._sql("upsert_relay"), {**params, "host": self._host, "pid": self._pid}
             ).scalar_one()
-            tokens = {r.lane: r.token for r in conn.execute(sql(RENEW, self._schema), params)}
+            tokens = {r.lane: r.token for r in conn.execute(self._sql("renew_lanes"), params)}
             fair = math.ceil(self.lanes / max(1, int(live)))
             acquired: set[int] = set()
             if len(tokens) < fair:
                 rows = conn.execute(
-                    sql(ACQUIRE, self._schema), {**params, "wanted": fair - len(tokens)}
+                    self._sql("acquire_lanes"), {**params, "wanted": fair - len(tokens)}
                 )
                 for row in rows:
                     tokens[row.lane] = row.token
                     acquired.add(row.lane)
-            expire_in = conn.execute(sql(OTHERS_EXPIRE, self._schema), params).scalar_one()
+            expire_in = conn.execute(self._sql("others_expire"), params).scalar_one()
         # Counted from after the commit (not from the database's now(), which was earlier), so
         # a look-again scheduled with it comes after the expiry, never before.
         others = None
@@ -210,7 +149,7 @@ class LaneManager:
                 self._owned.valid_until,
             )
         with self._engine.begin() as conn:
-            conn.execute(sql(RELEASE, self._schema), {"relay_id": self.relay_id, "lanes": lanes})
+            conn.execute(self._sql("release_lanes"), {"relay_id": self.relay_id, "lanes": lanes})
 
     def leave(self) -> None:
         """Give back every lane and drop out of the relays table (graceful shutdown)."""
@@ -224,9 +163,9 @@ class LaneManager:
                 self._to_release = set()
             with self._engine.begin() as conn:
                 conn.execute(
-                    sql(RELEASE, self._schema), {"relay_id": self.relay_id, "lanes": lanes}
+                    self._sql("release_lanes"), {"relay_id": self.relay_id, "lanes": lanes}
                 )
-                conn.execute(sql(LEAVE, self._schema), {"relay_id": self.relay_id})
+                conn.execute(self._sql("leave"), {"relay_id": self.relay_id})
         finally:
             if beating:
                 self._beat.release()
@@ -235,7 +174,7 @@ class LaneManager:
         """Remove relays rows silent for several leases (their lanes moved on long before)."""
         with self._engine.begin() as conn:
             result = conn.execute(
-                sql(FORGET_DEAD, self._schema), {"horizon": self.lease * FORGET_AFTER_LEASES}
+                self._sql("forget_dead_relays"), {"horizon": self.lease * FORGET_AFTER_LEASES}
             )
         if result.rowcount:
             log.info(

@@ -8,14 +8,7 @@ their checkpoints, approvals or artifacts, so its role cannot read them.
 
 from __future__ import annotations
 
-GRANTS = """\
-GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT SELECT, DELETE ON {schema}.outbox_messages TO {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes,
-    {schema}.outbox_failures TO {role};
-GRANT SELECT, INSERT, DELETE ON {schema}.deliveries TO {role};
-GRANT USAGE ON SEQUENCE {schema}.deliveries_id_seq TO {role};
-"""
+from outbox.queries import driver_sql, quote_schema
 
 
 def relay_grants(schema: str, role: str) -> str:
@@ -23,4 +16,4 @@ def relay_grants(schema: str, role: str) -> str:
     for name in (schema, role):
         if not name.replace("_", "a").isalnum() or not name[0].isalpha():
             raise ValueError(f"{name!r} is not a plain identifier")
-    return GRANTS.format(schema=schema, role=role)
+    return driver_sql("relay", "relay_role_grants", schema).replace("{role}", quote_schema(role))

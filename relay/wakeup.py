@@ -27,9 +27,6 @@ import psycopg
 
 log = logging.getLogger(__name__)
 
-SET_IDLE = "UPDATE {schema}.relays SET idle = :idle WHERE relay_id = :relay_id"
-
-
 class WakeUp:
     """Why the relay should look again: the lanes notifications named, or everything."""
 

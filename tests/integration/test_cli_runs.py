@@ -12,8 +12,7 @@ from dedup import begin
 from outbox import claim, start_run, transition
 from outbox.emit import emit
 from outbox.envelope import Envelope
-from relay.claims import Published, record
-from relay.claims import claim as read
+from relay.claims import Published, claim_messages, record
 from relay.lanes import LaneManager
 from tests.integration.cli_support import one_line, outbox
 
@@ -227,7 +226,7 @@ def publish_everything(engine: Engine, *, offset: int) -> None:
                         host="h", pid=1)
     lanes.heartbeat()
     with engine.begin() as conn:
-        batch = read(conn, "outboxkit", relay_id="r", cursors=lanes.owned(), limit=100)
+        batch = claim_messages(conn, "outboxkit", relay_id="r", cursors=lanes.owned(), limit=100)
         record(conn, "outboxkit", relay_id="r",
                published=[Published(r, 3, offset + i) for i, r in enumerate(batch.rows)],
                failed=[], set_aside=[], blocking=False,

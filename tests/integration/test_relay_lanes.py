@@ -9,10 +9,9 @@ import pytest
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from relay.claims import claim
+from outbox.queries import sql
+from relay.claims import claim_messages
 from relay.lanes import LaneManager
-from relay.sql import sql
-from relay.wakeup import SET_IDLE
 
 
 def manager(engine: Engine, relay_id: str, lease: float = 3.0) -> LaneManager:
@@ -80,8 +79,8 @@ def test_a_stale_owner_claims_nothing_from_a_lane_taken_over(engine: Engine) -> 
     time.sleep(1.2)
     settle(b)
     with engine.begin() as conn:
-        assert claim(conn, "outboxkit", relay_id="a", cursors=stale, limit=1000).rows == []
-        rows = claim(conn, "outboxkit", relay_id="b", cursors=b.owned(), limit=1000).rows
+        assert claim_messages(conn, "outboxkit", relay_id="a", cursors=stale, limit=1000).rows == []
+        rows = claim_messages(conn, "outboxkit", relay_id="b", cursors=b.owned(), limit=1000).rows
         assert len(rows) == 128
 
 
@@ -89,7 +88,7 @@ def test_a_database_error_in_a_claim_is_a_sqlalchemy_error(engine: Engine) -> No
     # The relay's loop backs off on SQLAlchemyError; a bare driver error would end the relay.
     with engine.connect() as conn:
         with pytest.raises(SQLAlchemyError, match="no_such_schema"):
-            claim(conn, "no_such_schema", relay_id="a", cursors={0: 1}, limit=10)
+            claim_messages(conn, "no_such_schema", relay_id="a", cursors={0: 1}, limit=10)
         assert conn.invalidated is False  # a statement error, not a lost connection
 
 
@@ -103,7 +102,7 @@ def test_a_heartbeat_in_flight_when_the_relay_leaves_does_not_bring_it_back(
 
     def pause_heartbeat(conn: object, cursor: object, statement: str, *args: object) -> None:
         beating = threading.current_thread().name == "beat"
-        if beating and statement.lstrip().startswith("INSERT INTO \"outboxkit\".relays "):
+        if beating and statement.lstrip().startswith("INSERT INTO outboxkit.relays "):
             inside.set()
             go_on.wait(10)
 
@@ -142,7 +141,7 @@ def test_declaring_itself_idle_does_not_make_a_relay_look_alive(engine: Engine) 
     time.sleep(0.05)
     for idle in (True, False):
         with engine.begin() as conn:
-            conn.execute(sql(SET_IDLE, "outboxkit"), {"idle": idle, "relay_id": "a"})
+            conn.execute(sql("relay", "set_idle", "outboxkit"), {"idle": idle, "relay_id": "a"})
     with engine.connect() as conn:
         assert conn.execute(read).scalar_one() == beat
 

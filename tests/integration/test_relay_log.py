@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, text
 from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.settings import OutboxSettings
-from relay.claims import OutboxRow, Published, claim, record
+from relay.claims import OutboxRow, Published, claim_messages, record
 from relay.cursors import Cursor
 from relay.lanes import LaneManager
 
@@ -42,7 +42,9 @@ class Reader:
             for lane, token in owned.items()
         }
         with self.engine.begin() as conn:
-            batch = claim(conn, "outboxkit", relay_id="reader", cursors=known, limit=self.limit)
+            batch = claim_messages(
+                conn, "outboxkit", relay_id="reader", cursors=known, limit=self.limit
+            )
         self.claims += 1
         moves: dict[int, tuple[Cursor, int]] = {}
         for lane, read in batch.reads.items():

@@ -1,0 +1,89 @@
+"""Hand-written SQL: named queries in each package's ``queries.sql``, one loader, one quoting rule.
+
+Statements that SQLAlchemy Core cannot say as well (the relay's claim, emit's one-round-trip
+INSERT, the inbox marks...) live as SQL in a ``queries.sql`` next to the package that runs
+them, each under a marker line::
+
+    -- name: claim_messages
+    -- The comment lines right after the marker describe the query: they are documentation,
+    -- left out of the statement sent (comments inside the statement stay in it).
+    SELECT ...
+
+``{schema}`` in a query stands for the configured schema. It is replaced by
+:func:`quote_schema`, the rule SQLAlchemy applies to the Core tables through
+``schema_translate_map``, so both kinds of statement name the same schema. Values always
+travel as bound parameters: ``:name`` for a query run as :func:`sql` (a ``TextClause``),
+``%(name)s`` / ``%(name)b`` for one run with ``exec_driver_sql`` (:func:`driver_sql`), which
+hot paths use to skip SQLAlchemy's compilation. A file is read once (with
+:mod:`importlib.resources`, so an installed wheel works the same) and each rendering is
+cached per (package, name, schema).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from collections.abc import Mapping
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+QUERY_FILE = "queries.sql"
+
+_MARKER = re.compile(r"^-- name: (?P<name>\S+)[ \t]*$", re.MULTILINE)
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# The dialect Core compiles with: its preparer is what renders schema_translate_map's schema.
+DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
+_PREPARER = DIALECT.identifier_preparer
+
+
+def quote_schema(name: str) -> str:
+    """*name* as a PostgreSQL identifier, quoted only when it has to be (Core's own rule)."""
+    return _PREPARER.quote_schema(name)
+
+
+def parse(source: str, origin: str) -> dict[str, str]:
+    """The queries of one file's *source*, by name; *origin* names the file in errors."""
+    pieces = _MARKER.split(source)
+    if pieces[0].strip() and not all(
+        line.startswith("--") or not line.strip() for line in pieces[0].splitlines()
+    ):
+        raise ValueError(f"{origin}: SQL before the first '-- name:' marker; give it a name")
+    found: dict[str, str] = {}
+    for name, body in zip(pieces[1::2], pieces[2::2], strict=True):
+        if not _NAME.match(name):
+            raise ValueError(f"{origin}: query name {name!r} is not lower_case_with_underscores")
+        if name in found:
+            raise ValueError(f"{origin}: two queries are named {name!r}; rename one")
+        lines = body.strip().splitlines()
+        while lines and lines[0].startswith("--"):
+            del lines[0]
+        if not "".join(lines).strip():
+            raise ValueError(f"{origin}: query {name!r} is empty")
+        found[name] = "\n".join(lines).strip() + "\n"
+    return found
+
+
+@functools.cache
+def queries(package: str) -> Mapping[str, str]:
+    """Every query of *package*'s ``queries.sql``, by name, as written (``{schema}`` in it)."""
+    source = importlib.resources.files(package).joinpath(QUERY_FILE).read_text("utf-8")
+    return parse(source, f"{package}/{QUERY_FILE}")
+
+
+@functools.cache
+def driver_sql(package: str, name: str, schema: str) -> str:
+    """Query *name* of *package* for *schema*, as a string for ``exec_driver_sql``."""
+    found = queries(package)
+    if name not in found:
+        raise LookupError(
+            f"no query named {name!r} in {package}/{QUERY_FILE} (it has {', '.join(found)})"
+        )
+    return found[name].replace("{schema}", quote_schema(schema))
+
+
+@functools.cache
+def sql(package: str, name: str, schema: str) -> TextClause:
+    """Query *name* of *package* for *schema*, as a ``TextClause`` for ``execute``."""
+    return text(driver_sql(package, name, schema))

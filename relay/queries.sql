@@ -1,0 +1,345 @@
+-- The relay's SQL. Each query follows its `-- name:` marker; the comment lines right after
+-- the marker describe it (the loader, outbox.queries, keeps them out of the statement's
+-- text). {schema} is the configured schema, quoted by outbox.queries.quote_schema.
+-- Parameters: `:name` for queries run as text(), `%(name)s` for driver SQL.
+
+-- name: claim_messages
+-- Per owned lane (fenced by the join on relay_lanes: a relay whose lane was taken over reads
+-- nothing there), the next rows of the lane's difference, in two parts, each through an index
+-- and in id order:
+--   b. a range of (lane, id) from lo to hi, the smallest and largest id of the rows of
+--      transactions that started after the cursor (xid >= its xmax), computed once per target
+--      from (lane, xid) and then passed back by the relay; the filter is the whole difference
+--      (visible in the target, not in the cursor), so it also takes the rows of transactions
+--      that were running at the cursor when their ids fall in the range;
+--   a. the rest of those: rows of the cursor's running transactions (its xip list, a probe
+--      on (lane, xid) each) outside the range; they may have low ids (a late commit).
+-- The relay merges the two by id (relay.claims._reads). A lane the relay knows nothing about
+-- (first read, or its token changed) starts from the cursor stored in relay_lanes. There is no
+-- ORDER BY across lanes: the nested loop over the lanes stops as soon as the limit's rows came
+-- out. Run as driver SQL on the claim's own connection (relay.claims.CLAIM_PLANNER).
+WITH c AS MATERIALIZED (
+    SELECT o.ord, o.lane, o.token,
+           CASE WHEN o.known THEN CAST(o.snap AS pg_snapshot) ELSE l.cursor_snapshot END AS snap,
+           coalesce(CASE WHEN o.known THEN CAST(o.target AS pg_snapshot) ELSE l.batch_snapshot END,
+                    pg_current_snapshot()) AS target,
+           CASE WHEN o.known THEN o.pos ELSE l.batch_pos END AS pos,
+           o.floor, o.ceil
+    FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]),
+                CAST(%(known)s AS bool[]), CAST(%(snaps)s AS text[]),
+                CAST(%(targets)s AS text[]), CAST(%(pos)s AS bigint[]),
+                CAST(%(floors)s AS bigint[]), CAST(%(ceils)s AS bigint[]))
+         WITH ORDINALITY AS o(lane, token, known, snap, target, pos, floor, ceil, ord)
+    JOIN {schema}.relay_lanes AS l
+      ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s
+     AND l.expires_at > now()
+),
+b AS (
+    SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi
+    FROM c
+    LEFT JOIN LATERAL (
+        -- "+ 0": an aggregate, not the planner's min/max shortcut, which would walk the lane's
+        -- (lane, id) index from its oldest row instead of the (lane, xid) range.
+        SELECT min(m.id + 0) AS lo, max(m.id + 0) AS hi FROM {schema}.outbox_messages AS m
+        WHERE c.floor IS NULL AND m.lane = c.lane
+          AND m.xid >= pg_snapshot_xmax(c.snap) AND m.xid < pg_snapshot_xmax(c.target)
+          AND pg_visible_in_snapshot(m.xid, c.target)
+    ) AS r ON true
+)
+SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
+       p.part, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
+       CAST(p.headers AS text), p.created_at, p.run_id,
+       -- Whether to read outbox_failures too (a blocked key, a retry): almost never.
+       EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
+               WHERE f.lane = ANY(CAST(%(lanes)s AS int[]))
+                 AND (f.state <> 'failed' OR f.blocking)) AS failures
+FROM b
+LEFT JOIN LATERAL (
+    -- Part a first: when the outer LIMIT cuts a lane, what is missing is then its part b,
+    -- or part b and the end of part a; claims._reads knows which (see there).
+    (SELECT 'a' AS part, count(*) OVER () AS got, q.* FROM (
+        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+               m.created_at, m.run_id
+        FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
+        CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
+            SELECT * FROM {schema}.outbox_messages AS r
+            WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
+            OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
+        ) AS m
+        WHERE (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
+        ORDER BY m.id LIMIT %(more)s) AS q)
+    UNION ALL
+    (SELECT 'b' AS part, count(*) OVER () AS got, q.* FROM (
+        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+               m.created_at, m.run_id
+        FROM {schema}.outbox_messages AS m
+        -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
+        -- order asked for, so the scan stops at the limit.
+        WHERE b.lo <= b.hi  -- no such rows: no scan at all
+          AND (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
+          AND (m.lane, m.id) <= (b.lane, b.hi)
+          AND pg_visible_in_snapshot(m.xid, b.target)
+          AND NOT pg_visible_in_snapshot(m.xid, b.snap)
+        ORDER BY m.lane, m.id LIMIT %(more)s) AS q)
+) AS p ON true
+LIMIT %(outer)s
+
+-- name: claim_failures
+-- Blocked keys (a refused message holds back the later ones of its key, in block mode) and
+-- rows an operator asked to retry, of the owned lanes: usually none, one index probe.
+SELECT f.id, f.message_id, f.topic, f.key, f.message_type, f.payload, f.headers, f.created_at,
+       f.run_id, f.lane, f.state, f.blocking
+FROM {schema}.outbox_failures AS f
+WHERE f.lane = ANY(CAST(:lanes AS int[])) AND (f.state <> 'failed' OR f.blocking)
+ORDER BY f.lane, f.id
+LIMIT :limit
+
+-- name: record_batch
+-- One statement records a clean batch: the proof per lane, and the lanes' cursors, fenced.
+WITH v AS (
+    SELECT * FROM unnest(CAST(:lanes AS int[]), CAST(:tokens AS bigint[]), CAST(:ids AS bigint[]),
+                         CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
+         AS v(lane, token, id, partition, kafka_offset)
+),
+proof AS (
+    INSERT INTO {schema}.deliveries
+        (lane, relay_id, token, first_id, last_id, ids, partitions, offsets)
+    SELECT lane, :relay_id, token, min(id), max(id), array_agg(id ORDER BY id),
+           array_agg(partition ORDER BY id), array_agg(kafka_offset ORDER BY id)
+    FROM v WHERE id IS NOT NULL GROUP BY lane, token
+    RETURNING lane
+),
+locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE lane = ANY(CAST(:c_lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
+),
+moved AS (
+    UPDATE {schema}.relay_lanes AS l
+    SET cursor_snapshot = CAST(c.snap AS pg_snapshot),
+        batch_snapshot = CAST(c.target AS pg_snapshot), batch_pos = c.pos,
+        published_count = l.published_count + c.n, last_error = NULL, last_error_at = NULL
+    FROM unnest(CAST(:c_lanes AS int[]), CAST(:c_tokens AS bigint[]), CAST(:c_snaps AS text[]),
+                CAST(:c_targets AS text[]), CAST(:c_pos AS bigint[]), CAST(:c_n AS bigint[]))
+         AS c(lane, token, snap, target, pos, n), locked AS k
+    WHERE l.lane = c.lane AND k.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
+    RETURNING l.lane
+)
+SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved,
+       -- A clean batch's record need not wait for the WAL flush (see the daemon): said in the
+       -- statement itself, so that it can run alone, as its own transaction.
+       set_config('synchronous_commit', CASE WHEN :durable THEN 'on' ELSE 'off' END, true)
+           AS synchronous_commit
+
+-- name: record_failures
+-- A refused row is copied whole: retention may delete the outbox row long before an operator
+-- looks at it. A retried row refused again is updated in place.
+INSERT INTO {schema}.outbox_failures
+    (id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
+     state, blocking, error, dlq_partition, dlq_offset)
+SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
+       CAST(r.headers AS jsonb), r.run_id, r.created_at, r.state, r.blocking, r.error,
+       r.dlq_partition, r.dlq_offset
+FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS uuid[]), CAST(:topics AS text[]),
+            CAST(:keys AS bytea[]), CAST(:lanes AS int[]), CAST(:types AS text[]),
+            CAST(:payloads AS bytea[]), CAST(:headers AS text[]), CAST(:run_ids AS uuid[]),
+            CAST(:created AS timestamptz[]), CAST(:states AS text[]), CAST(:blocking AS bool[]),
+            CAST(:errors AS text[]), CAST(:dlq_partitions AS int[]), CAST(:dlq_offsets AS bigint[]))
+     AS r(id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
+          state, blocking, error, dlq_partition, dlq_offset)
+ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, blocking = EXCLUDED.blocking,
+    error = coalesce(EXCLUDED.error, {schema}.outbox_failures.error), failed_at = now(),
+    dlq_partition = EXCLUDED.dlq_partition, dlq_offset = EXCLUDED.dlq_offset
+
+-- name: forget_failures
+-- Retried rows that Kafka has now acknowledged leave the failures.
+DELETE FROM {schema}.outbox_failures WHERE id = ANY(CAST(:ids AS bigint[]))
+
+-- name: note_error
+-- Why the lanes' rows wait (a transient failure), for `outbox status`.
+WITH locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE lane = ANY(CAST(:lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
+)
+UPDATE {schema}.relay_lanes AS l SET last_error = :error, last_error_at = now()
+FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
+
+-- name: ensure_lanes
+-- Every lane has its row (the lanes are a fixed number, OutboxSettings.lanes).
+INSERT INTO {schema}.relay_lanes (lane)
+SELECT generate_series(0, :lanes - 1)
+ON CONFLICT (lane) DO NOTHING
+
+-- name: upsert_relay
+-- The relay's heartbeat row; returns how many relays are live, this one included.
+INSERT INTO {schema}.relays (relay_id, host, pid, started_at, heartbeat_at, idle)
+VALUES (:relay_id, :host, :pid, now(), now(), false)
+ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
+    pid = EXCLUDED.pid
+RETURNING (SELECT count(*) FROM {schema}.relays
+           WHERE heartbeat_at > now() - make_interval(secs => :lease)
+             AND relay_id <> :relay_id) + 1 AS live
+
+-- name: renew_lanes
+-- Every statement that writes several of a relay's lane rows locks them in lane order first
+-- (the heartbeat here, the record of a batch on the marking thread, giving lanes back): two
+-- such statements locking them in different orders deadlock, and PostgreSQL takes a second
+-- (deadlock_timeout) to notice, a second in which nothing is published.
+WITH locked AS (
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE owner = :relay_id AND expires_at > now() ORDER BY lane FOR UPDATE
+)
+UPDATE {schema}.relay_lanes AS l SET expires_at = now() + make_interval(secs => :lease)
+FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id AND l.expires_at > now()
+RETURNING l.lane, l.token
+
+-- name: acquire_lanes
+-- Free or expired lanes, up to the relay's fair share; each one taken bumps its token.
+UPDATE {schema}.relay_lanes AS l
+SET owner = :relay_id, token = l.token + 1,
+    expires_at = now() + make_interval(secs => :lease)
+FROM (SELECT lane FROM {schema}.relay_lanes
+      WHERE lane < :lanes AND (owner IS NULL OR expires_at <= now())
+      ORDER BY lane LIMIT :wanted FOR UPDATE SKIP LOCKED) AS free
+WHERE l.lane = free.lane
+RETURNING l.lane, l.token
+
+-- name: others_expire
+-- Seconds until the soonest lease of another relay runs out. A live relay renews every third
+-- of a lease, so its leases always have more than two thirds to run: a sooner expiry means
+-- its owner missed a renewal (dead, or stuck), and the lanes are free at that moment.
+SELECT extract(epoch FROM min(expires_at) - now()) FROM {schema}.relay_lanes
+WHERE lane < :lanes AND owner IS NOT NULL AND owner <> :relay_id AND expires_at > now()
+
+-- name: release_lanes
+-- Give lanes back (more than the fair share, or stopping), locked in lane order.
+WITH locked AS (
+    SELECT lane FROM {schema}.relay_lanes
+    WHERE owner = :relay_id AND lane = ANY(:lanes) ORDER BY lane FOR UPDATE
+)
+UPDATE {schema}.relay_lanes AS l SET owner = NULL, expires_at = NULL
+FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
+
+-- name: leave
+-- A relay stopping cleanly leaves the list of relays.
+DELETE FROM {schema}.relays WHERE relay_id = :relay_id
+
+-- name: forget_dead_relays
+-- A dead relay stays listed (as dead, in `outbox status`) a few leases, then goes.
+DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => :horizon)
+
+-- name: set_idle
+-- The relay declares itself idle (emits then NOTIFY) or busy (relay/wakeup.py).
+UPDATE {schema}.relays SET idle = :idle WHERE relay_id = :relay_id
+
+-- name: commit_without_flush
+-- A hint, not state (the idle flag): its commit need not wait for the WAL flush.
+SET LOCAL synchronous_commit TO off
+
+-- name: status_counts
+-- One pass over the outbox (a command run by hand, not a metric): each row is published when
+-- its lane's cursor passed it and it is not among the failures; refused rows are counted
+-- from outbox_failures (held and retried ones are still pending).
+SELECT count(*) FILTER (WHERE (NOT s.passed AND s.state IS NULL)
+                             OR s.state IN ('held', 'retry')) AS pending,
+       (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed,
+       count(*) FILTER (WHERE s.passed AND s.state IS NULL) AS published,
+       greatest(0, coalesce(extract(epoch FROM clock_timestamp() - min(s.created_at)
+                                    FILTER (WHERE NOT s.passed AND s.state IS NULL)), 0))
+           AS oldest_age
+FROM (
+    SELECT m.created_at, f.state,
+           {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                  l.batch_pos) AS passed
+    FROM {schema}.outbox_messages AS m
+    LEFT JOIN {schema}.relay_lanes AS l ON l.lane = m.lane
+    LEFT JOIN {schema}.outbox_failures AS f ON f.id = m.id
+) AS s
+
+-- name: status_relays
+-- now() would be when this transaction began: a heartbeat committed since then is "in the
+-- future" (a negative age). clock_timestamp() is read as the statement runs.
+SELECT r.relay_id, r.idle,
+       greatest(0, extract(epoch FROM clock_timestamp() - r.heartbeat_at)) AS heartbeat_age,
+       coalesce(array_agg(l.lane ORDER BY l.lane) FILTER (WHERE l.lane IS NOT NULL), '{}')
+           AS lanes
+FROM {schema}.relays AS r
+LEFT JOIN {schema}.relay_lanes AS l
+  ON l.owner = r.relay_id AND l.expires_at > clock_timestamp()
+GROUP BY r.relay_id, r.idle, r.heartbeat_at
+ORDER BY r.relay_id
+
+-- name: unowned_lanes
+-- Lanes no live relay holds.
+SELECT lane FROM {schema}.relay_lanes
+WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= clock_timestamp() ORDER BY lane
+
+-- name: oldest_message
+-- Where retention starts.
+SELECT min(id) FROM {schema}.outbox_messages
+
+-- name: retention_lock
+-- Only one relay of a database deletes at a time (relay.retention.RETENTION_LOCK).
+SELECT pg_try_advisory_xact_lock(:k)
+
+-- name: purge_range
+-- One range of ids; old rows that are not passed yet (a lane behind, a late commit) stay.
+WITH gone AS (
+    DELETE FROM {schema}.outbox_messages AS m
+    USING {schema}.relay_lanes AS l
+    WHERE m.id >= :lo AND m.id < :hi AND l.lane = m.lane
+      AND m.created_at < now() - make_interval(secs => :older_than)
+      AND {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot, l.batch_pos)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS deleted, n.id AS next_id,
+       n.created_at < now() - make_interval(secs => :older_than) AS next_old
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (SELECT m.id, m.created_at FROM {schema}.outbox_messages AS m
+                   WHERE m.id >= :hi ORDER BY m.id LIMIT 1) AS n ON true
+
+-- name: purge_deliveries
+-- The broker's proof goes by the same age as the rows.
+DELETE FROM {schema}.deliveries
+WHERE id < coalesce((SELECT min(id) FROM {schema}.deliveries
+                     WHERE published_at >= now() - make_interval(secs => :older_than)),
+                    (SELECT max(id) + 1 FROM {schema}.deliveries))
+
+-- name: backlog
+-- Per lane, the rows its cursor has not passed: those of transactions running when it was
+-- taken (a probe each) and those after it (an index range from its xmax): the backlog only,
+-- never the history; counted up to a cap. The oldest is the smallest id among them.
+SELECT coalesce(sum(p.n), 0) AS backlog,
+       greatest(0, coalesce(extract(epoch FROM clock_timestamp() - min(p.oldest)), 0))
+           AS oldest_age,
+       (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed
+FROM {schema}.relay_lanes AS l
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(q.created_at) AS oldest FROM (
+        SELECT m.created_at FROM {schema}.outbox_messages AS m
+        WHERE m.lane = l.lane
+          AND (m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
+               OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
+          AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                         l.batch_pos)
+        LIMIT :cap
+    ) AS q
+) AS p
+WHERE l.lane < :lanes
+
+-- name: unsettled_operations
+-- Operations whose outcome nobody has established (the ledger of dedup.perform), for an
+-- alert: the status index makes this cheap. Its own statement, since a least-privileged relay
+-- role may not read the table (then the gauge is simply not exported).
+SELECT count(*) FILTER (WHERE status = 'unknown') AS unknown,
+       count(*) FILTER (WHERE status = 'needs-human') AS needs_human
+FROM {schema}.operations WHERE status IN ('unknown', 'needs-human')
+
+-- name: relay_role_grants
+-- The least privilege of a relay's role ({role}: relay.roles.relay_grants). A script, not
+-- a statement: several GRANTs, run as they are.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, DELETE ON {schema}.outbox_messages TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes,
+    {schema}.outbox_failures TO {role};
+GRANT SELECT, INSERT, DELETE ON {schema}.deliveries TO {role};
+GRANT USAGE ON SEQUENCE {schema}.deliveries_id_seq TO {role};
