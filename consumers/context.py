@@ -9,6 +9,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from dedup.operations import OnSettle, Operation
+from dedup.perform import perform
+from dedup.policy import ReconcilePolicy
+from dedup.reconcile import DEFAULT_POLICY
+from dedup.systems import System
 from outbox.confirm import Outcome, apply_confirmation
 from outbox.emit import emit
 from outbox.envelope import Envelope
@@ -104,5 +109,51 @@ class HandlerContext:
             evidence=evidence,
             actor=self.group_id,
             reason=reason,
+            settings=self.outbox_settings,
+        )
+
+    def perform(
+        self,
+        *,
+        system: System,
+        operation: str,
+        request: Any,
+        key: str | None = None,
+        run_id: uuid.UUID | None = None,
+        on_settle: OnSettle | str = OnSettle.FINISH,
+        policy: ReconcilePolicy = DEFAULT_POLICY,
+    ) -> Operation:
+        """Do *operation* on *system* at most once for this message: :func:`dedup.perform`
+        with the handler's engine and settings, the key derived from the message id (or
+        *key*), and the consumer group as the actor.
+
+        Not in the handler's transaction: perform commits the intent before the call and
+        the outcome after it, each in a transaction of its own on another connection of
+        the same engine, so they stay recorded whether the handler's transaction commits
+        or rolls back. A redelivery (after a rollback, a crash, a retry) calls this again
+        and gets the operation as recorded, or reconciled by a status query, never a
+        second call. So act on ``result.status`` here: commit (return) once it is settled,
+        raise :class:`~consumers.control.RetryLater` while it is ``pending`` or
+        ``unknown``. With *run_id* the run is settled with the operation, in perform's
+        transaction (*on_settle*: ``"finish"`` or ``"resume"``); ``ctx.run_id`` is the
+        message's run. Do not write that run through ``ctx.conn`` before calling: the
+        handler's transaction would then hold its row lock, and perform's settling
+        transaction would wait for it for ever.
+
+        One key per (message, operation): a second call with the same *operation* and a
+        different *request* raises :class:`~dedup.errors.RequestMismatch`; pass *key* to
+        do two such operations for one message.
+        """
+        return perform(
+            self.conn.engine,
+            system=system,
+            operation=operation,
+            request=request,
+            message_id=self.message_id,
+            key=key,
+            run_id=run_id,
+            on_settle=on_settle,
+            policy=policy,
+            actor=self.group_id,
             settings=self.outbox_settings,
         )
