@@ -105,7 +105,7 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
         try:
             for failure_id in failure_ids:
                 try:
-                    sent = republish(engine, sender, failure_id, schema=settings.schema_name)
+                    sent = republish(engine, sender, failure_id, settings=settings)
                 except KafkaClientError as exc:
                     raise ConsumerError(f"failure {failure_id}: cannot send to Kafka at "
                                         f"{kafka_bootstrap}: {exc}") from exc

@@ -187,7 +187,7 @@ class Processor:
             if inner is not None:
                 # Stop at the failing message: unmark it and everything after it in the batch.
                 for d in fresh[inner.index :]:
-                    unmark(conn, self.schema, self.group, d.message_id)
+                    unmark(conn, self.group, d.message_id, settings=self.app.outbox_settings)
                 stop_at = decoded.index(fresh[inner.index])
                 failed = _Failed(stop_at, inner.error)
                 count_to = stop_at
@@ -244,7 +244,7 @@ class Processor:
         self, conn: Connection, decoded: list[Decoded]
     ) -> tuple[list[Decoded], list[Decoded]]:
         """Mark the batch with ``ON CONFLICT DO NOTHING``: (fresh, duplicates) in order."""
-        new = mark_many(conn, self.schema, self.group, _marks(decoded))
+        new = mark_many(conn, self.group, _marks(decoded), settings=self.app.outbox_settings)
         fresh: list[Decoded] = []
         duplicates: list[Decoded] = []
         for d in decoded:
@@ -261,7 +261,7 @@ class Processor:
         if len({d.message_id for d in decoded}) < len(decoded):
             return False  # an id twice in the batch: the plain insert would refuse it anyway
         try:
-            insert_new(conn, self.schema, self.group, _marks(decoded))
+            insert_new(conn, self.group, _marks(decoded), settings=self.app.outbox_settings)
         except IntegrityError:
             return False
         return True
@@ -359,7 +359,7 @@ class Processor:
         with self.engine.connect() as conn:
             tx = conn.begin()
             try:
-                if not mark(conn, self.schema, self.group, _mark(decoded)):
+                if not mark(conn, self.group, _mark(decoded), settings=self.app.outbox_settings):
                     tx.commit()
                     self._duplicate(decoded)
                     self.committed([record])
@@ -369,7 +369,7 @@ class Processor:
                 except SkipMessage as exc:
                     tx.rollback()
                     with conn.begin():
-                        mark(conn, self.schema, self.group, _mark(decoded))
+                        mark(conn, self.group, _mark(decoded), settings=self.app.outbox_settings)
                     self._skipped(decoded, exc)
                     self.committed([record])
                     return None
@@ -472,9 +472,9 @@ class Processor:
             if message_id is not None:
                 mark(
                     conn,
-                    self.schema,
                     self.group,
                     Mark(message_id, record.topic, record.partition, record.offset),
+                    settings=self.app.outbox_settings,
                 )
             failures.mark_dead_lettered(
                 conn,

@@ -20,6 +20,7 @@ from consumers.decode import decode
 from consumers.errors import FailureNotFound
 from dedup import failures
 from dedup.inbox import Mark, mark, unmark
+from outbox.settings import OutboxSettings
 
 
 def _load(engine: Engine, failure_id: int) -> failures.FailedMessage:
@@ -30,7 +31,13 @@ def _load(engine: Engine, failure_id: int) -> failures.FailedMessage:
     return found
 
 
-def republish(engine: Engine, sender: KafkaSender, failure_id: int, *, schema: str) -> Sent:
+def republish(
+    engine: Engine,
+    sender: KafkaSender,
+    failure_id: int,
+    *,
+    settings: OutboxSettings | None = None,
+) -> Sent:
     """Send failure *failure_id*'s message to its original topic again; return where it went.
 
     *engine* must carry the schema translate map (``outbox.schema.translate``).
@@ -38,7 +45,7 @@ def republish(engine: Engine, sender: KafkaSender, failure_id: int, *, schema: s
     failure = _load(engine, failure_id)
     if failure.message_id is not None:
         with engine.begin() as conn:
-            unmark(conn, schema, failure.consumer_group, failure.message_id)
+            unmark(conn, failure.consumer_group, failure.message_id, settings=settings)
     headers = [
         (name, value.encode())
         for name, value in failure.headers.items()
@@ -65,14 +72,14 @@ def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:
     registration = app.registrations.get(failure.topic)
     decoded = decode(record, registration)
     assert registration is not None
-    schema = app.outbox_settings.schema_name
+    settings = app.outbox_settings
     with engine.begin() as conn:
-        unmark(conn, schema, app.group_id, decoded.message_id)
+        unmark(conn, app.group_id, decoded.message_id, settings=settings)
         mark(
             conn,
-            schema,
             app.group_id,
             Mark(decoded.message_id, failure.topic, failure.partition, failure.offset),
+            settings=settings,
         )
         ctx = decoded.context(conn, app.group_id, app.outbox_settings)
         if registration.batch_handler is not None:

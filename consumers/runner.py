@@ -194,10 +194,10 @@ class Runner:
         try:
             deleted = purge_marks(
                 self.engine,
-                self.app.outbox_settings.schema_name,
                 self.app.group_id,
                 older_than_s=self.settings.dedup_retention_seconds,
                 batch=self.settings.retention_batch,
+                settings=self.app.outbox_settings,
             )
         except Exception as exc:
             log.warning("dedup retention failed: %s", exc, extra={"event": "consumer.job_failed"})

@@ -10,13 +10,14 @@ with a window shorter than the topic's retention plus the worst consumer lag
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
 from outbox.hashing import stable_hash64
+from outbox.queries import driver_sql, sql
+from outbox.settings import OutboxSettings, default_settings
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,11 @@ class Marks:
 
 
 def mark_many(
-    conn: Connection, schema: str, group: str, marks: Sequence[Mark] | Marks
+    conn: Connection,
+    group: str,
+    marks: Sequence[Mark] | Marks,
+    *,
+    settings: OutboxSettings | None = None,
 ) -> set[str]:
     """Insert the marks of *marks* in one statement; return the message ids that were new.
 
@@ -61,8 +66,13 @@ def mark_many(
     columns = marks if isinstance(marks, Marks) else Marks.of(marks)
     if not columns.message_ids:
         return set()
-    rows = conn.exec_driver_sql(_insert(schema), _parameters(group, columns)).all()
+    statement = _driver_sql("insert_marks", settings)
+    rows = conn.exec_driver_sql(statement, _parameters(group, columns)).all()
     return {row[0] for row in rows}
+
+
+def _driver_sql(name: str, settings: OutboxSettings | None) -> str:
+    return driver_sql("dedup", name, (settings or default_settings()).schema_name)
 
 
 def _parameters(group: str, marks: Marks) -> dict[str, object]:
@@ -75,7 +85,13 @@ def _parameters(group: str, marks: Marks) -> dict[str, object]:
     }
 
 
-def insert_new(conn: Connection, schema: str, group: str, marks: Sequence[Mark] | Marks) -> None:
+def insert_new(
+    conn: Connection,
+    group: str,
+    marks: Sequence[Mark] | Marks,
+    *,
+    settings: OutboxSettings | None = None,
+) -> None:
     """Insert *marks*, all expected new, with a plain INSERT (no conflict handling).
 
     The fast path for a batch without duplicates: PostgreSQL's ``ON CONFLICT`` costs a
@@ -86,43 +102,44 @@ def insert_new(conn: Connection, schema: str, group: str, marks: Sequence[Mark] 
     """
     columns = marks if isinstance(marks, Marks) else Marks.of(marks)
     if columns.message_ids:
-        conn.exec_driver_sql(_insert_new(schema), _parameters(group, columns))
+        statement = _driver_sql("insert_new_marks", settings)
+        conn.exec_driver_sql(statement, _parameters(group, columns))
 
 
-def mark(conn: Connection, schema: str, group: str, one: Mark) -> bool:
+def mark(
+    conn: Connection, group: str, one: Mark, *, settings: OutboxSettings | None = None
+) -> bool:
     """Insert one mark; True if it was new (process the message), False for a duplicate."""
-    return bool(mark_many(conn, schema, group, [one]))
+    return bool(mark_many(conn, group, [one], settings=settings))
 
 
-def unmark(conn: Connection, schema: str, group: str, message_id: str) -> None:
+def unmark(
+    conn: Connection, group: str, message_id: str, *, settings: OutboxSettings | None = None
+) -> None:
     """Remove a mark inside the caller's transaction (its handler failed, or a replay)."""
     conn.exec_driver_sql(
-        f'DELETE FROM "{schema}".consumer_inbox '
-        "WHERE consumer_group = %(group)s AND message_id = %(id)s",
-        {"group": group, "id": message_id},
+        _driver_sql("unmark", settings), {"group": group, "id": message_id}
     )
 
 
-def is_marked(conn: Connection, schema: str, group: str, message_id: str) -> bool:
+def is_marked(
+    conn: Connection, group: str, message_id: str, *, settings: OutboxSettings | None = None
+) -> bool:
     """True when *group* has processed *message_id* (within the dedup window)."""
-    return (
-        conn.exec_driver_sql(
-            f'SELECT 1 FROM "{schema}".consumer_inbox '
-            "WHERE consumer_group = %(group)s AND message_id = %(id)s",
-            {"group": group, "id": message_id},
-        ).first()
-        is not None
-    )
+    found = conn.exec_driver_sql(
+        _driver_sql("is_marked", settings), {"group": group, "id": message_id}
+    ).first()
+    return found is not None
 
 
 def purge_marks(
     engine: Engine,
-    schema: str,
     group: str,
     *,
     older_than_s: float,
     batch: int,
     max_batches: int = 100,
+    settings: OutboxSettings | None = None,
 ) -> int:
     """Delete *group*'s marks older than *older_than_s*, in batches; return how many went.
 
@@ -130,57 +147,18 @@ def purge_marks(
     retention lock (``pg_try_advisory_xact_lock``) works; the others return 0 at once. Only
     the group's own marks: other groups may keep a longer window.
     """
+    schema = (settings or default_settings()).schema_name
     deleted = 0
     lock = stable_hash64(b"outboxkit.dedup.retention", schema.encode(), group.encode())
     for _ in range(max_batches):
         with engine.begin() as conn:
-            if not conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": lock}).scalar():
+            if not conn.execute(sql("dedup", "retention_lock", schema), {"k": lock}).scalar():
                 return deleted
             count = conn.exec_driver_sql(
-                _purge(schema), {"group": group, "older": older_than_s, "batch": batch}
+                driver_sql("dedup", "purge_marks", schema),
+                {"group": group, "older": older_than_s, "batch": batch},
             ).rowcount
         deleted += count
         if count < batch:
             break
     return deleted
-
-
-_INSERT = """
-    INSERT INTO "{schema}".consumer_inbox
-        (consumer_group, message_id, topic, kafka_partition, kafka_offset)
-    SELECT %(group)s, m.id, m.topic, m.part, m.off
-    FROM unnest(CAST(%(ids)b AS text[]), CAST(%(topics)b AS text[]),
-                CAST(%(partitions)b AS integer[]), CAST(%(offsets)b AS bigint[]))
-         AS m(id, topic, part, off)
-"""
-
-
-@functools.cache
-def _insert(schema: str) -> str:
-    # One round trip per batch; ON CONFLICT DO NOTHING also absorbs an id twice in the batch.
-    # The arrays go in binary (%(name)b): text arrays in text form cost a regex per element.
-    return _INSERT.format(schema=schema) + """
-    ON CONFLICT (consumer_group, message_id) DO NOTHING
-    RETURNING message_id
-    """
-
-
-@functools.cache
-def _insert_new(schema: str) -> str:
-    return _INSERT.format(schema=schema)
-
-
-@functools.cache
-def _purge(schema: str) -> str:
-    return f"""
-    WITH doomed AS (
-        SELECT consumer_group, message_id FROM "{schema}".consumer_inbox
-        WHERE consumer_group = %(group)s
-          AND processed_at < now() - make_interval(secs => %(older)s)
-        ORDER BY processed_at
-        LIMIT %(batch)s
-        FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM "{schema}".consumer_inbox AS i USING doomed
-    WHERE i.consumer_group = doomed.consumer_group AND i.message_id = doomed.message_id
-    """

@@ -22,7 +22,7 @@ from tests.e2e.conftest import read_topic, wait_until
 from tests.e2e.consumer_app import Item, handle
 from tests.e2e.consumer_support import InProcess, create_effects, effects, produce, settings
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.kafka_contract]
+pytestmark = pytest.mark.timeout(180)
 
 
 def make_app(
@@ -340,7 +340,7 @@ class TestReplay:
 
         sender = KafkaSender(app.settings.kafka(), client_id="replay-test")
         try:
-            republish(bound, sender, second.id, schema="outboxkit")
+            republish(bound, sender, second.id)
         finally:
             sender.close()
         with InProcess(fixed) as running:

@@ -7,8 +7,9 @@ import threading
 from sqlalchemy import Engine, text
 
 from dedup.inbox import Mark, is_marked, mark, mark_many, purge_marks, unmark
+from outbox.settings import OutboxSettings
 
-SCHEMA = "outboxkit"
+SETTINGS = OutboxSettings(schema_name="outboxkit")
 
 
 def m(message_id: str, offset: int = 0) -> Mark:
@@ -20,37 +21,38 @@ class TestMarks:
         self, engine: Engine
     ) -> None:
         with engine.begin() as conn:
-            assert mark(conn, SCHEMA, "g", m("a")) is True
+            assert mark(conn, "g", m("a"), settings=SETTINGS) is True
         with engine.begin() as conn:
-            assert mark(conn, SCHEMA, "g", m("a", 7)) is False
-            assert is_marked(conn, SCHEMA, "g", "a")
+            assert mark(conn, "g", m("a", 7), settings=SETTINGS) is False
+            assert is_marked(conn, "g", "a", settings=SETTINGS)
 
     def test_mark_many_reports_only_new_ids_and_absorbs_repeats_within_the_batch(
         self, engine: Engine
     ) -> None:
         with engine.begin() as conn:
-            mark(conn, SCHEMA, "g", m("old"))
+            mark(conn, "g", m("old"), settings=SETTINGS)
         with engine.begin() as conn:
-            new = mark_many(conn, SCHEMA, "g", [m("old"), m("x", 1), m("y", 2), m("x", 3)])
+            batch = [m("old"), m("x", 1), m("y", 2), m("x", 3)]
+            new = mark_many(conn, "g", batch, settings=SETTINGS)
         assert new == {"x", "y"}
 
     def test_groups_are_independent(self, engine: Engine) -> None:
         with engine.begin() as conn:
-            assert mark(conn, SCHEMA, "g1", m("a"))
-            assert mark(conn, SCHEMA, "g2", m("a"))
+            assert mark(conn, "g1", m("a"), settings=SETTINGS)
+            assert mark(conn, "g2", m("a"), settings=SETTINGS)
 
     def test_a_rolled_back_transaction_leaves_no_mark(self, engine: Engine) -> None:
         with engine.connect() as conn:
             with conn.begin() as tx:
-                mark(conn, SCHEMA, "g", m("a"))
+                mark(conn, "g", m("a"), settings=SETTINGS)
                 tx.rollback()
-            assert not is_marked(conn, SCHEMA, "g", "a")
+            assert not is_marked(conn, "g", "a", settings=SETTINGS)
 
     def test_unmark_lets_the_message_be_processed_again(self, engine: Engine) -> None:
         with engine.begin() as conn:
-            mark(conn, SCHEMA, "g", m("a"))
-            unmark(conn, SCHEMA, "g", "a")
-            assert mark(conn, SCHEMA, "g", m("a"))
+            mark(conn, "g", m("a"), settings=SETTINGS)
+            unmark(conn, "g", "a", settings=SETTINGS)
+            assert mark(conn, "g", m("a"), settings=SETTINGS)
 
     def test_two_concurrent_deliveries_of_one_message_mark_it_exactly_once(
         self, engine: Engine
@@ -62,7 +64,7 @@ class TestMarks:
         def deliver() -> None:
             barrier.wait()
             with engine.begin() as conn:
-                results.append(mark(conn, SCHEMA, "g", m("same")))
+                results.append(mark(conn, "g", m("same"), settings=SETTINGS))
 
         threads = [threading.Thread(target=deliver) for _ in range(4)]
         for t in threads:
@@ -77,16 +79,16 @@ class TestRetention:
         self, engine: Engine
     ) -> None:
         with engine.begin() as conn:
-            mark_many(conn, SCHEMA, "g", [m(f"old-{i}", i) for i in range(25)])
-            mark(conn, SCHEMA, "g", m("new"))
-            mark(conn, SCHEMA, "other", m("old-0"))
+            mark_many(conn, "g", [m(f"old-{i}", i) for i in range(25)], settings=SETTINGS)
+            mark(conn, "g", m("new"), settings=SETTINGS)
+            mark(conn, "other", m("old-0"), settings=SETTINGS)
             conn.execute(
                 text(
                     "UPDATE outboxkit.consumer_inbox SET processed_at = now() - interval '2 hours'"
                     " WHERE message_id LIKE 'old-%'"
                 )
             )
-        deleted = purge_marks(engine, SCHEMA, "g", older_than_s=3600, batch=10)
+        deleted = purge_marks(engine, "g", older_than_s=3600, batch=10, settings=SETTINGS)
         assert deleted == 25
         with engine.connect() as conn:
             left = conn.execute(
@@ -96,14 +98,14 @@ class TestRetention:
 
     def test_only_one_process_purges_at_a_time(self, engine: Engine) -> None:
         with engine.begin() as conn:
-            mark(conn, SCHEMA, "g", m("a"))
+            mark(conn, "g", m("a"), settings=SETTINGS)
             conn.execute(
                 text("UPDATE outboxkit.consumer_inbox SET processed_at = now() - interval '1 day'")
             )
         from outbox.hashing import stable_hash64  # noqa: PLC0415
 
-        key = stable_hash64(b"outboxkit.dedup.retention", SCHEMA.encode(), b"g")
+        key = stable_hash64(b"outboxkit.dedup.retention", SETTINGS.schema_name.encode(), b"g")
         with engine.connect() as holder, holder.begin():
             holder.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-            assert purge_marks(engine, SCHEMA, "g", older_than_s=60, batch=10) == 0
-        assert purge_marks(engine, SCHEMA, "g", older_than_s=60, batch=10) == 1
+            assert purge_marks(engine, "g", older_than_s=60, batch=10, settings=SETTINGS) == 0
+        assert purge_marks(engine, "g", older_than_s=60, batch=10, settings=SETTINGS) == 1
