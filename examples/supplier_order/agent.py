@@ -21,7 +21,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import OperationalError
 
 from examples.supplier_order import config
-from outbox import Envelope, claim, emit, save_checkpoint, start_run, transition
+from outbox import Envelope, claim, start_run
 from outbox.dsn import sqlalchemy_url
 
 LEASE_SECONDS = 3.0  # short, so a killed worker's run is resumed within seconds
@@ -48,17 +48,17 @@ def step(engine: Engine, worker: str) -> bool:
                         workflows=[config.WORKFLOW])
     if claimed is None:
         return False
-    run, order = claimed.run, dict(claimed.run.checkpoint)
+    run_id, order = claimed.run.id, dict(claimed.run.checkpoint)
     with engine.begin() as conn:  # the state change and the effect message commit together
-        lease = save_checkpoint(conn, claimed.lease, {**order, "decision": "order"},
-                                step="decided")
-        lease = transition(conn, lease, "waiting", step="order-submitted", actor=worker,
-                           reason="decided to order; waiting for the supplier's confirmation",
-                           evidence={"decision": f"order {order['qty']} x {order['item']}"})
-        emit(conn, Envelope(
-            topic=config.topic(), type="order.submit", key=order["account"], run_id=run.id,
-            payload={"run_id": str(run.id), "item": order["item"], "qty": order["qty"]},
-        ), lease=lease)
+        job = claimed.on(conn)  # the claim committed: go on from its lease in this transaction
+        job.save_checkpoint({**order, "decision": "order"}, step="decided")
+        job.emit(Envelope(
+            topic=config.topic(), type="order.submit", key=order["account"],
+            payload={"run_id": str(run_id), "item": order["item"], "qty": order["qty"]},
+        ))  # the handle sets the message's run_id
+        job.transition("waiting", step="order-submitted", actor=worker,
+                       reason="decided to order; waiting for the supplier's confirmation",
+                       evidence={"decision": f"order {order['qty']} x {order['item']}"})
     return True
 
 

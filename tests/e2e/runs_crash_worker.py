@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from outbox import runs, steps
+from outbox import claim
 from outbox.dsn import sqlalchemy_url
 
 
@@ -29,12 +29,10 @@ def main() -> None:
     url, calls, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     engine = create_engine(sqlalchemy_url(url))
     with engine.begin() as conn:
-        got = runs.claim(conn, worker="doomed", lease_seconds=1)
-    assert got is not None
+        job = claim(conn, worker="doomed", lease_seconds=1)
+    assert job is not None
     with engine.begin() as conn:
-        step = steps.run_step(
-            conn, got.lease, "s1", lambda: tool(calls, "s1"), checkpoint={"after": "s1"}
-        )
+        step = job.on(conn).run_step("s1", lambda: tool(calls, "s1"), checkpoint={"after": "s1"})
         if mode == "in-step":
             os.kill(os.getpid(), signal.SIGKILL)  # inside the step's transaction
     if mode == "between":
