@@ -130,7 +130,7 @@ class Runner:
             if not verify_window(s, app.topics, self._stop):
                 return 0  # stopped while waiting for a topic to be created
             with self.engine.connect() as conn:
-                check_schema(conn, app.outbox_settings)
+                check_schema(conn, settings=app.outbox_settings)
             self.consumer = self._make_consumer()
             self._await_topic_metadata()
             self.consumer.subscribe(app.topics, Rebalance(self.offsets, self.metrics))

@@ -158,7 +158,7 @@ def migrate_command(database_url: str | None, dry_run: bool) -> None:
     settings = OutboxSettings()
     try:
         if dry_run:
-            click.echo(pending_sql(engine, settings), nl=False)
+            click.echo(pending_sql(engine, settings=settings), nl=False)
             return
         applied = migrate(engine, settings=settings)
         click.echo(f"applied migrations {applied}" if applied else "schema is up to date")

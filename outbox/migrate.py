@@ -75,7 +75,7 @@ def migrate(bind: Engine | Connection, *, settings: OutboxSettings | None = None
     return _migrate(bind, schema)
 
 
-def pending_sql(bind: Engine | Connection, settings: OutboxSettings | None = None) -> str:
+def pending_sql(bind: Engine | Connection, *, settings: OutboxSettings | None = None) -> str:
     """The SQL ``migrate`` would run now, as a psql-runnable script (for ``--dry-run``)."""
     schema = (settings or default_settings()).schema_name
     if isinstance(bind, Engine):
@@ -102,7 +102,7 @@ def applied_versions(conn: Connection, schema: str) -> set[int]:
     return set(conn.execute(text(f"SELECT version FROM {schema}.schema_versions")).scalars())
 
 
-def check_schema(conn: Connection, settings: OutboxSettings | None = None) -> None:
+def check_schema(conn: Connection, *, settings: OutboxSettings | None = None) -> None:
     """Raise :class:`SchemaError` unless the schema is at exactly this outboxkit's version."""
     schema = (settings or default_settings()).schema_name
     done = applied_versions(conn, schema)

@@ -119,6 +119,13 @@ SHARED = """
 Read by the application's writes (`outbox.emit`, runs), the relay, consumers and the `outbox`
 commands, from the environment only. Give every process of one system the same values.
 
+In code, every public function of `outbox` and `outbox.aio` takes these settings one way:
+a keyword-only `settings: OutboxSettings | None = None`, where `None` means the environment
+(read once per process). Pass `settings=OutboxSettings(schema_name="tenant_a")` to override;
+build it once and reuse it. A claimed run's handle (`outbox.claim`, `outbox.aio.claim`)
+keeps the `settings=` it was claimed with and passes it to every write, so code written
+against the handle never passes it.
+
 """
 
 CONNECTION = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import outbox
 from outbox import aio, confirm
@@ -57,3 +58,21 @@ def test_one_async_convention_the_twin_of_outbox_x_is_outbox_aio_x() -> None:
     for name in ("emit", "emit_many", "apply_confirmation", "purge", "purge_batch",
                  "purgeable", "claim", "transition"):
         assert name in aio.__all__, name
+
+
+def test_every_public_function_binds_settings_the_same_way() -> None:
+    """``settings=``: keyword-only, optional (``None`` reads the environment), one type; the
+    run handles carry it instead (docs/configuration.md, "Shared settings")."""
+    functions = [getattr(module, name) for module in (outbox, aio) for name in module.__all__
+                 if inspect.isfunction(getattr(module, name))]
+    assert len(functions) > 50
+    for function in functions:
+        parameter = inspect.signature(function).parameters["settings"]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, function.__qualname__
+        assert parameter.default is None, function.__qualname__
+        assert parameter.annotation == "OutboxSettings | None", function.__qualname__
+    for handle in (outbox.ClaimedRun, aio.AsyncClaimedRun):
+        for name, method in inspect.getmembers(handle, inspect.isfunction):
+            if name == "__init__":  # the constructor is where the handle gets it
+                continue
+            assert "settings" not in inspect.signature(method).parameters, name
