@@ -17,6 +17,7 @@ the prose's inline code) show exists, with every ``--option`` shown.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -88,6 +89,11 @@ def _blocks(path: Path) -> list[Block]:
                            after=found[-1] if above == _AFTER else None))
         index = end + 1
     return found
+
+
+def _prose(path: Path) -> str:
+    """The text of *path* without its fenced blocks."""
+    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
 
 
 ALL_BLOCKS = [block for path in DOCS for block in _blocks(path)]
@@ -165,9 +171,8 @@ def _command_lines() -> list[tuple[str, str]]:
                 if words and not words.startswith(("-", ".")):
                     shown.append((f"{block.doc}:{block.line + offset}", words))
     for path in DOCS:
-        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
         shown += [(str(path.relative_to(ROOT)), match.group(1))
-                  for match in _INLINE_COMMAND.finditer(text)]
+                  for match in _INLINE_COMMAND.finditer(_prose(path))]
     return shown
 
 
@@ -205,6 +210,51 @@ def test_the_command_shown_exists_with_its_options(where: str, words: str) -> No
         # parser: its help is where their options are.
         known.update(re.findall(r"--[a-z][a-z0-9-]*", result.output))
     assert options <= known, f"{where}: `outbox {words}`: no option {sorted(options - known)}"
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    """A renamed or removed file leaves no reference behind (relative to the root or the doc)."""
+    named = re.compile(r"(?<![\w./-])((?:outbox|relay|consumers|dedup|tests|examples|bench|"
+                       r"scripts|docs)/[\w/.-]*\w)")
+    missing = [f"{path.relative_to(ROOT)}: {match.group(1)}"
+               for path in DOCS for match in named.finditer(path.read_text())
+               if not (ROOT / match.group(1)).exists()
+               and not (path.parent / match.group(1)).exists()]
+    assert missing == []
+
+
+def _library_source() -> str:
+    return "".join(path.read_text() for package in ("outbox", "relay", "consumers", "dedup")
+                   for path in (ROOT / package).rglob("*.py"))
+
+
+def test_every_dotted_name_the_prose_shows_exists() -> None:
+    """`outbox.aio.emit`, `relay.roles.relay_grants`: each imports, or (a span's or a
+    failpoint's name) is a string the library uses, so a rename leaves no stale name."""
+    source = _library_source()
+    stale = []
+    for path in DOCS:
+        for match in re.finditer(r"`((?:outbox|relay|consumers|dedup)(?:\.[A-Za-z_]\w*)+)",
+                                 _prose(path)):
+            name = match.group(1)
+            if not _resolves(name) and f'"{name}"' not in source:
+                stale.append(f"{path.relative_to(ROOT)}: {name}")
+    assert stale == []
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
 
 
 def test_the_architecture_lists_every_table_and_view() -> None:
