@@ -19,7 +19,7 @@ from tests.e2e.consumer_support import (
     wait_for_metric,
 )
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.kafka_contract]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("kafka_client")]
 
 
 @pytest.fixture

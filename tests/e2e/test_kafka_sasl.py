@@ -32,7 +32,7 @@ from tests.e2e.consumer_support import (
     scrape,
 )
 
-pytestmark = pytest.mark.kafka_contract
+pytestmark = pytest.mark.usefixtures("kafka_client")
 
 USER, PASSWORD = "relay", "relay-Secret-9"
 

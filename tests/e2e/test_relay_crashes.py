@@ -14,7 +14,7 @@ from sqlalchemy import Engine, text
 from outbox.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
 
-pytestmark = pytest.mark.kafka_contract
+pytestmark = pytest.mark.usefixtures("kafka_client")
 
 
 def committed_ids_by_key(engine: Engine) -> dict[bytes, list[str]]:

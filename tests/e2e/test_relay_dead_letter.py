@@ -20,7 +20,7 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.test_relay_failures import make_topic
 
-pytestmark = pytest.mark.kafka_contract
+pytestmark = pytest.mark.usefixtures("kafka_client")
 
 
 def blob(size: int) -> dict[str, str]:

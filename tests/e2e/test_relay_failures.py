@@ -26,8 +26,6 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.test_relay_publishes import _free_port, _get
 
-pytestmark = pytest.mark.kafka_contract
-
 
 def make_topic(bootstrap: str, name: str, **config: str) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -42,6 +40,7 @@ def big_payload(size: int) -> dict[str, str]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("kafka_client")
 def test_broker_stopped_for_20s_under_load_then_everything_arrives(
     engine: Engine, relays: RelayProcesses, tmp_path: Path, database_url: str
 ) -> None:

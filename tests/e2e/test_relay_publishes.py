@@ -15,9 +15,8 @@ from outbox.emit import emit
 from outbox.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, read_topic, wait_until
 
-pytestmark = pytest.mark.kafka_contract
 
-
+@pytest.mark.usefixtures("kafka_client")
 def test_every_committed_message_arrives_exactly_as_written_and_a_rolled_back_one_never(
     engine: Engine, kafka_bootstrap: str, relays: RelayProcesses
 ) -> None:
@@ -66,6 +65,7 @@ def test_every_committed_message_arrives_exactly_as_written_and_a_rolled_back_on
         assert (record.partition, record.offset) == (partition, offset)
 
 
+@pytest.mark.usefixtures("kafka_client")
 def test_sigterm_drains_and_exits_zero_and_metrics_serve_the_figures(
     engine: Engine, kafka_bootstrap: str, relays: RelayProcesses
 ) -> None:

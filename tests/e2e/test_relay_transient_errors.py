@@ -26,7 +26,7 @@ from outbox.envelope import Envelope
 from relay import Relay, RelaySettings
 from tests.e2e.conftest import count_status, emit_batch, wait_until
 
-pytestmark = [pytest.mark.timeout(150), pytest.mark.kafka_contract]
+pytestmark = pytest.mark.timeout(150)
 
 ERRORS = "outboxkit_relay_transient_errors_total"
 
@@ -133,6 +133,7 @@ def test_a_database_that_goes_away_counts_postgres_errors_and_warns_once_with_th
         assert "is not ready" not in record.getMessage() or record.levelno == logging.WARNING
 
 
+@pytest.mark.usefixtures("kafka_client")
 def test_a_batch_kafka_does_not_acknowledge_counts_as_one_kafka_error(
     engine: Engine, kafka_bootstrap: str, start_relay: StartRelay,
     kafka_topic: Callable[..., str], relay_logs: pytest.LogCaptureFixture,

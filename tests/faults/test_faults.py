@@ -18,8 +18,6 @@ from outbox.failpoints import FAILPOINTS
 from tests.faults import __main__ as faults
 from tests.faults.runner import table
 
-pytestmark = pytest.mark.kafka_contract
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
