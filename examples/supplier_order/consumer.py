@@ -3,7 +3,7 @@
     OUTBOXKIT_EXAMPLE_SUPPLIER_URL=http://127.0.0.1:8080 \\
         python -m consumers examples.supplier_order.consumer:app
 
-The call goes through the operations ledger (:func:`dedup.perform`) with an idempotency key
+The call goes through the operations ledger (``ctx.perform``) with an idempotency key
 derived from the message id, so a redelivery — after a crash, a rebalance, a retry — finds
 the operation already recorded and never places a second order. The operation carries the
 run's id, so whatever settles it settles the run too, in the same transaction, with the
@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 from consumers import Consumer, HandlerContext, RetryLater
-from dedup import Operation, perform
+from dedup import Operation
 from examples.supplier_order import config
 
 
@@ -54,10 +54,9 @@ def retry_delay(op: Operation) -> float:
 
 
 def place_order(ctx: HandlerContext, order: OrderSubmit) -> None:
-    op = perform(
-        ctx.conn.engine, system=config.supplier().system(), operation="place-order",
-        request=order.model_dump(mode="json"), message_id=ctx.message_id,
-        run_id=order.run_id, policy=config.POLICY, actor=ctx.group_id,
+    op = ctx.perform(
+        system=config.supplier().system(), operation="place-order",
+        request=order.model_dump(mode="json"), run_id=order.run_id, policy=config.POLICY,
     )
     if op.status in UNSETTLED:
         raise RetryLater(f"the order's outcome is {op.status}: reconciling", retry_delay(op))
