@@ -1,17 +1,12 @@
-"""What the daemons' command lines share: a flag per setting, one-line setting errors, and
-a bounded graceful stop on SIGTERM/SIGINT.
+"""What the command lines share: a flag per setting and one-line setting errors.
 
-Used by ``python -m relay`` and ``python -m consumers``; the library itself never installs
-signal handlers.
+Used by ``python -m relay`` and ``python -m consumers`` (which run their daemon with
+:func:`outbox.runtime.run_daemon`) and the ``outbox`` commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
-from collections.abc import Callable
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
@@ -49,18 +44,3 @@ def explain(exc: ValidationError, env_prefix: str) -> str:
             f"--{field.replace('_', '-')}): {error['msg']} (got {value!r})"
         )
     return "\n".join(lines)
-
-
-def stop_gracefully_on_signals(stop: Callable[[], None], bound_s: float) -> None:
-    """SIGTERM/SIGINT call *stop*; if the process is still alive *bound_s* later, it exits
-    at once with status 1. Whatever was not recorded by then is redone after a restart
-    (duplicates carry the same message ids), so leaving early loses nothing."""
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop()
-        timer = threading.Timer(bound_s, os._exit, args=(1,))
-        timer.daemon = True
-        timer.start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)

@@ -7,12 +7,14 @@ handlers, which the library itself never does.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
 from outbox.dsn import redact
-from outbox.entrypoints import stop_gracefully_on_signals
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.runtime.logs import configure_logging
 
@@ -56,3 +58,18 @@ def run_daemon(prog: str, build: Callable[[], Daemon], settings: DaemonSettings)
     except OutboxError as exc:
         print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG if isinstance(exc, ConfigurationError) else EXIT_FAILED
+
+
+def stop_gracefully_on_signals(stop: Callable[[], None], bound_s: float) -> None:
+    """SIGTERM/SIGINT call *stop*; if the process is still alive *bound_s* later, it exits
+    at once with status 1. Whatever was not recorded by then is redone after a restart
+    (duplicates carry the same message ids), so leaving early loses nothing."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop()
+        timer = threading.Timer(bound_s, os._exit, args=(1,))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
