@@ -23,7 +23,6 @@ Emitting the same ``message_id`` twice writes one row: the second emit is a no-o
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -41,6 +40,7 @@ from outbox.execution import AsyncConn, SyncConn, missing_schema
 from outbox.failpoints import failpoint
 from outbox.lanes import lane_for, ordering_lock_key
 from outbox.leases import Lease
+from outbox.queries import driver_sql
 from outbox.settings import OutboxSettings, default_settings
 
 
@@ -202,7 +202,8 @@ def _prepare(
     envelope: Envelope, lease: Lease | None, settings: OutboxSettings
 ) -> tuple[str, dict[str, Any]]:
     """:func:`emit`'s statement and its parameters."""
-    return _statement(settings.schema_name, fenced=lease is not None), _message(
+    name = "emit_fenced" if lease is not None else "emit"
+    return driver_sql("outbox", name, settings.schema_name), _message(
         envelope, lease, settings
     ) | _common(lease, settings)
 
@@ -274,86 +275,8 @@ def _batch(
     """:func:`emit_many`'s statement and its parameters: one array per column.
 
     The rows go in lock order (a stable sort, so one key's messages keep the order given),
-    and the locks are the distinct lock keys, ascending: the one global order.
-    """
-    rows = sorted(messages, key=_lock_order)
-    locks = sorted({m["lock_key"] for m in rows if m["lock_key"] is not None})
-    params = _common(lease, settings) | {
-        "locks": locks,
-        "message_ids": [m["message_id"] for m in rows],
-        "topics": [m["topic"] for m in rows],
-        "keys": [m["key"] for m in rows],
-        "lanes": [m["lane"] for m in rows],
-        "types": [m["type"] for m in rows],
-        "payloads": [m["payload"] for m in rows],
-        "headers": [m["headers"] for m in rows],
-        "run_ids": [m["run_id"] for m in rows],
-    }
-    return _batch_statement(settings.schema_name, fenced=lease is not None), params
-
-
-def _batch_outcome(
-    row: Row[Any], messages: list[dict[str, Any]], lease: Lease | None
-) -> list[uuid.UUID]:
-    if lease is not None and not row.fenced:
-        raise LeaseLost(lease.run_id, lease.token)
-    return [m["message_id"] for m in messages]
-
-
-# With a lease, the run row must still carry its token and version; FOR SHARE holds it so
-# until commit, so a takeover waits for this transaction instead of racing it.
-_FENCE = """
-    fence AS MATERIALIZED (
-        SELECT 1 FROM {schema}.agent_runs
-        WHERE id = CAST(%(fence_run_id)s AS uuid)
-          AND lease_token = CAST(%(lease_token)s AS bigint)
-          AND version = CAST(%(lease_version)s AS bigint)
-        FOR SHARE
-    ),"""
-
-# NOTIFY only while a relay is idle and heartbeating (see the module docstring).
-_IDLE_RELAY = """
-        EXISTS (
-            SELECT 1 FROM {schema}.relays
-            WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
-        )"""
-
-
-@functools.cache
-def _statement(schema: str, *, fenced: bool) -> str:
-    """The one INSERT statement (see the module docstring); *schema* was validated."""
-    # Executed as driver SQL (psycopg placeholders): it skips SQLAlchemy's statement
-    # compilation and result adaptation, which cost more than the round trip itself.
-    return f"""
-    WITH{_FENCE.format(schema=schema) if fenced else ""}
-    ordered AS MATERIALIZED (
-        -- NULL key: pg_advisory_xact_lock is strict, so no lock is taken.
-        SELECT pg_advisory_xact_lock(CAST(%(lock_key)s AS bigint))
-    ),
-    inserted AS (
-        INSERT INTO {schema}.outbox_messages
-            (message_id, topic, key, lane, message_type, payload, headers, run_id)
-        SELECT CAST(%(message_id)s AS uuid), CAST(%(topic)s AS text), CAST(%(key)s AS bytea),
-               CAST(%(lane)s AS integer), CAST(%(type)s AS text), CAST(%(payload)s AS bytea),
-               CAST(%(headers)s AS jsonb), CAST(%(run_id)s AS uuid)
-        FROM ordered  -- the lock is held before the row's id is drawn
-        {"WHERE EXISTS (SELECT 1 FROM fence)" if fenced else ""}
-        ON CONFLICT (message_id) DO NOTHING
-        RETURNING id, lane
-    ),
-    woken AS (
-        SELECT pg_notify(CAST(%(channel)s AS text), CAST(inserted.lane AS text)) FROM inserted
-        WHERE {_IDLE_RELAY.format(schema=schema)}
-    )
-    SELECT {"EXISTS (SELECT 1 FROM fence)" if fenced else "true"} AS fenced,
-           (SELECT id FROM inserted) AS id,
-           (SELECT count(*) FROM woken) AS woken
-    """
-
-
-@functools.cache
-def _batch_statement(schema: str, *, fenced: bool) -> str:
-    """:func:`emit_many`'s one statement: :func:`_statement`'s promises for a whole batch.
+    and the locks are the distinct lock keys, ascending: the one global order. What the
+    statement (outbox/queries.sql: ``emit_many``) does with them:
 
     * ``locked`` takes one lock per distinct key, in the order of the ``locks`` array
       (ascending, sorted in Python). Why that order is guaranteed: a ``WITH ORDINALITY``
@@ -371,37 +294,26 @@ def _batch_statement(schema: str, *, fenced: bool) -> str:
       string, which cost more than the INSERT itself.
     * ``woken`` notifies each lane once, only while a relay is idle.
     """
-    fence_filter = "AND EXISTS (SELECT 1 FROM fence)" if fenced else ""
-    return f"""
-    WITH{_FENCE.format(schema=schema) if fenced else ""}
-    locked AS MATERIALIZED (
-        SELECT pg_advisory_xact_lock(l.lock_key)
-        FROM unnest(CAST(%(locks)b AS bigint[])) WITH ORDINALITY AS l(lock_key, ord)
-        ORDER BY l.ord
-    ),
-    inserted AS (
-        INSERT INTO {schema}.outbox_messages
-            (message_id, topic, key, lane, message_type, payload, headers, run_id)
-        SELECT m.message_id, m.topic, m.key, m.lane, m.message_type, m.payload,
-               CAST(m.headers AS jsonb), m.run_id
-        FROM unnest(
-            CAST(%(message_ids)b AS uuid[]), CAST(%(topics)b AS text[]),
-            CAST(%(keys)b AS bytea[]), CAST(%(lanes)b AS integer[]),
-            CAST(%(types)b AS text[]), CAST(%(payloads)b AS bytea[]),
-            CAST(%(headers)b AS text[]), CAST(%(run_ids)b AS uuid[])
-        ) WITH ORDINALITY
-            AS m(message_id, topic, key, lane, message_type, payload, headers, run_id, ord)
-        WHERE (SELECT count(*) FROM locked) >= 0 {fence_filter}
-        ORDER BY m.ord
-        ON CONFLICT (message_id) DO NOTHING
-        RETURNING lane
-    ),
-    woken AS (
-        SELECT pg_notify(CAST(%(channel)s AS text), CAST(lanes.lane AS text))
-        FROM (SELECT DISTINCT lane FROM inserted) AS lanes
-        WHERE {_IDLE_RELAY.format(schema=schema)}
-    )
-    SELECT {"EXISTS (SELECT 1 FROM fence)" if fenced else "true"} AS fenced,
-           (SELECT count(*) FROM inserted) AS inserted,
-           (SELECT count(*) FROM woken) AS woken
-    """
+    rows = sorted(messages, key=_lock_order)
+    locks = sorted({m["lock_key"] for m in rows if m["lock_key"] is not None})
+    params = _common(lease, settings) | {
+        "locks": locks,
+        "message_ids": [m["message_id"] for m in rows],
+        "topics": [m["topic"] for m in rows],
+        "keys": [m["key"] for m in rows],
+        "lanes": [m["lane"] for m in rows],
+        "types": [m["type"] for m in rows],
+        "payloads": [m["payload"] for m in rows],
+        "headers": [m["headers"] for m in rows],
+        "run_ids": [m["run_id"] for m in rows],
+    }
+    name = "emit_many_fenced" if lease is not None else "emit_many"
+    return driver_sql("outbox", name, settings.schema_name), params
+
+
+def _batch_outcome(
+    row: Row[Any], messages: list[dict[str, Any]], lease: Lease | None
+) -> list[uuid.UUID]:
+    if lease is not None and not row.fenced:
+        raise LeaseLost(lease.run_id, lease.token)
+    return [m["message_id"] for m in messages]

@@ -19,11 +19,12 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, TextClause, create_engine
 
 from outbox.dsn import sqlalchemy_url
 from outbox.errors import ConfigurationError, SchemaError
 from outbox.hashing import stable_hash64
+from outbox.queries import DIALECT, quote_schema, sql
 from outbox.settings import OutboxSettings, default_settings
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
@@ -31,7 +32,8 @@ _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
 @dataclass(frozen=True)
 class Migration:
-    """One numbered SQL file; ``{schema}`` in it stands for the configured schema name."""
+    """One numbered SQL file; ``{schema}`` in it stands for the configured schema name
+    (quoted as every statement quotes it: :func:`outbox.queries.quote_schema`)."""
 
     version: int
     name: str
@@ -39,7 +41,7 @@ class Migration:
 
     def sql(self, schema: str) -> str:
         # Plain replacement, not str.format: SQL is full of braces ('{}'::jsonb).
-        return self.template.replace("{schema}", schema)
+        return self.template.replace("{schema}", quote_schema(schema))
 
 
 @functools.cache
@@ -83,9 +85,10 @@ def pending_sql(bind: Engine | Connection, *, settings: OutboxSettings | None = 
             done = applied_versions(conn, schema)
     else:
         done = applied_versions(bind, schema)
+    lock = _literal(_lock(schema))
     parts = [
-        f"-- {m.version:04d}_{m.name}\nBEGIN;\nSELECT pg_advisory_xact_lock({_lock_key(schema)});\n"
-        f"{m.sql(schema).strip()}\n{_record_sql(schema, m)};\nCOMMIT;\n"
+        f"-- {m.version:04d}_{m.name}\nBEGIN;\n{lock};\n"
+        f"{m.sql(schema).strip()}\n{_literal(_record(schema, m))};\nCOMMIT;\n"
         for m in migrations()
         if m.version not in done
     ]
@@ -95,11 +98,12 @@ def pending_sql(bind: Engine | Connection, *, settings: OutboxSettings | None = 
 def applied_versions(conn: Connection, schema: str) -> set[int]:
     """Versions recorded in ``schema_versions``; empty when the schema does not exist yet."""
     exists = conn.execute(
-        text("SELECT to_regclass(:name)"), {"name": f"{schema}.schema_versions"}
+        sql("outbox", "schema_versions_exists", schema),
+        {"name": f"{quote_schema(schema)}.schema_versions"},
     ).scalar()
     if exists is None:
         return set()
-    return set(conn.execute(text(f"SELECT version FROM {schema}.schema_versions")).scalars())
+    return set(conn.execute(sql("outbox", "applied_versions", schema)).scalars())
 
 
 def check_schema(conn: Connection, *, settings: OutboxSettings | None = None) -> None:
@@ -129,14 +133,13 @@ def _migrate(conn: Connection, schema: str) -> list[int]:
     applied = []
     for migration in migrations():
         with _transaction(conn):
-            # Held until this transaction ends, so a concurrent migrator re-reads after us.
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _lock_key(schema)})
+            conn.execute(_lock(schema))
             if migration.version in applied_versions(conn, schema):
                 continue
             # The driver's own cursor: a file holds many statements and must not be parsed
             # for bind parameters.
             conn.connection.dbapi_connection.cursor().execute(migration.sql(schema))  # type: ignore[union-attr]
-            conn.execute(text(_record_sql(schema, migration)))
+            conn.execute(_record(schema, migration))
         applied.append(migration.version)
     return applied
 
@@ -150,16 +153,21 @@ def _transaction(conn: Connection) -> Iterator[None]:
         yield
 
 
-def _lock_key(schema: str) -> int:
-    return stable_hash64(b"outboxkit.migrate", schema.encode())
+def _lock(schema: str) -> TextClause:
+    """The migrators' lock, held until the migration's transaction ends."""
+    key = stable_hash64(b"outboxkit.migrate", schema.encode())
+    return sql("outbox", "migration_lock", schema).bindparams(key=key)
 
 
-def _record_sql(schema: str, migration: Migration) -> str:
-    # Both values come from our own file names (matched by _FILE_NAME), never from users.
-    return (
-        f"INSERT INTO {schema}.schema_versions (version, name) "
-        f"VALUES ({migration.version}, '{migration.name}')"
+def _record(schema: str, migration: Migration) -> TextClause:
+    return sql("outbox", "record_migration", schema).bindparams(
+        version=migration.version, name=migration.name
     )
+
+
+def _literal(statement: TextClause) -> str:
+    """*statement* with its values written in, for the ``--dry-run`` script psql runs."""
+    return str(statement.compile(dialect=DIALECT, compile_kwargs={"literal_binds": True})).strip()
 
 
 def main(argv: list[str] | None = None) -> int:
