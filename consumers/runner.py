@@ -15,15 +15,12 @@ work (dedup retention) runs as APScheduler jobs whose bodies are plain functions
 from __future__ import annotations
 
 import logging
-import random
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, create_engine
 
 from consumers.app import Consumer
@@ -35,14 +32,15 @@ from consumers.processing import Position, Processor, Progress
 from consumers.unreadable import skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
+from outbox.backoff import Backoff
 from outbox.dsn import redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import Consumer as KafkaConsumer
 from outbox.kafka import ConsumerOptions, TopicPartition, UnreadableRecord
 from outbox.migrate import check_schema
+from outbox.runtime import Lifecycle, required_database_url
 from outbox.schema import translate
-from relay.http import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +51,7 @@ class Runner:
     def __init__(self, app: Consumer) -> None:
         self.app = app
         self.settings = s = app.settings
-        url = s.resolved_database_url()
-        if not url:
-            raise ConfigurationError(
-                "no database URL: set OUTBOXKIT_CONSUMER_DATABASE_URL (or "
-                "OUTBOXKIT_DATABASE_URL) or pass --database-url"
-            )
-        if not s.resolved_bootstrap():
-            raise ConfigurationError(
-                "no Kafka bootstrap servers: set OUTBOXKIT_CONSUMER_KAFKA_BOOTSTRAP (or "
-                "OUTBOXKIT_KAFKA_BOOTSTRAP) or pass --kafka-bootstrap"
-            )
+        url = required_database_url(s)
         if not app.registrations:
             raise ConfigurationError("the consumer app has no handlers: register one first")
         self._url = url
@@ -71,10 +59,26 @@ class Runner:
             sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
+        self.lifecycle = Lifecycle(
+            "consumer",
+            app.group_id,
+            log=log,
+            ready_gauge=self.metrics.ready,
+            # At least 0.1 s: a failing batch (its handler thread, its database) is retried
+            # as a whole, not in a tight loop, even with backoff_initial_seconds at 0.
+            backoff=Backoff(
+                base=min(max(0.1, s.backoff_initial_seconds), s.backoff_max_seconds),
+                cap=s.backoff_max_seconds,
+                jitter=0.5,
+            ),
+            stuck_after_s=s.max_poll_interval_ms / 1000 + 30,
+            # Start-up waits (e.g. for its topic to be created) are not a hang.
+            alive_while_starting=True,
+        )
         self.offsets = OffsetTracker()
         self.kafka = s.kafka()  # the Kafka client chosen (kafka_client)
         self.sender = KafkaSender(self.kafka, client_id=f"outboxkit-{app.group_id}")
-        self._stop = threading.Event()
+        self._stop = self.lifecycle.stopping
         self.processor = Processor(
             app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
         )
@@ -83,31 +87,19 @@ class Runner:
         self.parking = ParkingLot()
         # The batch being handled, and which of its records are retries of parked messages.
         self._in_hand: tuple[Future[Progress], list[Any], frozenset[Position]] | None = None
-        self.http: HealthServer | None = None
-        self._scheduler: BackgroundScheduler | None = None
-        self._ready = False
-        self._last_loop = time.monotonic()
-        self._failures = 0
 
     # --- probes ---------------------------------------------------------------------------
     def ready(self) -> bool:
-        return self._ready and not self._stop.is_set()
+        return self.lifecycle.ready()
 
     def healthy(self) -> bool:
         """Alive: starting up (e.g. waiting for its topic to be created), or looping."""
-        if self._handler_thread is None:
-            return True  # the loop has not started: start-up waits are not a hang
-        bound = self.settings.max_poll_interval_ms / 1000 + 30
-        return time.monotonic() - self._last_loop < bound
-
-    def _set_ready(self, value: bool) -> None:
-        self._ready = value
-        self.metrics.ready.set(1 if value else 0)
+        return self.lifecycle.healthy()
 
     # --- lifecycle ------------------------------------------------------------------------
     def stop(self) -> None:
         """Finish the current batch, commit the database then the offsets, and return."""
-        self._stop.set()
+        self.lifecycle.stop()
 
     def run(self) -> int:
         s, app = self.settings, self.app
@@ -121,12 +113,8 @@ class Runner:
             extra={"event": "consumer.start"},
         )
         try:
-            if s.http_port:
-                # Up before the waits of start-up: healthy (alive) while not yet ready.
-                self.http = HealthServer(
-                    s.http_host, s.http_port, self.metrics.registry, self.healthy, self.ready
-                )
-                self.http.start()
+            # Up before the waits of start-up: healthy (alive) while not yet ready.
+            self.lifecycle.serve_http(s.http_host, s.http_port, self.metrics.registry)
             if not verify_window(s, app.topics, self._stop):
                 return 0  # stopped while waiting for a topic to be created
             with self.engine.connect() as conn:
@@ -135,7 +123,7 @@ class Runner:
             self._await_topic_metadata()
             self.consumer.subscribe(app.topics, Rebalance(self.offsets, self.metrics))
             self._start_scheduler()
-            self._set_ready(True)
+            self.lifecycle.set_ready(True)
             self._loop()
         finally:
             self._shutdown()
@@ -177,47 +165,37 @@ class Runner:
         s = self.settings
         if s.dedup_retention_seconds <= 0:
             return
-        sched = BackgroundScheduler(
-            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        )
+        sched = self.lifecycle.scheduler()
         sched.add_job(
-            self._retention,
+            self.lifecycle.job(self._retention),
             "interval",
             seconds=s.retention_interval_seconds,
             id="retention",
             next_run_time=datetime.now(UTC),
         )
         sched.start()
-        self._scheduler = sched
 
     def _retention(self) -> None:
-        try:
-            deleted = purge_marks(
-                self.engine,
-                self.app.group_id,
-                older_than_s=self.settings.dedup_retention_seconds,
-                batch=self.settings.retention_batch,
-                settings=self.app.outbox_settings,
-            )
-        except Exception as exc:
-            log.warning("dedup retention failed: %s", exc, extra={"event": "consumer.job_failed"})
-            return
+        deleted = purge_marks(
+            self.engine,
+            self.app.group_id,
+            older_than_s=self.settings.dedup_retention_seconds,
+            batch=self.settings.retention_batch,
+            settings=self.app.outbox_settings,
+        )
         self.metrics.purged.inc(deleted)
         if deleted:
             log.info("purged %d dedup marks", deleted, extra={"event": "consumer.retention"})
 
     def _shutdown(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
+        self.lifecycle.stop_background()
         if self.consumer is not None:
             # The database has committed everything processed: now (and only now) the offsets.
             self.offsets.commit(self.consumer)
             self.consumer.close()
         self.sender.close()
-        if self.http is not None:
-            self.http.stop()
         self.engine.dispose()
-        log.info("consumer %s stopped", self.app.group_id, extra={"event": "consumer.stop"})
+        self.lifecycle.close()
 
     # --- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -225,7 +203,7 @@ class Runner:
         self._handler_thread = ThreadPoolExecutor(1, thread_name_prefix="outboxkit-handlers")
         try:
             while not self._stop.is_set():
-                self._last_loop = time.monotonic()
+                self.lifecycle.beat()
                 self.parking.wake_due(self.consumer)
                 try:
                     records = self.consumer.poll(self._poll_timeout_ms(), s.max_poll_records)
@@ -237,7 +215,7 @@ class Runner:
                     if not skip_unreadable(self.consumer, self.engine, group=self.app.group_id,
                                            error=exc, offsets=self.offsets,
                                            metrics=self.metrics):
-                        self._backoff(f"the Kafka client cannot read a record: {exc}")
+                        self.lifecycle.back_off(f"the Kafka client cannot read a record: {exc}")
                     continue
                 self.parking.sync(self.consumer)  # the poll may have run a rebalance
                 if not self._collect(records):
@@ -280,19 +258,19 @@ class Runner:
             progress = future.result()
         except Exception as exc:
             self._rewind(self.parking.without_parked([*records, *polled]))
-            self._set_ready(False)
+            reason = f"batch failed: {type(exc).__name__}: {exc}"
+            self.lifecycle.set_ready(False, reason)
             log.error(
                 "processing a batch failed: %s: %s", type(exc).__name__, exc,
                 exc_info=exc, extra={"event": "consumer.batch_failed"},
             )
-            self._backoff(f"batch failed: {type(exc).__name__}: {exc}")
+            self.lifecycle.back_off(reason)
             return False
         self.parking.handled(retries)
         for parked in progress.parked:
             self.parking.park(self.consumer, parked)
         self.metrics.parked.set(len(self.parking))
-        self._failures = 0
-        self._set_ready(True)
+        self.lifecycle.succeeded()
         return True
 
     def _committed(self, records: Sequence[Any]) -> None:
@@ -331,11 +309,3 @@ class Runner:
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
             total += lag
         self.metrics.lag_total.set(total)
-
-    def _backoff(self, reason: str) -> None:
-        s = self.settings
-        delay = min(s.backoff_max_seconds, max(0.1, s.backoff_initial_seconds) * 2**self._failures)
-        delay *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
-        self._failures += 1
-        log.warning("%s; retrying in %.2f s", reason, delay, extra={"event": "consumer.backoff"})
-        self._stop.wait(delay)

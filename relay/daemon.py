@@ -10,12 +10,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import socket
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
@@ -24,11 +22,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
+from outbox.backoff import Backoff
 from outbox.dsn import libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import KafkaClientError
 from outbox.queries import driver_sql, sql
+from outbox.runtime import Lifecycle, required_database_url
 from outbox.settings import OutboxSettings
 from relay.claims import (
     CLAIM_PLANNER,
@@ -41,7 +41,6 @@ from relay.claims import (
     record,
 )
 from relay.cursors import Cursor
-from relay.http import HealthServer
 from relay.lanes import LaneManager
 from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
@@ -82,18 +81,7 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.outbox = outbox_settings or OutboxSettings()
-        url = settings.resolved_database_url()
-        if not url:
-            raise ConfigurationError(
-                "no database URL: set OUTBOXKIT_RELAY_DATABASE_URL (or OUTBOXKIT_DATABASE_URL) "
-                "or pass --database-url"
-            )
-        if not settings.resolved_bootstrap():
-            raise ConfigurationError(
-                "no Kafka bootstrap servers: set OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP (or "
-                "OUTBOXKIT_KAFKA_BOOTSTRAP) or pass --kafka-bootstrap"
-            )
-        self._url = url
+        self._url = url = required_database_url(settings)
         self.schema = self.outbox.schema_name
         self.engine: Engine = create_engine(
             sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
@@ -107,6 +95,21 @@ class Relay:
             pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )
         self.metrics = RelayMetrics()
+        # Capped from the first delay: an initial delay over the maximum waits the maximum.
+        self.backoff = Backoff(
+            base=min(settings.backoff_initial_seconds, settings.backoff_max_seconds),
+            cap=settings.backoff_max_seconds,
+            jitter=0.5,
+        )
+        self.lifecycle = Lifecycle(
+            "relay",
+            settings.relay_id,
+            log=log,
+            ready_gauge=self.metrics.ready,
+            backoff=self.backoff,
+            # A loop stuck longer than one delivery timeout plus slack is not alive.
+            stuck_after_s=settings.delivery_timeout_ms / 1000 + 60,
+        )
         self.lanes = LaneManager(
             self.engine,
             schema=self.schema,
@@ -117,13 +120,10 @@ class Relay:
             pid=os.getpid(),
         )
         self.wake = WakeUp()
-        self._stop = threading.Event()
-        self._ready = False
-        self._last_loop = time.monotonic()
+        self._stop = self.lifecycle.stopping
         self._idle = False
         self._sparse = False  # the last batch had one or two rows: light traffic
         self._rotate = 0
-        self._failures = 0
         self._batch_counted = False  # this batch's slow acks were counted as a Kafka error
         self._unready_source: str | None = None  # the side whose error made it not ready
         self._operations_readable = True
@@ -134,43 +134,26 @@ class Relay:
         # Each owned lane's cursor, one batch ahead of the database's (relay/cursors.py).
         self._cursors: dict[int, Cursor] = {}
         self.publisher: Publisher | None = None
-        self.http: HealthServer | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._listener: Listener | None = None
 
     # --- probes -------------------------------------------------------------------------
     def ready(self) -> bool:
-        return self._ready and not self._stop.is_set()
+        return self.lifecycle.ready()
 
     def healthy(self) -> bool:
-        # A loop stuck longer than one delivery timeout plus slack is not healthy.
-        bound = self.settings.delivery_timeout_ms / 1000 + 60
-        return time.monotonic() - self._last_loop < bound
+        return self.lifecycle.healthy()
 
-    def _set_ready(self, value: bool, cause: str = "") -> None:
-        """Say so when readiness changes: becoming not ready is a warning that names *cause*."""
-        if value != self._ready:
-            if value:
-                log.info(
-                    "relay %s is ready", self.settings.relay_id, extra={"event": "relay.ready"}
-                )
-            else:
-                log.warning(
-                    "relay %s is not ready: %s",
-                    self.settings.relay_id,
-                    cause or "reason unknown",
-                    extra={"event": "relay.not_ready"},
-                )
-        self._ready = value
-        if value:
-            self._unready_source = None
-        self.metrics.ready.set(1 if value else 0)
+    def _not_ready(self, cause: str, source: str | None) -> None:
+        """Not ready because of *source*'s error (the side whose answer makes it ready again)."""
+        self.lifecycle.set_ready(False, cause)
+        self._unready_source = source
 
     def _database_answered(self) -> None:
         """Ready again when only the database had failed: an idle relay sends nothing that
         could prove it otherwise, and would stay not ready until the next message."""
-        if not self._ready and self._unready_source == "postgres":
-            self._set_ready(True)
+        if not self.lifecycle.is_ready and self._unready_source == "postgres":
+            self.lifecycle.set_ready(True)
 
     def _transient(self, exc: BaseException, doing: str) -> str:
         """Count a transient error, report not ready, and say in one line what failed."""
@@ -178,14 +161,13 @@ class Relay:
         if source is not None:
             self.metrics.transient_errors.labels(source).inc()
         reason = f"{doing} failed: {describe_briefly(exc)}"
-        self._set_ready(False, reason)
-        self._unready_source = source
+        self._not_ready(reason, source)
         return reason
 
     # --- lifecycle ----------------------------------------------------------------------
     def stop(self) -> None:
         """Ask the loop to finish its batch, hand back its lanes and return."""
-        self._stop.set()
+        self.lifecycle.stop()
         self.wake.everywhere()
 
     def run(self) -> int:
@@ -198,11 +180,7 @@ class Relay:
             self.outbox.lanes,
             extra={"event": "relay.start"},
         )
-        if s.http_port:
-            self.http = HealthServer(
-                s.http_host, s.http_port, self.metrics.registry, self.healthy, self.ready
-            )
-            self.http.start()
+        self.lifecycle.serve_http(s.http_host, s.http_port, self.metrics.registry)
         self._listener = Listener(libpq_url(self._url), self.outbox.notify_channel, self.wake)
         self._listener.start()
         try:
@@ -220,13 +198,12 @@ class Relay:
                 if self.publisher is None:
                     self.publisher = self._make_publisher()
                 self.lanes.heartbeat()
-                self._failures = 0
-                self._set_ready(True)
+                self.lifecycle.succeeded()
                 return
             except ConfigurationError:
                 raise
             except Exception as exc:
-                self._backoff(self._transient(exc, "start-up"))
+                self.lifecycle.back_off(self._transient(exc, "start-up"))
 
     def _make_publisher(self) -> Publisher:
         try:
@@ -237,9 +214,7 @@ class Relay:
 
     def _start_scheduler(self) -> None:
         s = self.settings
-        sched = BackgroundScheduler(
-            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        )
+        sched = self.lifecycle.scheduler()
         now = datetime.now(UTC)
         sched.add_job(
             self._heartbeat_job,
@@ -269,19 +244,8 @@ class Relay:
         sched.start()
         self._scheduler = sched
 
-    def _job(self, fn: object) -> object:
-        def run() -> None:
-            try:
-                fn()  # type: ignore[operator]
-            except Exception as exc:
-                log.warning(
-                    "relay job %s failed: %s",
-                    getattr(fn, "__name__", fn),
-                    describe_briefly(exc),
-                    extra={"event": "relay.job_failed"},
-                )
-
-        return run
+    def _job(self, fn: Callable[[], object]) -> Callable[[], None]:
+        return self.lifecycle.job(fn, describe_briefly)
 
     def _heartbeat_job(self) -> None:
         """Renew and rebalance the lanes (a scheduler job; the loop goes on meanwhile)."""
@@ -353,8 +317,7 @@ class Relay:
         self.metrics.unsettled_operations.labels("needs-human").set(row.needs_human)
 
     def _shutdown(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
+        self.lifecycle.stop_background()
         self._finish_marking()
         self._marker.shutdown(wait=True)
         try:
@@ -369,24 +332,14 @@ class Relay:
             self.publisher.close(timeout_s=5)
         if self._listener is not None:
             self._listener.stop()
-        if self.http is not None:
-            self.http.stop()
         self.engine.dispose()
         self.claim_engine.dispose()
-        log.info("relay %s stopped", self.settings.relay_id, extra={"event": "relay.stop"})
+        self.lifecycle.close()
 
     # --- the loop -----------------------------------------------------------------------
-    def _backoff(self, reason: str) -> None:
-        s = self.settings
-        delay = min(s.backoff_max_seconds, s.backoff_initial_seconds * 2**self._failures)
-        delay *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
-        self._failures += 1
-        log.warning("%s; retrying in %.2f s", reason, delay, extra={"event": "relay.backoff"})
-        self._stop.wait(delay)
-
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._last_loop = time.monotonic()
+            self.lifecycle.beat()
             self.lanes.release_pending()
             owned = self.lanes.owned()
             if not owned:
@@ -413,7 +366,7 @@ class Relay:
                     self.wake.take()
                     batch = self._claim(owned)
             except SQLAlchemyError as exc:
-                self._backoff(self._transient(exc, "claiming"))
+                self.lifecycle.back_off(self._transient(exc, "claiming"))
                 continue
             if not batch.rows:
                 self._database_answered()
@@ -442,7 +395,7 @@ class Relay:
                         "publishing a batch failed unexpectedly",
                         extra={"event": "relay.batch_crashed"},
                     )
-                self._backoff(self._transient(exc, "batch"))
+                self.lifecycle.back_off(self._transient(exc, "batch"))
 
     def _wait(self) -> None:
         self.wake.wait(self.settings.poll_interval_seconds)
@@ -526,12 +479,10 @@ class Relay:
                 f"({transient[0].error.splitlines()[0]})"
             )
             self._note_error(sorted({f.row.lane for f in transient}), reason)
-            self._set_ready(False, reason)
-            self._unready_source = "kafka"
-            self._backoff(reason)
+            self._not_ready(reason, "kafka")
+            self.lifecycle.back_off(reason)
             return False
-        self._failures = 0
-        self._set_ready(True)
+        self.lifecycle.succeeded()
         return True
 
     def _sort_outcome(
@@ -696,16 +647,15 @@ class Relay:
         return published, failed
 
     def _slow_acks(self, waited: float) -> None:
-        self._last_loop = time.monotonic()  # waiting on Kafka is not being stuck
+        self.lifecycle.beat()  # waiting on Kafka is not being stuck
         if waited > SLOW_ACKS_SECONDS and not self._batch_counted:
             # A stopped or silent broker fails nothing until the delivery timeout (minutes):
             # counted once per batch, and not ready until it acknowledges.
             self._batch_counted = True
             self.metrics.transient_errors.labels("kafka").inc()
-            self._set_ready(
-                False, f"Kafka has not acknowledged a batch for {SLOW_ACKS_SECONDS:.0f} s"
+            self._not_ready(
+                f"Kafka has not acknowledged a batch for {SLOW_ACKS_SECONDS:.0f} s", "kafka"
             )
-            self._unready_source = "kafka"
 
     def _record(
         self,
@@ -717,7 +667,6 @@ class Relay:
     ) -> None:
         """Record what Kafka said and move the cursors; keep trying, since giving up means
         re-sending."""
-        delay = self.settings.backoff_initial_seconds
         attempt = 0
         while True:
             try:
@@ -761,11 +710,12 @@ class Relay:
                         extra={"event": "relay.mark_failed"},
                     )
                     return
+                # Not cut short by a stop: these rows are worth a few more tries (above).
+                delay = self.backoff.delay(attempt)
                 log.warning(
                     "marking published rows failed: %s; retrying in %.2f s",
                     describe_briefly(exc),
                     delay,
                     extra={"event": "relay.backoff"},
                 )
-                time.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311 - jitter
-                delay = min(self.settings.backoff_max_seconds, delay * 2)
+                time.sleep(delay)
