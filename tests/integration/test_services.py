@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from outbox.testing.processes import pid_alive
@@ -164,3 +165,14 @@ def test_no_network_to_maven_central_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "Maven could not download the Kafka broker's jars from Maven Central" in result.stderr
     assert not list((tmp_path / "cache").glob("outboxkit/kafka-jars-*/*.jar"))
+
+
+# What tests/integration/test_postgres_roundtrip.py checked that is outboxkit's (the rest was
+# PostgreSQL itself): the plugin's database_url is a database of the test's own, already
+# migrated. The same primary key in both runs only fits if each run has its own database.
+@pytest.mark.parametrize("run", [1, 2])
+def test_each_test_gets_a_migrated_database_of_its_own(database_url: str, run: int) -> None:
+    with psycopg.connect(database_url) as conn:
+        conn.execute("CREATE TABLE outboxkit.isolation_probe (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO outboxkit.isolation_probe VALUES (1, current_database())")
+        assert conn.execute("SELECT count(*) FROM outboxkit.schema_versions").fetchone() != (0,)
