@@ -1,7 +1,7 @@
 -- The dedup package's hand-written SQL (the rest is SQLAlchemy Core: dedup/operations.py...).
 -- Each query follows its `-- name:` marker; the comment lines right after the marker describe
 -- it (the loader, outbox.queries, keeps them out of the statement's text). {schema} is the
--- configured schema, quoted by outbox.queries.quote_schema. All run as driver SQL
+-- configured schema, quoted by outbox.queries.quote_identifier. All run as driver SQL
 -- (`%(name)s`; `%(name)b` sends the value in binary) except where `:name` says text().
 
 -- name: insert_marks

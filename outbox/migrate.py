@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, TextClause, create_engine
 from outbox.dsn import sqlalchemy_url
 from outbox.errors import ConfigurationError, SchemaError
 from outbox.hashing import stable_hash64
-from outbox.queries import DIALECT, quote_schema, sql
+from outbox.queries import DIALECT, quote_identifier, sql
 from outbox.settings import OutboxSettings, default_settings
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
@@ -33,7 +33,7 @@ _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 @dataclass(frozen=True)
 class Migration:
     """One numbered SQL file; ``{schema}`` in it stands for the configured schema name
-    (quoted as every statement quotes it: :func:`outbox.queries.quote_schema`)."""
+    (quoted as every statement quotes it: :func:`outbox.queries.quote_identifier`)."""
 
     version: int
     name: str
@@ -41,7 +41,7 @@ class Migration:
 
     def sql(self, schema: str) -> str:
         # Plain replacement, not str.format: SQL is full of braces ('{}'::jsonb).
-        return self.template.replace("{schema}", quote_schema(schema))
+        return self.template.replace("{schema}", quote_identifier(schema))
 
 
 @functools.cache
@@ -99,7 +99,7 @@ def applied_versions(conn: Connection, schema: str) -> set[int]:
     """Versions recorded in ``schema_versions``; empty when the schema does not exist yet."""
     exists = conn.execute(
         sql("outbox", "schema_versions_exists", schema),
-        {"name": f"{quote_schema(schema)}.schema_versions"},
+        {"name": f"{quote_identifier(schema)}.schema_versions"},
     ).scalar()
     if exists is None:
         return set()

@@ -10,7 +10,7 @@ them, each under a marker line::
     SELECT ...
 
 ``{schema}`` in a query stands for the configured schema. It is replaced by
-:func:`quote_schema`, the rule SQLAlchemy applies to the Core tables through
+:func:`quote_identifier`, the rule SQLAlchemy applies to the Core tables through
 ``schema_translate_map``, so both kinds of statement name the same schema. Values always
 travel as bound parameters: ``:name`` for a query run as :func:`sql` (a ``TextClause``),
 ``%(name)s`` / ``%(name)b`` for one run with ``exec_driver_sql`` (:func:`driver_sql`), which
@@ -38,7 +38,7 @@ DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]  # untyped in SQL
 _PREPARER = DIALECT.identifier_preparer
 
 
-def quote_schema(name: str) -> str:
+def quote_identifier(name: str) -> str:
     """*name* as a PostgreSQL identifier, quoted only when it has to be (Core's own rule)."""
     return _PREPARER.quote_schema(name)
 
@@ -80,7 +80,7 @@ def driver_sql(package: str, name: str, schema: str) -> str:
         raise LookupError(
             f"no query named {name!r} in {package}/{QUERY_FILE} (it has {', '.join(found)})"
         )
-    return found[name].replace("{schema}", quote_schema(schema))
+    return found[name].replace("{schema}", quote_identifier(schema))
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 -- outbox/tables.py; DDL is in outbox/migrations). Each query follows its `-- name:` marker;
 -- the comment lines right after the marker describe it (the loader, outbox.queries, keeps
 -- them out of the statement's text). {schema} is the configured schema, quoted by
--- outbox.queries.quote_schema. Parameters: `%(name)s` for driver SQL, `:name` for text().
+-- outbox.queries.quote_identifier. Parameters: `%(name)s` for driver SQL, `:name` for text().
 
 -- name: emit
 -- outbox.emit's one statement (see outbox/emit.py's docstring): the per-key lock, the INSERT

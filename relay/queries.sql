@@ -1,6 +1,6 @@
 -- The relay's SQL. Each query follows its `-- name:` marker; the comment lines right after
 -- the marker describe it (the loader, outbox.queries, keeps them out of the statement's
--- text). {schema} is the configured schema, quoted by outbox.queries.quote_schema.
+-- text). {schema} is the configured schema, quoted by outbox.queries.quote_identifier.
 -- Parameters: `:name` for queries run as text(), `%(name)s` for driver SQL.
 
 -- name: claim_messages

@@ -8,7 +8,7 @@ their checkpoints, approvals or artifacts, so its role cannot read them.
 
 from __future__ import annotations
 
-from outbox.queries import driver_sql, quote_schema
+from outbox.queries import driver_sql, quote_identifier
 
 
 def relay_grants(schema: str, role: str) -> str:
@@ -16,4 +16,5 @@ def relay_grants(schema: str, role: str) -> str:
     for name in (schema, role):
         if not name.replace("_", "a").isalnum() or not name[0].isalpha():
             raise ValueError(f"{name!r} is not a plain identifier")
-    return driver_sql("relay", "relay_role_grants", schema).replace("{role}", quote_schema(role))
+    grants = driver_sql("relay", "relay_role_grants", schema)
+    return grants.replace("{role}", quote_identifier(role))

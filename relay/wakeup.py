@@ -25,6 +25,8 @@ import threading
 
 import psycopg
 
+from outbox.queries import quote_identifier
+
 log = logging.getLogger(__name__)
 
 class WakeUp:
@@ -89,7 +91,9 @@ class Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f'LISTEN "{self._channel}"')  # channel validated by settings
+                    # LISTEN takes no parameter: the channel is an identifier, quoted by
+                    # the one rule (pg_notify's text argument names the same channel).
+                    conn.execute(f"LISTEN {quote_identifier(self._channel)}")
                     self.connected.set()
                     pause = 0.2
                     while not self._stop.is_set():

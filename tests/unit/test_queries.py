@@ -7,7 +7,7 @@ import re
 import pytest
 from sqlalchemy import select
 
-from outbox.queries import DIALECT, driver_sql, parse, queries, quote_schema, sql
+from outbox.queries import DIALECT, driver_sql, parse, queries, quote_identifier, sql
 from outbox.tables import SCHEMA, agent_runs
 
 SOURCE = """-- A file's header comment.
@@ -81,7 +81,7 @@ class TestQuoting:
         ],
     )
     def test_a_schema_is_quoted_only_when_it_must_be(self, name: str, quoted: str) -> None:
-        assert quote_schema(name) == quoted
+        assert quote_identifier(name) == quoted
         assert driver_sql("relay", "set_idle", name).startswith(f"UPDATE {quoted}.relays ")
 
     @pytest.mark.parametrize("name", ["outboxkit", "tenant_7", "Orders", "user", "my schema"])
@@ -90,4 +90,4 @@ class TestQuoting:
         compiled = select(agent_runs.c.id).compile(
             dialect=DIALECT, schema_translate_map={SCHEMA: name}, render_schema_translate=True
         )
-        assert f"FROM {quote_schema(name)}.agent_runs" in str(compiled)
+        assert f"FROM {quote_identifier(name)}.agent_runs" in str(compiled)
