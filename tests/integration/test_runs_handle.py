@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Engine, func, select
@@ -118,8 +119,10 @@ def test_a_taken_over_handle_writes_nothing_and_raises_lease_lost(
     time.sleep(0.3)
     _claimed(runs_engine, worker="B")
     before = snapshot()
-    for write in (lambda h: h.save_checkpoint({"at": 9}), lambda h: h.emit(_order()),
-                  lambda h: h.transition("done", evidence={"by": "A"}), lambda h: h.renew(60)):
+    writes: list[Callable[[ClaimedRun], object]] = [
+        lambda h: h.save_checkpoint({"at": 9}), lambda h: h.emit(_order()),
+        lambda h: h.transition("done", evidence={"by": "A"}), lambda h: h.renew(60)]
+    for write in writes:
         with pytest.raises(LeaseLost), runs_engine.begin() as conn:
             write(stale.on(conn))
     assert snapshot() == before
