@@ -25,9 +25,15 @@ import threading
 
 import psycopg
 
+from outbox.backoff import Backoff
 from outbox.queries import quote_identifier
 
 log = logging.getLogger(__name__)
+
+# The LISTEN connection's reconnect pauses: 0.2 s doubling up to 10 s, reset once connected.
+# No jitter: one connection per relay, and the fallback poll covers the gap.
+RECONNECT = Backoff(base=0.2, cap=10.0)
+
 
 class WakeUp:
     """Why the relay should look again: the lanes notifications named, or everything."""
@@ -87,7 +93,7 @@ class Listener:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        pause = 0.2
+        failures = 0
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
@@ -95,12 +101,14 @@ class Listener:
                     # the one rule (pg_notify's text argument names the same channel).
                     conn.execute(f"LISTEN {quote_identifier(self._channel)}")
                     self.connected.set()
-                    pause = 0.2
+                    failures = 0
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5, stop_after=1):
                             self._heard(note.payload)
             except psycopg.Error as exc:
                 self.connected.clear()
+                failures += 1
+                pause = RECONNECT.delay(failures)
                 log.warning(
                     "LISTEN connection lost (%s); retrying in %.1f s",
                     (str(exc).splitlines() or [type(exc).__name__])[0],
@@ -108,7 +116,6 @@ class Listener:
                     extra={"event": "relay.listen_lost"},
                 )
                 self._stop.wait(pause)
-                pause = min(pause * 2, 10.0)
         self.connected.clear()
 
     def _heard(self, payload: str) -> None:
