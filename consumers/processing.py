@@ -103,7 +103,6 @@ class Processor:
         self.app = app
         self.settings = app.settings
         self.group = app.group_id
-        self.schema = app.outbox_settings.schema_name
         self.engine = engine
         self.metrics = metrics
         self.send_dead_letter = send_dead_letter
