@@ -20,6 +20,7 @@ from kafka.admin import KafkaAdminClient
 from sqlalchemy import Engine, text
 
 from consumers import Consumer, ConsumerSettings, Runner
+from consumers.metrics import ConsumerMetrics
 from outbox.dsn import sqlalchemy_url
 from outbox.testing.processes import free_port
 from tests.e2e.conftest import wait_until
@@ -96,6 +97,12 @@ def settings(database_url: str, bootstrap: str, **overrides: Any) -> ConsumerSet
         **overrides,
     }
     return ConsumerSettings(**values)
+
+
+def sample(metrics: ConsumerMetrics, name: str, **labels: str) -> float:
+    """Sample ``outboxkit_consumer_<name>`` of an in-process consumer's own registry, through
+    prometheus_client's public API (0 before the first one)."""
+    return metrics.registry.get_sample_value(f"outboxkit_consumer_{name}", labels) or 0.0
 
 
 class InProcess:

@@ -20,7 +20,14 @@ from outbox.schema import translate
 from outbox.settings import OutboxSettings
 from tests.e2e.conftest import read_topic, wait_until
 from tests.e2e.consumer_app import Item, handle
-from tests.e2e.consumer_support import InProcess, create_effects, effects, produce, settings
+from tests.e2e.consumer_support import (
+    InProcess,
+    create_effects,
+    effects,
+    produce,
+    sample,
+    settings,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,13 +68,13 @@ class TestRedelivery:
             metrics = running.runner.metrics
             wait_until(
                 lambda: (
-                    metrics.duplicates.labels(topic)._value.get() >= 50
-                    and metrics.processed.labels(topic)._value.get() >= 50
+                    sample(metrics, "duplicates_total", topic=topic) >= 50
+                    and sample(metrics, "processed_total", topic=topic) >= 50
                 ),
                 60,
                 "50 processed and 50 duplicates dropped",
             )
-            processed = metrics.processed.labels(topic)._value.get()
+            processed = sample(metrics, "processed_total", topic=topic)
         assert effects(engine) == dict.fromkeys(ids, 1)
         assert processed == 50
 
@@ -100,7 +107,7 @@ class TestRedelivery:
         again.register(topic, handle)
         with InProcess(again) as running:
             wait_until(
-                lambda: running.runner.metrics.duplicates.labels(topic)._value.get() >= 30,
+                lambda: sample(running.runner.metrics, "duplicates_total", topic=topic) >= 30,
                 60,
                 "30 duplicates dropped",
             )
@@ -182,7 +189,7 @@ class TestRetryIsolation:
             wait_until(lambda: len(effects(engine)) >= 40, 60, "partitions 1 and 2 handled")
             assert not [h for h in handled if h[0] == 0]
             # The loop sets the gauge once it collected the batch that parked partition 0.
-            wait_until(lambda: running.runner.metrics.parked._value.get() == 1, 10,
+            wait_until(lambda: sample(running.runner.metrics, "parked_partitions") == 1, 10,
                        "partition 0 counted as held back")
             # Nothing of partition 0 is done, so no offset of it is there to commit.
             assert TopicPartition(topic, 0) not in running.runner.offsets.pending
@@ -219,7 +226,7 @@ class TestPoisonMessages:
         app = make_app(database_url, kafka_bootstrap, topic, max_attempts=3)
         with InProcess(app) as running:
             wait_until(
-                lambda: running.runner.metrics.dead_lettered.labels(topic)._value.get() >= 5,
+                lambda: sample(running.runner.metrics, "dead_lettered_total", topic=topic) >= 5,
                 60,
                 "5 dead letters",
             )
@@ -273,7 +280,7 @@ class TestFollowUps:
         app = make_app(database_url, kafka_bootstrap, topic, max_attempts=2)
         with InProcess(app) as running:
             wait_until(
-                lambda: running.runner.metrics.dead_lettered.labels(topic)._value.get() >= 1,
+                lambda: sample(running.runner.metrics, "dead_lettered_total", topic=topic) >= 1,
                 60,
                 "the failing message dead-lettered",
             )
@@ -322,7 +329,7 @@ class TestReplay:
         app = make_app(database_url, kafka_bootstrap, topic, max_attempts=1)
         with InProcess(app) as running:
             wait_until(
-                lambda: running.runner.metrics.dead_lettered.labels(topic)._value.get() >= 2,
+                lambda: sample(running.runner.metrics, "dead_lettered_total", topic=topic) >= 2,
                 60,
                 "2 dead letters",
             )

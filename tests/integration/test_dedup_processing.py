@@ -172,7 +172,8 @@ class TestTransactions:
             effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
         assert effects == [0, 1, 2, 3, 4, 5]
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 6
-        assert metrics.duplicates.labels(TOPIC)._value.get() == 3
+        assert metrics.registry.get_sample_value(
+            "outboxkit_consumer_duplicates_total", {"topic": TOPIC}) == 3
 
     def test_in_batch_mode_one_failing_message_does_not_undo_the_others(
         self, bound: Engine, database_url: str
@@ -230,7 +231,8 @@ class TestTransactions:
         assert processor.process([record(i, {"n": i}) for i in range(4)]).handled == 4
         assert count(bound, "SELECT count(*) FROM public.effects") == 2
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 4
-        assert metrics.skipped.labels(TOPIC)._value.get() == 2
+        assert metrics.registry.get_sample_value(
+            "outboxkit_consumer_skipped_total", {"topic": TOPIC}) == 2
 
 
 class TestAttemptsSurviveRestarts:
