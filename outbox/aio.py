@@ -27,7 +27,7 @@ from outbox.envelope import Envelope
 from outbox.execution import AsyncConn, run_plan_async
 from outbox.handle import RunHandle, transition_ends
 from outbox.leases import Lease
-from outbox.retention import DEFAULT_STATES, purge_batch_plan, purgeable_plan
+from outbox.retention import DEFAULT_STATES, Progress, purge_batch_plan, purgeable_plan
 from outbox.settings import OutboxSettings
 from outbox.states import RunState
 from outbox.workflows import Workflow
@@ -285,17 +285,14 @@ async def purge(engine: AsyncEngine, *, older_than: timedelta, batch_size: int =
                 settings: OutboxSettings | None = None,
                 on_batch: Callable[[int], object] | None = None) -> int:
     """Async :func:`outbox.retention.purge`: commits one transaction per batch."""
-    total = 0
+    progress = Progress(batch_size, on_batch)
     for _ in range(max_batches):
         async with engine.begin() as conn:
             done = await purge_batch(conn, older_than=older_than, batch_size=batch_size,
                                      archive=archive, states=states, settings=settings)
-        total += done
-        if on_batch is not None:
-            on_batch(done)
-        if done < batch_size:
+        if not progress.more_after(done):
             break
-    return total
+    return progress.total
 
 
 class AsyncClaimedRun(RunHandle[AsyncConn]):

@@ -10,6 +10,7 @@ Each batch is one short statement over at most *batch_size* rows locked with
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
@@ -89,6 +90,22 @@ def purgeable(conn: SyncConn, *, older_than: timedelta,
     return run_plan(conn, purgeable_plan(older_than, states), settings)
 
 
+@dataclass
+class Progress:
+    """The purge loop's count and stop rule, shared by :func:`purge` and its asyncio twin."""
+
+    batch_size: int
+    on_batch: Callable[[int], object] | None
+    total: int = 0
+
+    def more_after(self, done: int) -> bool:
+        """Count a committed batch of *done* runs; False after a short batch (nothing left)."""
+        self.total += done
+        if self.on_batch is not None:
+            self.on_batch(done)
+        return done >= self.batch_size
+
+
 def purge(engine: Engine, *, older_than: timedelta, batch_size: int = 100,
           max_batches: int = 1000, archive: bool = False,
           states: Collection[RunState | str] = DEFAULT_STATES,
@@ -100,14 +117,11 @@ def purge(engine: Engine, *, older_than: timedelta, batch_size: int = 100,
     unit of work. Stops after a short batch or *max_batches*; returns the runs purged.
     *on_batch* is called with each committed batch's count (e.g. to show progress).
     """
-    total = 0
+    progress = Progress(batch_size, on_batch)
     for _ in range(max_batches):
         with engine.begin() as conn:
             done = purge_batch(conn, older_than=older_than, batch_size=batch_size,
                                archive=archive, states=states, settings=settings)
-        total += done
-        if on_batch is not None:
-            on_batch(done)
-        if done < batch_size:
+        if not progress.more_after(done):
             break
-    return total
+    return progress.total

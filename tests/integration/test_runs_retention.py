@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from sqlalchemy import Engine, func, select, update
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox import retention, runs, steps
+from outbox import aio, retention, runs, steps
+from outbox.dsn import sqlalchemy_url
 from outbox.tables import agent_runs, run_archive, run_transitions, step_results
 
 
@@ -73,3 +76,23 @@ def test_purge_batches_until_nothing_is_left(runs_engine: Engine) -> None:
         _finished(runs_engine, f"k{i}", days_ago=40)
     assert retention.purge(runs_engine, older_than=timedelta(days=30), batch_size=2) == 5
     assert retention.purge(runs_engine, older_than=timedelta(days=30), batch_size=2) == 0
+
+
+def test_the_async_purge_batches_the_same_way(runs_engine: Engine, database_url: str) -> None:
+    for i in range(5):
+        _finished(runs_engine, f"k{i}", days_ago=40)
+    seen: list[int] = []
+
+    async def purge_twice() -> tuple[int, int, int]:
+        engine = create_async_engine(sqlalchemy_url(database_url))
+        try:
+            async with engine.connect() as conn:
+                dry = await aio.purgeable(conn, older_than=timedelta(days=30))
+            first = await aio.purge(engine, older_than=timedelta(days=30), batch_size=2,
+                                    on_batch=seen.append)
+            return dry, first, await aio.purge(engine, older_than=timedelta(days=30))
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(purge_twice()) == (5, 5, 0)
+    assert seen == [2, 2, 1]  # a short batch ends the loop
