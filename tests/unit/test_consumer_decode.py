@@ -70,7 +70,9 @@ ORDER = {
 
 
 def decoded(value: bytes, model: type[BaseModel] = Order) -> BaseModel:
-    return decode(Record(value), Registration("orders", _payload(model))).payload
+    payload = decode(Record(value), Registration("orders", _payload(model))).payload
+    assert isinstance(payload, model)
+    return payload
 
 
 def refused(value: bytes, model: type[BaseModel] = Order) -> str:
