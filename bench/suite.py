@@ -1,6 +1,7 @@
-"""The benchmark suite: the three benchmarks in one run, one table, one JSON file, two plots.
+"""The benchmark suite: the four benchmarks in one run, one table, one JSON file, two plots.
 
-Runs bench/outbox_steps.py (what an outbox message costs an agent step), bench/relay_bench.py
+Runs bench/outbox_steps.py (what an outbox message costs an agent step), bench/run_claim.py
+(what a run claim costs with 1,000,000 queued runs against 10,000), bench/relay_bench.py
 (relay throughput against the producer alone and against reading plus sending, commit-to-Kafka
 latency, PostgreSQL CPU and dead tuples per message, idle cost, backlog cost, memory)
 and bench/consumer_bench.py (idempotent consumer against kafka-python's consumer alone), one
@@ -49,6 +50,7 @@ RESULTS = HERE / "results"
 REQUIRED = (
     "outbox.step_emit_ratio",
     "outbox.raw_sql_ratio",
+    "outbox.claim_backlog_ratio",
     "relay.throughput_msgs_per_s",
     "relay.throughput_ratio",
     "relay.latency_p50_ms",
@@ -72,6 +74,7 @@ QUICK_ARGS = {
     "outbox_steps": [
         "--quick", "--seconds", "0.2", "--rounds", "1", "--clients", "4", "--no-threads",
     ],
+    "run_claim": ["--quick", "--small", "2000", "--rounds", "1", "--claims", "10"],
     "relay_bench": [
         "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "0",
         "--writers", "2", "--claim-backlog", "8000", "--rss-backlog", "8000",
@@ -197,7 +200,7 @@ def figure_of(data: dict[str, Any]) -> Figure:
 def collect(work: Path) -> list[Figure]:
     steps = json.loads((work / "outbox_steps.json").read_text())
     figures = step_figures(steps["rows"]) + [figure_of(f) for f in steps.get("figures", [])]
-    for name in ("relay_bench", "consumer_bench"):
+    for name in ("run_claim", "relay_bench", "consumer_bench"):
         document = json.loads((work / f"{name}.json").read_text())
         figures += [figure_of(f) for f in document["figures"]]
     return figures
@@ -269,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         kafka = ["--kafka-bootstrap", bootstrap]
         plan = {
             "outbox_steps": common,
+            "run_claim": common,
             "relay_bench": [*common, *kafka, "--samples", str(work / "samples.json")],
             "consumer_bench": [*common, *kafka],
         }

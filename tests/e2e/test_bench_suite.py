@@ -23,6 +23,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 REQUIRED = (
     "outbox.step_emit_ratio",
     "outbox.raw_sql_ratio",
+    "outbox.claim_backlog_ratio",
     "relay.throughput_msgs_per_s",
     "relay.throughput_ratio",
     "relay.latency_p50_ms",
