@@ -1,4 +1,10 @@
-"""outboxkit's write side: durable agent runs and the transactional outbox."""
+"""outboxkit's write side: durable agent runs and the transactional outbox.
+
+Start here: :func:`start_run` queues a run; :func:`claim` leases one and returns its handle
+(:class:`ClaimedRun`), whose writes carry the lease for you; :func:`emit` adds a message in
+the caller's transaction. Nothing here commits. The asyncio twin of ``outbox.X`` is
+``outbox.aio.X``; ``settings=`` (keyword-only, default: the environment) binds the rest.
+"""
 
 from outbox.approvals import Approval, ApprovalCheck, grant, request_approval, revalidate, revoke
 from outbox.artifacts import ArtifactRef, load_artifact, store_artifact

@@ -63,6 +63,11 @@ class RunHandle(Generic[C]):
         """True once this handle ended its lease; it then writes nothing more."""
         return self._ended_by is not None
 
+    def __repr__(self) -> str:
+        state = f"ended by {self._ended_by}" if self._ended_by else "held"
+        return (f"{type(self).__name__}(run={self.run.id}, workflow={self.run.workflow!r}, "
+                f"token={self._lease.token}, version={self._lease.version}, {state})")
+
     def on(self, conn: C) -> Self:
         """This run on *conn* (another transaction), starting from this handle's lease."""
         return type(self)(conn, self.run, self._lease, settings=self.settings,

@@ -145,6 +145,7 @@ def test_a_spent_handle_refuses_every_write_before_sending_it(
         else:
             assert not work.revalidate(uuid.uuid4(), scope={"qty": 3}).valid
         assert work.spent
+        assert "ended by" in repr(work)  # what a log line of the handle shows
         sent = len(statements)
         for write in (lambda: work.emit(_order()), lambda: work.save_checkpoint({}),
                       lambda: work.transition("done", evidence={}), lambda: work.renew(5),
