@@ -21,6 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import Engine, text
 
 from examples.supplier_client import SupplierClient
+from outbox.envelope import HEADER_MESSAGE_ID
 
 FINAL = {"done", "failed", "needs-human"}
 
@@ -56,7 +57,7 @@ def read_topic(bootstrap: str, topic: str) -> list[Delivery]:
             for tp, records in batch.items():
                 for r in records:
                     if r.offset < end[tp]:
-                        mid = dict(r.headers).get("message-id", b"").decode()
+                        mid = dict(r.headers).get(HEADER_MESSAGE_ID, b"").decode()
                         out.append(Delivery(r.partition, r.offset, r.key, mid))
                 if consumer.position(tp) >= end[tp]:
                     remaining.discard(tp)
