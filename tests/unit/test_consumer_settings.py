@@ -1,11 +1,7 @@
-"""Consumer settings, the dedup window rule, the command line, and the public surface."""
+"""Consumer settings, the dedup window rule and the public surface (the command line:
+test_consumer_cli.py)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +11,6 @@ from consumers import Consumer, ConsumerSettings, DeadLetter, RetryLater, Runner
 from dedup.window import check_window
 from outbox.errors import ConfigurationError, OutboxError
 
-ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400.0
 
 
@@ -56,61 +51,6 @@ class TestSettings:
     def test_backoff_doubles_up_to_its_maximum(self) -> None:
         s = ConsumerSettings(backoff_initial_seconds=0.5, backoff_max_seconds=3)
         assert [s.backoff(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 3.0]
-
-
-class TestCommandLine:
-    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_CONSUMER")}
-        return subprocess.run(
-            [sys.executable, "-m", "consumers", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            env={**environ, **env},
-            check=False,
-        )
-
-    def test_a_bad_setting_is_one_line_naming_env_and_flag_and_exit_2(self) -> None:
-        done = self.run("tests.e2e.consumer_app:app", OUTBOXKIT_CONSUMER_MAX_ATTEMPTS="zero")
-        assert done.returncode == 2
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1
-        assert "OUTBOXKIT_CONSUMER_MAX_ATTEMPTS" in lines[0]
-        assert "--max-attempts" in lines[0]
-
-    def test_a_bad_flag_value_is_one_line_and_exit_2(self) -> None:
-        done = self.run("tests.e2e.consumer_app:app", "--mode", "sometimes")
-        assert done.returncode == 2
-        assert len(done.stderr.strip().splitlines()) == 1
-        assert "invalid setting mode" in done.stderr
-
-    def test_an_app_path_that_is_not_a_consumer_is_one_line_and_exit_2(self) -> None:
-        done = self.run("os:path", OUTBOXKIT_CONSUMER_DATABASE_URL="postgresql://x@h/d")
-        assert done.returncode == 2
-        assert done.stderr.strip().splitlines() == [
-            "python -m consumers: 'os:path' is not a consumers.Consumer (got module)"
-        ]
-
-    def test_outbox_consume_is_registered_as_a_command(self) -> None:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "outbox.cli",
-                "consume",
-                "tests.e2e.consumer_app:app",
-                "--max-attempts",
-                "-1",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            check=False,
-        )
-        assert done.returncode == 2, done.stderr
-        assert "invalid setting max_attempts" in done.stderr
 
 
 class TestPublicSurface:

@@ -1,0 +1,107 @@
+"""The consumer's command line, run in this process (click's CliRunner for ``outbox``, the
+argparse ``main`` for ``python -m consumers``): help and errors name the command the user
+typed, never a bare ``consumers`` that runs nothing, and a bad setting is one line, exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from click.testing import CliRunner
+
+from consumers import cli
+from outbox.cli import main as outbox_main
+
+
+@dataclass
+class Ran:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(autouse=True)
+def as_a_user_runs_it(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No OUTBOXKIT_ variable of the test session, and the root logger put back afterwards
+    (the commands configure logging, as a process of their own would)."""
+    for name in [n for n in os.environ if n.startswith("OUTBOXKIT_")]:
+        monkeypatch.delenv(name)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+def outbox(*argv: str, **env: str) -> Ran:
+    result = CliRunner().invoke(outbox_main, list(argv), env=env)
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def python_m_consumers(*argv: str, **env: str) -> Ran:
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(argv))
+            except SystemExit as exc:  # argparse: --help, usage errors
+                code = int(exc.code or 0)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def test_outbox_consume_help_shows_outbox_consume() -> None:
+    done = outbox("consume", "--help")
+    assert done.code == 0, done.stderr
+    assert done.stdout.startswith("usage: outbox consume [-h]")
+    assert "module:attribute" in done.stdout
+    assert "--max-attempts" in done.stdout
+
+
+def test_python_m_consumers_help_shows_how_it_was_run() -> None:
+    done = python_m_consumers("--help")
+    assert done.code == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m consumers [-h]")
+
+
+def test_outbox_consume_without_an_app_names_outbox_consume() -> None:
+    missing = outbox("consume")
+    assert missing.code == 2
+    assert "usage: outbox consume" in missing.stderr
+    assert "outbox consume: error: the following arguments are required: app" in missing.stderr
+
+
+@pytest.mark.parametrize("run", [outbox, python_m_consumers], ids=["outbox", "python-m"])
+def test_an_app_path_that_is_not_a_consumer_is_one_line_naming_the_command_and_exit_2(
+    run: object,
+) -> None:
+    prog = "outbox consume" if run is outbox else "python -m consumers"
+    argv = ["consume", "os:path"] if run is outbox else ["os:path"]
+    done = run(*argv, OUTBOXKIT_CONSUMER_DATABASE_URL="postgresql://x@h/d")  # type: ignore[operator]
+    assert done.code == 2
+    assert done.stderr.strip().splitlines() == [
+        f"{prog}: 'os:path' is not a consumers.Consumer (got module)"
+    ]
+
+
+def test_a_bad_setting_is_one_line_naming_env_and_flag_and_exit_2() -> None:
+    done = python_m_consumers("tests.e2e.consumer_app:app", OUTBOXKIT_CONSUMER_MAX_ATTEMPTS="zero")
+    assert done.code == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "OUTBOXKIT_CONSUMER_MAX_ATTEMPTS" in lines[0]
+    assert "--max-attempts" in lines[0]
+
+
+@pytest.mark.parametrize("run", [outbox, python_m_consumers], ids=["outbox", "python-m"])
+def test_a_bad_flag_value_is_one_line_and_exit_2(run: object) -> None:
+    argv = ["tests.e2e.consumer_app:app", "--max-attempts", "-1"]
+    done = run(*(["consume", *argv] if run is outbox else argv))  # type: ignore[operator]
+    assert done.code == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "invalid setting max_attempts" in done.stderr
