@@ -116,6 +116,10 @@ def _parameters(
             f"handler {_name(handler)}: an annotation names something its module does not "
             f"define ({exc}); define the payload type at module level"
         ) from exc
+    except (TypeError, ValueError) as exc:  # not callable, or a builtin without a signature
+        raise ConfigurationError(
+            f"handler {_name(handler)} has no signature to read ({exc}); register a function"
+        ) from exc
     positional = [
         p for p in signature.parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)

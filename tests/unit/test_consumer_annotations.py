@@ -165,6 +165,9 @@ class TestRefused:
         assert "'Local' is not defined" in message
         assert "define the payload type at module level" in message
 
+    def test_something_without_a_signature_is_refused(self) -> None:
+        assert "has no signature to read" in refusal(42)
+
     def test_a_second_handler_for_a_topic_is_refused(self) -> None:
         app = Consumer("g")
         app.register("orders", takes_order)
