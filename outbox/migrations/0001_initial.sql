@@ -2,8 +2,8 @@
 --
 -- {schema} is replaced by the validated schema name (OutboxSettings.schema_name) before this
 -- file runs; outbox.migrate runs it in one transaction together with its schema_versions row.
--- outbox/tables.py describes the same tables; tests/integration/test_migrate_matches_metadata.py
--- proves the two agree, so change both together.
+-- outbox/tables.py describes the same tables; tests/integration/test_migrate.py
+-- (TestMigrationsMatchMetadata) proves the two agree, so change both together.
 
 CREATE SCHEMA IF NOT EXISTS {schema};
 

@@ -6,20 +6,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, inspect
+from sqlalchemy import Engine, event
 
-from outbox.tables import metadata, run_archive
+from outbox.tables import metadata
 
 
 @pytest.fixture
 def runs_engine(engine: Engine) -> Engine:
-    """The per-test engine on the migrated template database.
-
-    Until the migrations include ``run_archive`` (outbox/migrations/NOTES-runs.txt) the
-    table is created here from the metadata; once they do, this adds nothing.
-    """
-    if not inspect(engine).has_table(run_archive.name, schema=run_archive.schema):
-        metadata.create_all(engine, tables=[run_archive])
+    """The per-test engine on the migrated template database (the name the agent-run tests
+    use; the migrations create every run table, run_archive included)."""
     return engine
 
 
