@@ -47,7 +47,7 @@ class Lifecycle:
         self.is_ready = False
         self._log = log
         self._ready_gauge = ready_gauge
-        self._backoff = backoff
+        self.backoff = backoff
         self._stuck_after_s = stuck_after_s
         self._last_beat: float | None = None if alive_while_starting else time.monotonic()
         self._failures = 0
@@ -91,7 +91,7 @@ class Lifecycle:
     def back_off(self, reason: str) -> None:
         """Wait before trying again, longer after each failure in a row; a stop cuts it short."""
         self._failures += 1
-        delay = self._backoff.delay(self._failures)
+        delay = self.backoff.delay(self._failures)
         self._log.warning("%s; retrying in %.2f s", reason, delay,
                           extra={"event": f"{self.kind}.backoff"})
         self.stopping.wait(delay)

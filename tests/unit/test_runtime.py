@@ -9,10 +9,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from consumers import Consumer, Runner
+from consumers.settings import ConsumerSettings
 from outbox.backoff import Backoff
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.runtime import (
@@ -23,6 +26,8 @@ from outbox.runtime import (
     MetricFamilies,
     run_daemon,
 )
+from relay.daemon import Relay
+from relay.settings import RelaySettings
 
 log = logging.getLogger("tests.runtime")
 
@@ -118,6 +123,33 @@ class TestBackOff:
         started = time.monotonic()
         life.back_off("down")
         assert time.monotonic() - started < 0.9
+
+
+class TestTheDaemonsDelays:
+    """Moving onto one Backoff kept each daemon's delays: half to all of
+    ``min(max, initial * 2**failures)``, the consumer's initial at least 0.1 s."""
+
+    @staticmethod
+    def unjittered(backoff: Backoff, failures: int) -> list[float]:
+        return [replace(backoff, jitter=0.0).delay(n) for n in range(1, failures + 1)]
+
+    def test_the_relay(self) -> None:
+        settings = RelaySettings(database_url="postgresql://u@127.0.0.1:1/x",
+                                 kafka_bootstrap="127.0.0.1:1", backoff_initial_seconds=0.2,
+                                 backoff_max_seconds=1.0)
+        backoff = Relay(settings).lifecycle.backoff
+        assert self.unjittered(backoff, 5) == [0.2, 0.4, 0.8, 1.0, 1.0]
+        assert backoff.jitter == 0.5
+
+    def test_the_consumer_runner(self) -> None:
+        settings = ConsumerSettings(database_url="postgresql://u@127.0.0.1:1/x",
+                                    kafka_bootstrap="127.0.0.1:1", backoff_initial_seconds=0.0,
+                                    backoff_max_seconds=0.3)
+        app = Consumer("g", settings=settings)
+        app.register("t", lambda ctx, payload: None)
+        backoff = Runner(app).lifecycle.backoff
+        assert self.unjittered(backoff, 4) == [0.1, 0.2, 0.3, 0.3]
+        assert backoff.jitter == 0.5
 
 
 class TestHealthServer:
