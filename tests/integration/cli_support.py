@@ -1,21 +1,37 @@
-"""Running the `outbox` command line as a user does: a subprocess with a clean environment."""
+"""Running the `outbox` command line as a user types it, in this process (click's CliRunner:
+a Python process per command cost more than most of these tests), with no OUTBOXKIT_
+variable but the ones given. test_outbox_cli.py runs the command as a process of its own."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from dataclasses import dataclass
 
+from click.testing import CliRunner
 from sqlalchemy import Connection, text
 
-
-def outbox(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
-    return subprocess.run([sys.executable, "-m", "outbox.cli", *args], capture_output=True,
-                          text=True, timeout=60, env={**clean, **env}, check=False)
+from outbox.cli import main
 
 
-def one_line(result: subprocess.CompletedProcess[str]) -> str:
+@dataclass
+class Ran:
+    """What a command left: its exit status and output, named as subprocess names them."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def outbox(*args: str, **env: str) -> Ran:
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OUTBOXKIT_")}
+    result = CliRunner().invoke(main, list(args), env={**unset, **env})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        # A user would see this traceback: it fails the test as itself, not as a wrong line.
+        raise result.exception
+    return Ran(result.exit_code, result.stdout, result.stderr)
+
+
+def one_line(result: Ran) -> str:
     """The error a command printed, asserting it is a single line."""
     assert result.stderr.count("\n") == 1, result.stderr
     return result.stderr
