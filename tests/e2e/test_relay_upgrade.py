@@ -17,7 +17,7 @@ from sqlalchemy import Engine, create_engine, text
 from outbox.dsn import sqlalchemy_url
 from outbox.emit import emit
 from outbox.envelope import Envelope
-from outbox.migrate import _record_sql, migrations
+from outbox.migrate import _literal, _record, migrations
 from tests.e2e.conftest import RelayProcesses, read_topic, wait_until
 from tests.integration.databases import fresh_database
 
@@ -32,7 +32,7 @@ def old_database(postgres_dsn: str) -> Iterator[str]:
             for m in migrations()[:BEFORE_THE_LOG]:
                 with conn.transaction():
                     conn.execute(m.sql("outboxkit"))  # type: ignore[arg-type]
-                    conn.execute(_record_sql("outboxkit", m))  # type: ignore[arg-type]
+                    conn.execute(_literal(_record("outboxkit", m)))  # type: ignore[arg-type]
         yield url
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -10,11 +9,13 @@ import pytest
 from tests.integration.cli_support import one_line, outbox
 from tests.integration.databases import fresh_database
 
+# Fixed ids: parallel test workers must collect the same test names.
+RUN_ID = "3431dabb-7d91-41a5-b9f8-12a3f37fe7b9"
 COMMANDS = [
-    ("runs", "show", str(uuid.uuid4())),
+    ("runs", "show", RUN_ID),
     ("messages", "retry", "--all-failed"),
     ("dlq", "list"),
-    ("ops", "resolve", str(uuid.uuid4()), "--not-applied", "--reason", "r", "--actor", "a"),
+    ("ops", "resolve", RUN_ID, "--not-applied", "--reason", "r", "--actor", "a"),
     ("purge", "--dry-run"),
 ]
 
