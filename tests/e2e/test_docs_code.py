@@ -9,7 +9,8 @@ block that goes on from the one before it in its file says so right above it,
 cannot run at all (a part of someone else's file) says so too, ``<!-- not-run: why -->``,
 and ``NOT_RUN`` below counts them, so they stay few. Running proves little about a
 function's body that no block calls, so every name a block uses must also be defined or
-imported (pyflakes' undefined-name check, through ruff).
+imported (pyflakes' undefined-name check, through ruff). A block that defines ``test_``
+functions runs under pytest, with the fixtures of outboxkit's plugin.
 
 Shell blocks are checked against the command line: every ``outbox ...`` command they (and
 the prose's inline code) show exists, with every ``--option`` shown.
@@ -44,6 +45,7 @@ NOT_RUN = {
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _NOT_RUN = re.compile(r"^<!-- not-run: (.+?) -->$")
 _AFTER = "<!-- after the block above -->"
+_TESTS = re.compile(r"^(?:async )?def test_", re.M)
 
 
 @dataclass(frozen=True)
@@ -103,17 +105,21 @@ SHELL = [block for block in ALL_BLOCKS if block.language in {"sh", "bash", "shel
 
 @pytest.mark.parametrize("block", [b for b in PYTHON if b.not_run is None],
                          ids=lambda block: block.where)
-def test_the_python_block_runs(block: Block, database_url: str, kafka_bootstrap: str,
-                               tmp_path: Path) -> None:
+def test_the_python_block_runs(block: Block, postgres_dsn: str, database_url: str,
+                               kafka_bootstrap: str, tmp_path: Path) -> None:
     # The addresses the docs show, and what stands for them here.
     code = (block.script
             .replace("postgresql+psycopg://app@db/app", sqlalchemy_url(database_url))
             .replace("127.0.0.1:9092", kafka_bootstrap))
-    script = tmp_path / "block.py"
+    script = tmp_path / "test_block.py"
     script.write_text(code)
     env = {**os.environ, "OUTBOXKIT_DATABASE_URL": database_url,
-           "OUTBOXKIT_KAFKA_BOOTSTRAP": kafka_bootstrap}
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+           "OUTBOXKIT_KAFKA_BOOTSTRAP": kafka_bootstrap,
+           "OUTBOXKIT_TEST_DATABASE_URL": postgres_dsn,
+           "OUTBOXKIT_TEST_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    # A block that shows tests of your own runs under pytest, with outboxkit's plugin.
+    runner = ["-m", "pytest", "-q", "-p", "no:cacheprovider"] if _TESTS.search(code) else []
+    result = subprocess.run([sys.executable, *runner, str(script)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, (
         f"the block at {block.where} failed:\n{result.stdout}{result.stderr}"
