@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Insert, Select, cast, func, insert, literal, null, select, update
+from sqlalchemy import Insert, Select, Update, cast, func, insert, literal, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
@@ -175,13 +175,17 @@ def event_insert(
     )
 
 
-def _returning_event(changed: Any, kind: str, outcome: str, detail: Any,
-                     actor: str | None) -> Insert:
-    return insert(events).from_select(
+def _with_event(write: Insert | Update, kind: str, outcome: str, detail: Any,
+                actor: str | None) -> Select[Any]:
+    """*write* (an insert or update of one operation) and its event as one statement that
+    returns the operation's row: the event is written only when *write* touched a row."""
+    changed = write.returning(*ops.c).cte("changed")
+    event = insert(events).from_select(
         ["operation_id", "kind", "outcome", "detail", "actor"],
         select(changed.c.id, literal(kind), literal(outcome),
                cast(null(), JSONB) if detail is None else json_value(detail), literal(actor)),
     )
+    return select(changed).add_cte(event.cte("hist"))
 
 
 def _single(stmt: Any) -> Plan[Rows]:
@@ -227,12 +231,9 @@ def begin_plan(
             next_check_at=func.now() + timedelta(seconds=in_flight_grace),
         )
         .on_conflict_do_nothing(index_elements=[ops.c.idempotency_key])
-        .returning(*ops.c)
-        .cte("inserted")
     )
-    hist = _returning_event(inserted, "intent", OperationStatus.PENDING.value,
-                            {"request_digest": digest}, actor)
-    rows = yield select(inserted).add_cte(hist.cte("hist"))
+    rows = yield _with_event(inserted, "intent", OperationStatus.PENDING.value,
+                             {"request_digest": digest}, actor)
     if rows:
         return Intent(Operation.from_row(rows[0]), created=True)
     # A fresh statement (fresh snapshot) sees a concurrent begin's row once it committed.
@@ -393,12 +394,9 @@ def mark_unknown_plan(
             next_check_at=func.now() + timedelta(seconds=check_in),
             version=ops.c.version + 1, updated_at=func.now(),
         )
-        .returning(*ops.c)
-        .cte("changed")
     )
-    hist = _returning_event(changed, "call", OperationStatus.UNKNOWN.value,
-                            {"reason": reason}, actor)
-    rows = yield select(changed).add_cte(hist.cte("hist"))
+    rows = yield _with_event(changed, "call", OperationStatus.UNKNOWN.value,
+                             {"reason": reason}, actor)
     if rows:
         return Operation.from_row(rows[0])
     return (yield from get_operation_plan(operation_id))
