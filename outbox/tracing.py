@@ -122,8 +122,7 @@ def _current_span(
     assert api is not None
     with found.start_as_current_span(
         name,
-        context=None if parent is None else _extract(api, parent),
-        kind=api.kinds[kind],
+        **_placement(api, kind, parent),
         links=_links(api, links),
         record_exception=False,
         set_status_on_exception=False,
@@ -149,11 +148,7 @@ def start_detached(
         return None
     api = _api()
     assert api is not None
-    return found.start_span(
-        name,
-        context=None if parent is None else _extract(api, parent),
-        kind=api.kinds[kind],
-    )
+    return found.start_span(name, **_placement(api, kind, parent))
 
 
 def set_attributes(span: Any | None, attributes: Mapping[str, Any]) -> None:
@@ -196,6 +191,11 @@ def trace_headers(span: Any | None = None) -> dict[str, str]:
     context = None if span is None else api.trace.set_span_in_context(span)
     api.propagator.inject(carrier, context=context)
     return carrier
+
+
+def _placement(api: _Api, kind: SpanKind, parent: Headers | None) -> dict[str, Any]:
+    """A new span's kind and parent context: *parent*'s when given, else the current span."""
+    return {"context": None if parent is None else _extract(api, parent), "kind": api.kinds[kind]}
 
 
 def _extract(api: _Api, headers: Headers) -> Any:
