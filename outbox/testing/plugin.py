@@ -78,36 +78,47 @@ class _Services:
         return self._local
 
     def postgres(self) -> str:
-        if url := os.environ.get("OUTBOXKIT_TEST_DATABASE_URL"):
-            return url
-        if self._use_docker():
-            from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
-
-            container = PostgresContainer("postgres:16", driver=None).start()
-            self._containers.append(container)
-            return str(container.get_connection_url())
-        local = self._local_services()
-        was_running = local.status()["postgres"] is not None
-        cluster = local.start_postgres()
-        if not was_running:
-            self._started_here.append("postgres")
-        return str(cluster.dsn)
+        return self._endpoint(
+            "postgres", "OUTBOXKIT_TEST_DATABASE_URL", self._postgres_container,
+            lambda local: str(local.start_postgres().dsn),
+        )
 
     def kafka(self) -> str:
-        if bootstrap := os.environ.get("OUTBOXKIT_TEST_KAFKA_BOOTSTRAP"):
-            return bootstrap
-        if self._use_docker():
-            from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+        return self._endpoint(
+            "kafka", "OUTBOXKIT_TEST_KAFKA_BOOTSTRAP", self._kafka_container,
+            lambda local: str(local.start_kafka().bootstrap),
+        )
 
-            container = KafkaContainer("apache/kafka:4.1.1").with_kraft().start()
-            self._containers.append(container)
-            return str(container.get_bootstrap_server())
+    def _endpoint(
+        self, name: str, variable: str, container: Callable[[], str],
+        start_local: Callable[[Any], str],
+    ) -> str:
+        """The service's address, in the order the module docstring gives. A local process is
+        stopped at the end of the session only if this session started it."""
+        if address := os.environ.get(variable):
+            return address
+        if self._use_docker():
+            return container()
         local = self._local_services()
-        was_running = local.status()["kafka"] is not None
-        broker = local.start_kafka()
+        was_running = local.status()[name] is not None
+        address = start_local(local)
         if not was_running:
-            self._started_here.append("kafka")
-        return str(broker.bootstrap)
+            self._started_here.append(name)
+        return address
+
+    def _postgres_container(self) -> str:
+        from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+
+        container = PostgresContainer("postgres:16", driver=None).start()
+        self._containers.append(container)
+        return str(container.get_connection_url())
+
+    def _kafka_container(self) -> str:
+        from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+
+        container = KafkaContainer("apache/kafka:4.1.1").with_kraft().start()
+        self._containers.append(container)
+        return str(container.get_bootstrap_server())
 
     def close(self) -> None:
         for container in self._containers:
