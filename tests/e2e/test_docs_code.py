@@ -23,15 +23,18 @@ import os
 import re
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import psycopg
 import pytest
 from click.testing import CliRunner
 
 from outbox.cli import main as outbox_cli
-from outbox.dsn import sqlalchemy_url
+from outbox.dsn import sqlalchemy_url, with_database
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -103,15 +106,50 @@ PYTHON = [block for block in ALL_BLOCKS if block.language.startswith("py")]
 SHELL = [block for block in ALL_BLOCKS if block.language in {"sh", "bash", "shell", "console"}]
 
 
-@pytest.mark.parametrize("block", [b for b in PYTHON if b.not_run is None],
-                         ids=lambda block: block.where)
-def test_the_python_block_runs(block: Block, postgres_dsn: str, database_url: str,
-                               kafka_bootstrap: str, tmp_path: Path) -> None:
+RUNNABLE = [block for block in PYTHON if block.not_run is None]
+
+
+@pytest.fixture(scope="module")
+def started_blocks(request: pytest.FixtureRequest, postgres_dsn: str, outboxkit_template: str,
+                   kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
+                   ) -> Iterator[dict[str, tuple[subprocess.Popen[bytes], Path]]]:
+    """Every selected block, started at once, each on a fresh migrated database: most of
+    their time is waiting (imports, Kafka's group protocol, the reproductions' own
+    timeouts), so together they take about as long as the slowest one."""
+    selected = {getattr(item, "callspec").params["block"].where  # noqa: B009 - not on Item
+                for item in request.session.items
+                if getattr(item, "originalname", "") == "test_the_python_block_runs"}
+    started: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    databases: list[str] = []
+    try:
+        for block in (b for b in RUNNABLE if b.where in selected):
+            name = f"t_docs_{uuid.uuid4().hex[:10]}"
+            _admin(postgres_dsn, f'CREATE DATABASE "{name}" TEMPLATE "{outboxkit_template}"')
+            databases.append(name)
+            started[block.where] = _start(block, postgres_dsn, with_database(postgres_dsn, name),
+                                          kafka_bootstrap, tmp_path_factory.mktemp("block"))
+        yield started
+    finally:
+        for process, _ in started.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        for name in databases:
+            _admin(postgres_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _admin(dsn: str, statement: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement.encode())  # our own uuid-based database names
+
+
+def _start(block: Block, postgres_dsn: str, database_url: str, kafka_bootstrap: str,
+           directory: Path) -> tuple[subprocess.Popen[bytes], Path]:
     # The addresses the docs show, and what stands for them here.
     code = (block.script
             .replace("postgresql+psycopg://app@db/app", sqlalchemy_url(database_url))
             .replace("127.0.0.1:9092", kafka_bootstrap))
-    script = tmp_path / "test_block.py"
+    script = directory / "test_block.py"
     script.write_text(code)
     env = {**os.environ, "OUTBOXKIT_DATABASE_URL": database_url,
            "OUTBOXKIT_KAFKA_BOOTSTRAP": kafka_bootstrap,
@@ -119,10 +157,25 @@ def test_the_python_block_runs(block: Block, postgres_dsn: str, database_url: st
            "OUTBOXKIT_TEST_KAFKA_BOOTSTRAP": kafka_bootstrap}
     # A block that shows tests of your own runs under pytest, with outboxkit's plugin.
     runner = ["-m", "pytest", "-q", "-p", "no:cacheprovider"] if _TESTS.search(code) else []
-    result = subprocess.run([sys.executable, *runner, str(script)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, (
-        f"the block at {block.where} failed:\n{result.stdout}{result.stderr}"
+    output = directory / "output.txt"
+    with output.open("wb") as sink:  # a file, not a pipe: nobody reads until the block ends
+        process = subprocess.Popen([sys.executable, *runner, str(script)], cwd=directory,
+                                   env=env, stdout=sink, stderr=subprocess.STDOUT)
+    return process, output
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda block: block.where)
+def test_the_python_block_runs(
+    block: Block, started_blocks: dict[str, tuple[subprocess.Popen[bytes], Path]]
+) -> None:
+    process, output = started_blocks[block.where]
+    try:
+        process.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, (
+        f"the block at {block.where} failed:\n{output.read_text(errors='replace')}"
     )
 
 
