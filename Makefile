@@ -20,15 +20,18 @@ lint: bootstrap
 # and child processes; each has its own database and topics). Tests where the Kafka client
 # matters run with both clients (the kafka_client fixture in tests/conftest.py). The local
 # services start here, before the workers, so that the workers do not race to start them;
-# they are stopped afterwards unless they were already running (or given through
-# OUTBOXKIT_TEST_DATABASE_URL / OUTBOXKIT_TEST_KAFKA_BOOTSTRAP). PYTEST_ARGS=... passes more.
+# they are stopped afterwards unless they were already running. A service given through
+# OUTBOXKIT_TEST_DATABASE_URL / OUTBOXKIT_TEST_KAFKA_BOOTSTRAP is used as given.
+# PYTEST_ARGS=... passes more to pytest.
 WORKERS ?= 4
 test: lint
 	@set -e; \
-	if [ -z "$$OUTBOXKIT_TEST_DATABASE_URL$$OUTBOXKIT_TEST_KAFKA_BOOTSTRAP" ]; then \
+	if [ -z "$$OUTBOXKIT_TEST_DATABASE_URL" ] || [ -z "$$OUTBOXKIT_TEST_KAFKA_BOOTSTRAP" ]; then \
 	  $(SERVICES) status >/dev/null 2>&1 || trap '$(SERVICES) down' EXIT; \
 	  found=$$($(SERVICES) up); \
-	  eval "$$(echo "$$found" | grep '^export OUTBOXKIT_TEST_')"; \
+	  given() { echo "$$found" | sed -n "s/^export $$1=//p"; }; \
+	  export OUTBOXKIT_TEST_DATABASE_URL="$${OUTBOXKIT_TEST_DATABASE_URL:-$$(given OUTBOXKIT_TEST_DATABASE_URL)}"; \
+	  export OUTBOXKIT_TEST_KAFKA_BOOTSTRAP="$${OUTBOXKIT_TEST_KAFKA_BOOTSTRAP:-$$(given OUTBOXKIT_TEST_KAFKA_BOOTSTRAP)}"; \
 	fi; \
 	$(VENV)/pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
