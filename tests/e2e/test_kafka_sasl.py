@@ -32,7 +32,8 @@ from tests.e2e.consumer_support import (
     scrape,
 )
 
-pytestmark = pytest.mark.usefixtures("kafka_client")
+# One worker for the module under pytest-xdist: its broker (a module fixture) starts once.
+pytestmark = [pytest.mark.usefixtures("kafka_client"), pytest.mark.xdist_group("kafka-sasl")]
 
 USER, PASSWORD = "relay", "relay-Secret-9"
 
