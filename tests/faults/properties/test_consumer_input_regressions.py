@@ -24,7 +24,7 @@ from outbox.kafka import RecordTooLarge
 from outbox.schema import translate
 from outbox.settings import OutboxSettings
 from tests.e2e.consumer_support import settings
-from tests.faults.properties.consumer_app import EFFECTS_DDL, Order, handle
+from tests.faults.properties.consumer_app import EFFECTS_DDL, handle
 
 TOPIC = "orders"
 
