@@ -1,4 +1,5 @@
-"""The `outbox` command line as a user runs it, against the real PostgreSQL."""
+"""The `outbox` command line as a user runs it, against the real PostgreSQL: once as a process
+of its own (the migrate test), the rest in this process (cli_support.outbox)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from sqlalchemy import Engine, text
 from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.migrate import latest_version
-from tests.integration.cli_support import refuse
+from tests.integration.cli_support import outbox, refuse
 from tests.integration.databases import fresh_database
 
 
-def outbox(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def outbox_process(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
     return subprocess.run([sys.executable, "-m", "outbox.cli", *args], capture_output=True,
                           text=True, timeout=60, env={**clean, **env}, check=False)
@@ -25,16 +26,16 @@ def outbox(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_migrate_dry_run_prints_sql_then_migrate_applies_it_once(postgres_dsn: str) -> None:
     with fresh_database(postgres_dsn) as url:
-        dry = outbox("migrate", "--dry-run", "--database-url", url)
+        dry = outbox_process("migrate", "--dry-run", "--database-url", url)
         assert dry.returncode == 0, dry.stderr
         assert "CREATE TABLE outboxkit.agent_runs" in dry.stdout
         with psycopg.connect(url) as conn:  # the dry run changed nothing
             assert conn.execute("SELECT to_regclass('outboxkit.agent_runs')").fetchone() == (None,)
-        first = outbox("migrate", OUTBOXKIT_DATABASE_URL=url)
+        first = outbox_process("migrate", OUTBOXKIT_DATABASE_URL=url)
         assert first.returncode == 0, first.stderr
         expected = list(range(1, latest_version() + 1))
         assert f"applied migrations {expected}" in first.stdout
-        again = outbox("migrate", OUTBOXKIT_DATABASE_URL=url)
+        again = outbox_process("migrate", OUTBOXKIT_DATABASE_URL=url)
         assert again.stdout.strip() == "schema is up to date"
 
 
