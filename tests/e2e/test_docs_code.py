@@ -109,33 +109,56 @@ SHELL = [block for block in ALL_BLOCKS if block.language in {"sh", "bash", "shel
 RUNNABLE = [block for block in PYTHON if block.not_run is None]
 
 
-@pytest.fixture(scope="module")
-def started_blocks(request: pytest.FixtureRequest, postgres_dsn: str, outboxkit_template: str,
-                   kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory,
-                   ) -> Iterator[dict[str, tuple[subprocess.Popen[bytes], Path]]]:
-    """Every selected block, started at once, each on a fresh migrated database: most of
-    their time is waiting (imports, Kafka's group protocol, the reproductions' own
-    timeouts), so together they take about as long as the slowest one."""
-    selected = {getattr(item, "callspec").params["block"].where  # noqa: B009 - not on Item
-                for item in request.session.items
-                if getattr(item, "originalname", "") == "test_the_python_block_runs"}
-    started: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
-    databases: list[str] = []
-    try:
-        for block in (b for b in RUNNABLE if b.where in selected):
-            name = f"t_docs_{uuid.uuid4().hex[:10]}"
-            _admin(postgres_dsn, f'CREATE DATABASE "{name}" TEMPLATE "{outboxkit_template}"')
-            databases.append(name)
-            started[block.where] = _start(block, postgres_dsn, with_database(postgres_dsn, name),
-                                          kafka_bootstrap, tmp_path_factory.mktemp("block"))
-        yield started
-    finally:
-        for process, _ in started.values():
+class _Blocks:
+    """Runs blocks, each in its own process on a fresh migrated database."""
+
+    def __init__(self, postgres_dsn: str, template: str, kafka_bootstrap: str,
+                 directories: pytest.TempPathFactory) -> None:
+        self.postgres_dsn, self.template = postgres_dsn, template
+        self.kafka_bootstrap, self.directories = kafka_bootstrap, directories
+        self.started: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+        self.databases: list[str] = []
+
+    def start(self, block: Block) -> None:
+        if block.where in self.started:
+            return
+        name = f"t_docs_{uuid.uuid4().hex[:10]}"
+        _admin(self.postgres_dsn, f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self.databases.append(name)
+        self.started[block.where] = _start(
+            block, self.postgres_dsn, with_database(self.postgres_dsn, name),
+            self.kafka_bootstrap, self.directories.mktemp("block"),
+        )
+
+    def close(self) -> None:
+        for process, _ in self.started.values():
             if process.poll() is None:
                 process.kill()
             process.wait()
-        for name in databases:
-            _admin(postgres_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for name in self.databases:
+            _admin(self.postgres_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def blocks(request: pytest.FixtureRequest, postgres_dsn: str, outboxkit_template: str,
+           kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Blocks]:
+    """In one process, every selected block starts at once: most of their time is waiting
+    (imports, Kafka's group protocol, the reproductions' own timeouts), so together they
+    take about as long as the slowest one. Under pytest-xdist each test starts its own
+    block, as the workers already run tests side by side (a worker cannot tell which of
+    the blocks it will be given)."""
+    runner = _Blocks(postgres_dsn, outboxkit_template, kafka_bootstrap, tmp_path_factory)
+    try:
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            selected = {getattr(item, "callspec").params["block"].where  # noqa: B009
+                        for item in request.session.items
+                        if getattr(item, "originalname", "") == "test_the_python_block_runs"}
+            for block in RUNNABLE:
+                if block.where in selected:
+                    runner.start(block)
+        yield runner
+    finally:
+        runner.close()
 
 
 def _admin(dsn: str, statement: str) -> None:
@@ -165,10 +188,9 @@ def _start(block: Block, postgres_dsn: str, database_url: str, kafka_bootstrap: 
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda block: block.where)
-def test_the_python_block_runs(
-    block: Block, started_blocks: dict[str, tuple[subprocess.Popen[bytes], Path]]
-) -> None:
-    process, output = started_blocks[block.where]
+def test_the_python_block_runs(block: Block, blocks: _Blocks) -> None:
+    blocks.start(block)
+    process, output = blocks.started[block.where]
     try:
         process.wait(timeout=180)
     except subprocess.TimeoutExpired:
