@@ -33,7 +33,7 @@ test: lint
 	  export OUTBOXKIT_TEST_DATABASE_URL="$${OUTBOXKIT_TEST_DATABASE_URL:-$$(given OUTBOXKIT_TEST_DATABASE_URL)}"; \
 	  export OUTBOXKIT_TEST_KAFKA_BOOTSTRAP="$${OUTBOXKIT_TEST_KAFKA_BOOTSTRAP:-$$(given OUTBOXKIT_TEST_KAFKA_BOOTSTRAP)}"; \
 	fi; \
-	$(VENV)/pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/pytest -n $(WORKERS) --dist load $(PYTEST_ARGS)
 
 # The benchmark suite on throwaway services: a table, bench/results/latest.json, two SVGs.
 # Minutes long; run it on a quiet machine. bench-quick is a one-minute smoke run.
