@@ -8,6 +8,7 @@ start when a kafka-python release moved what it patches.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,8 @@ from outbox.kafka.api import (
     UnreadableRecord,
 )
 from outbox.kafka.partitioner import CachedKeyPartitioner
+
+log = logging.getLogger(__name__)
 
 # kafka-python backs reconnects off up to 30 s: after a broker restart a daemon would sit
 # idle that long. Every 2 s at most is cheap and recovers promptly.
@@ -292,6 +295,15 @@ class KafkaPythonConsumer:
             polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except kafka_errors.CorruptRecordError as exc:
             raise self._unreadable(exc) from exc
+        except kafka_errors.KafkaError as exc:
+            if not exc.retriable:
+                raise
+            # kafka-python 3.0 raises a lost broker (ECONNREFUSED while it looks for the group
+            # coordinator) out of poll; librdkafka waits it out. A broker outage is not the
+            # consumer's end: nothing this time, after the poll's wait, and poll again.
+            log.warning("Kafka poll failed, retrying: %s", exc)
+            time.sleep(min(timeout_ms, 1000) / 1000)
+            return []
         if len(polled) == 1:
             return next(iter(polled.values()))
         return [r for batch in polled.values() for r in batch]
