@@ -204,8 +204,7 @@ def _prepare(
     envelope: Envelope, lease: Lease | None, settings: OutboxSettings
 ) -> tuple[str, dict[str, Any]]:
     """:func:`emit`'s statement and its parameters."""
-    name = "emit_fenced" if lease is not None else "emit"
-    return driver_sql("outbox", name, settings.schema_name), _message(
+    return driver_sql("outbox", "emit", settings.schema_name), _message(
         envelope, lease, settings
     ) | _common(lease, settings)
 
@@ -258,17 +257,14 @@ def _translated(exc: ProgrammingError, settings: OutboxSettings | None) -> Excep
 
 def _common(lease: Lease | None, settings: OutboxSettings) -> dict[str, Any]:
     """The parameters every statement shares: the wake-up's, and the lease's fence."""
-    params: dict[str, Any] = {
+    return {
         "channel": settings.notify_channel,
         "idle_seconds": settings.relay_idle_seconds,
+        # No lease: a NULL run id, and the statements skip their fence.
+        "fence_run_id": lease.run_id if lease is not None else None,
+        "lease_token": lease.token if lease is not None else None,
+        "lease_version": lease.version if lease is not None else None,
     }
-    if lease is not None:
-        params |= {
-            "fence_run_id": lease.run_id,
-            "lease_token": lease.token,
-            "lease_version": lease.version,
-        }
-    return params
 
 
 def _batch(
@@ -309,8 +305,7 @@ def _batch(
         "headers": [m["headers"] for m in rows],
         "run_ids": [m["run_id"] for m in rows],
     }
-    name = "emit_many_fenced" if lease is not None else "emit_many"
-    return driver_sql("outbox", name, settings.schema_name), params
+    return driver_sql("outbox", "emit_many", settings.schema_name), params
 
 
 def _batch_outcome(

@@ -5,39 +5,13 @@
 -- outbox.queries.quote_identifier. Parameters: `%(name)s` for driver SQL, `:name` for text().
 
 -- name: emit
--- outbox.emit's one statement (see outbox/emit.py's docstring): the per-key lock, the INSERT
--- and the wake-up in one round trip. Driver SQL (psycopg placeholders): it skips
--- SQLAlchemy's statement compilation and result adaptation, which cost more than the round
--- trip itself.
-WITH
-ordered AS MATERIALIZED (
-    -- NULL key: pg_advisory_xact_lock is strict, so no lock is taken.
-    SELECT pg_advisory_xact_lock(CAST(%(lock_key)s AS bigint))
-),
-inserted AS (
-    INSERT INTO {schema}.outbox_messages
-        (message_id, topic, key, lane, message_type, payload, headers, run_id)
-    SELECT CAST(%(message_id)s AS uuid), CAST(%(topic)s AS text), CAST(%(key)s AS bytea),
-           CAST(%(lane)s AS integer), CAST(%(type)s AS text), CAST(%(payload)s AS bytea),
-           CAST(%(headers)s AS jsonb), CAST(%(run_id)s AS uuid)
-    FROM ordered  -- the lock is held before the row's id is drawn
-    ON CONFLICT (message_id) DO NOTHING
-    RETURNING id, lane
-),
-woken AS (
-    SELECT pg_notify(CAST(%(channel)s AS text), CAST(inserted.lane AS text)) FROM inserted
-    WHERE EXISTS (
-        SELECT 1 FROM {schema}.relays
-        WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
-    )
-)
-SELECT true AS fenced,
-       (SELECT id FROM inserted) AS id,
-       (SELECT count(*) FROM woken) AS woken
-
--- name: emit_fenced
--- emit with a lease: the run row must still carry its token and version; FOR SHARE holds it
--- so until commit, so a takeover waits for this transaction instead of racing it.
+-- outbox.emit's one statement (see outbox/emit.py's docstring): the lease's fence, the
+-- per-key lock, the INSERT and the wake-up in one round trip. Without a lease fence_run_id
+-- is NULL and the fence is never read (the OR stops first); with one, the run row must
+-- still carry its token and version, and FOR SHARE holds it so until commit, so a takeover
+-- waits for this transaction instead of racing it. Driver SQL (psycopg placeholders): it
+-- skips SQLAlchemy's statement compilation and result adaptation, which cost more than the
+-- round trip itself.
 WITH
 fence AS MATERIALIZED (
     SELECT 1 FROM {schema}.agent_runs
@@ -57,7 +31,7 @@ inserted AS (
            CAST(%(lane)s AS integer), CAST(%(type)s AS text), CAST(%(payload)s AS bytea),
            CAST(%(headers)s AS jsonb), CAST(%(run_id)s AS uuid)
     FROM ordered  -- the lock is held before the row's id is drawn
-    WHERE EXISTS (SELECT 1 FROM fence)
+    WHERE CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence)
     ON CONFLICT (message_id) DO NOTHING
     RETURNING id, lane
 ),
@@ -68,7 +42,7 @@ woken AS (
         WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
     )
 )
-SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
+SELECT CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence) AS fenced,
        (SELECT id FROM inserted) AS id,
        (SELECT count(*) FROM woken) AS woken
 
@@ -76,7 +50,15 @@ SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
 -- outbox.emit_many's one statement: emit's promises for a whole batch (the reasons for each
 -- part are in outbox.emit._batch's docstring). Arrays go in binary (%(x)b): psycopg's text
 -- format escapes every bytea and JSON string, which cost more than the INSERT itself.
+-- The lease's fence as in emit (NULL fence_run_id: no lease, the fence is never read).
 WITH
+fence AS MATERIALIZED (
+    SELECT 1 FROM {schema}.agent_runs
+    WHERE id = CAST(%(fence_run_id)s AS uuid)
+      AND lease_token = CAST(%(lease_token)s AS bigint)
+      AND version = CAST(%(lease_version)s AS bigint)
+    FOR SHARE
+),
 locked AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(l.lock_key)
     FROM unnest(CAST(%(locks)b AS bigint[])) WITH ORDINALITY AS l(lock_key, ord)
@@ -95,6 +77,7 @@ inserted AS (
     ) WITH ORDINALITY
         AS m(message_id, topic, key, lane, message_type, payload, headers, run_id, ord)
     WHERE (SELECT count(*) FROM locked) >= 0
+      AND (CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence))
     ORDER BY m.ord
     ON CONFLICT (message_id) DO NOTHING
     RETURNING lane
@@ -107,51 +90,7 @@ woken AS (
         WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
     )
 )
-SELECT true AS fenced,
-       (SELECT count(*) FROM inserted) AS inserted,
-       (SELECT count(*) FROM woken) AS woken
-
--- name: emit_many_fenced
--- emit_many with a lease (the fence as in emit_fenced).
-WITH
-fence AS MATERIALIZED (
-    SELECT 1 FROM {schema}.agent_runs
-    WHERE id = CAST(%(fence_run_id)s AS uuid)
-      AND lease_token = CAST(%(lease_token)s AS bigint)
-      AND version = CAST(%(lease_version)s AS bigint)
-    FOR SHARE
-),
-locked AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock(l.lock_key)
-    FROM unnest(CAST(%(locks)b AS bigint[])) WITH ORDINALITY AS l(lock_key, ord)
-    ORDER BY l.ord
-),
-inserted AS (
-    INSERT INTO {schema}.outbox_messages
-        (message_id, topic, key, lane, message_type, payload, headers, run_id)
-    SELECT m.message_id, m.topic, m.key, m.lane, m.message_type, m.payload,
-           CAST(m.headers AS jsonb), m.run_id
-    FROM unnest(
-        CAST(%(message_ids)b AS uuid[]), CAST(%(topics)b AS text[]),
-        CAST(%(keys)b AS bytea[]), CAST(%(lanes)b AS integer[]),
-        CAST(%(types)b AS text[]), CAST(%(payloads)b AS bytea[]),
-        CAST(%(headers)b AS text[]), CAST(%(run_ids)b AS uuid[])
-    ) WITH ORDINALITY
-        AS m(message_id, topic, key, lane, message_type, payload, headers, run_id, ord)
-    WHERE (SELECT count(*) FROM locked) >= 0 AND EXISTS (SELECT 1 FROM fence)
-    ORDER BY m.ord
-    ON CONFLICT (message_id) DO NOTHING
-    RETURNING lane
-),
-woken AS (
-    SELECT pg_notify(CAST(%(channel)s AS text), CAST(lanes.lane AS text))
-    FROM (SELECT DISTINCT lane FROM inserted) AS lanes
-    WHERE EXISTS (
-        SELECT 1 FROM {schema}.relays
-        WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
-    )
-)
-SELECT EXISTS (SELECT 1 FROM fence) AS fenced,
+SELECT CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence) AS fenced,
        (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM woken) AS woken
 

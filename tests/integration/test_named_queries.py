@@ -63,7 +63,7 @@ def test_the_packages_name_their_queries() -> None:
     """The probe below sees every query file (an empty list would prove nothing)."""
     found = named()
     assert ("relay", "claim_messages") in found
-    assert ("outbox", "emit_many_fenced") in found
+    assert ("outbox", "emit_many") in found
     assert ("dedup", "insert_marks") in found
 
 
