@@ -8,7 +8,7 @@ the caller's transaction. Nothing here commits. The asyncio twin of ``outbox.X``
 
 from outbox.approvals import Approval, ApprovalCheck, grant, request_approval, revalidate, revoke
 from outbox.artifacts import ArtifactRef, load_artifact, store_artifact
-from outbox.confirm import apply_confirmation
+from outbox.confirm import Confirmation, apply_confirmation, confirmations
 from outbox.emit import emit, emit_many
 from outbox.envelope import Envelope
 from outbox.errors import (
@@ -61,6 +61,7 @@ __all__ = [
     "CheckpointTooLarge",
     "ClaimedRun",
     "ConfigurationError",
+    "Confirmation",
     "Envelope",
     "EvidenceRequired",
     "IllegalTransition",
@@ -88,6 +89,7 @@ __all__ = [
     "apply_confirmation",
     "check_schema",
     "claim",
+    "confirmations",
     "emit",
     "emit_many",
     "get_run",

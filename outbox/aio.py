@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import approvals, artifacts, retry, runs, steps, workflows
 from outbox.checkpoints import KEEP, bounded
-from outbox.confirm import Outcome, confirmation_plan
+from outbox.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
 from outbox.emit import _emit_async, _emit_many_async
 from outbox.envelope import Envelope
 from outbox.execution import AsyncConn, run_plan_async
@@ -38,6 +38,7 @@ __all__ = [
     "AsyncClaimedRun",
     "apply_confirmation",
     "claim",
+    "confirmations",
     "emit",
     "emit_many",
     "get_run",
@@ -262,6 +263,13 @@ async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
     plan = confirmation_plan(run_id, str(confirmation_id), outcome=outcome, evidence=evidence,
                              actor=actor, reason=reason)
     return await run_plan_async(conn, plan, settings)
+
+
+async def confirmations(conn: AsyncConn, run_id: uuid.UUID, *,
+                        ids: Collection[str | uuid.UUID] | None = None,
+                        settings: OutboxSettings | None = None) -> dict[str, Confirmation]:
+    """Async :func:`outbox.confirm.confirmations`."""
+    return await run_plan_async(conn, confirmations_plan(run_id, ids), settings)
 
 
 async def purge_batch(conn: AsyncConn, *, older_than: timedelta, batch_size: int = 100,

@@ -21,6 +21,9 @@ keeps it: the resumed worker carries on from its step and checkpoint.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import CTE, Insert, exists, func, insert, literal, select
@@ -30,9 +33,28 @@ from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransitio
 from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
 from outbox.states import RunState
-from outbox.tables import agent_runs, confirmations
+from outbox.tables import agent_runs
+from outbox.tables import confirmations as applied
 
 Outcome = Literal["running", "done", "failed"]
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A confirmation as applied: who moved the run, to what, with which evidence (``None``
+    for confirmations applied before migration 0008 kept it)."""
+
+    run_id: uuid.UUID
+    confirmation_id: str
+    outcome: str
+    actor: str
+    evidence: Any
+    applied_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Confirmation:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
 OUTCOMES: frozenset[str] = frozenset({"running", "done", "failed"})
 _WAITING = frozenset({RunState.WAITING.value})
 
@@ -64,6 +86,26 @@ def apply_confirmation(
         run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
     )
     return run_plan(conn, plan, settings)
+
+
+def confirmations(conn: SyncConn, run_id: uuid.UUID, *,
+                  ids: Collection[str | uuid.UUID] | None = None,
+                  settings: OutboxSettings | None = None) -> dict[str, Confirmation]:
+    """The confirmations applied to *run_id* (only those in *ids*, when given), by id.
+
+    A worker that resumes a run reads here what the confirmation of *its* request said: the
+    run's ``last_evidence`` is only the latest write's.
+    """
+    return run_plan(conn, confirmations_plan(run_id, ids), settings)
+
+
+def confirmations_plan(run_id: uuid.UUID,
+                       ids: Collection[str | uuid.UUID] | None) -> Plan[dict[str, Confirmation]]:
+    query = select(applied).where(applied.c.run_id == run_id)
+    if ids is not None:
+        query = query.where(applied.c.confirmation_id.in_([str(i) for i in ids]))
+    rows = yield query
+    return {row["confirmation_id"]: Confirmation.from_row(row) for row in rows}
 
 
 def confirmation_plan(
@@ -106,15 +148,16 @@ def confirmation_plan(
         history = [fencing.HistoryRow(RunState.FAILED, reason=note, evidence=evidence, actor=actor)]
 
     def record(moved: CTE) -> Insert:
-        return insert(confirmations).from_select(
-            ["run_id", "confirmation_id", "outcome", "actor"],
-            select(moved.c.id, literal(confirmation_id), literal(outcome), literal(actor)),
+        return insert(applied).from_select(
+            ["run_id", "confirmation_id", "outcome", "actor", "evidence"],
+            select(moved.c.id, literal(confirmation_id), literal(outcome), literal(actor),
+                   literal(evidence, applied.c.evidence.type)),
         )
 
     already = exists(
-        select(confirmations.c.run_id).where(
-            confirmations.c.run_id == agent_runs.c.id,
-            confirmations.c.confirmation_id == confirmation_id,
+        select(applied.c.run_id).where(
+            applied.c.run_id == agent_runs.c.id,
+            applied.c.confirmation_id == confirmation_id,
         )
     )
     stmt = fencing.statement(
@@ -131,8 +174,8 @@ def confirmation_plan(
         return True
     # A fresh statement (fresh snapshot): sees a duplicate that committed while we waited
     # for the run's row lock, after which the run was no longer waiting.
-    duplicate = yield select(confirmations.c.outcome).where(
-        confirmations.c.run_id == run_id, confirmations.c.confirmation_id == confirmation_id
+    duplicate = yield select(applied.c.outcome).where(
+        applied.c.run_id == run_id, applied.c.confirmation_id == confirmation_id
     )
     if duplicate:
         return False

@@ -39,6 +39,15 @@ FAILPOINTS: dict[str, str] = {
     "consumer.after_db_commit": "the handler's writes and dedup marks committed, before the "
     "Kafka offsets are committed",
     "operations.after_call": "the outside system was called, before its answer is recorded",
+    "agent.before_response_commit": "a durable agent got a model response, before the "
+    "checkpoint that records it commits",
+    "agent.after_response_commit": "a model response's checkpoint committed, before its tool "
+    "calls run",
+    "agent.before_effect_commit": "an effect tool's message and the move to waiting were "
+    "written, before they commit",
+    "agent.after_effect_commit": "an effect tool's message and the move to waiting committed",
+    "agent.after_confirmation": "a resumed agent recorded its effect's confirmed result, "
+    "before the agent goes on",
 }
 
 _SPEC = re.compile(

@@ -242,6 +242,7 @@ confirmations = Table(
     Column("outcome", Text, nullable=False),
     Column("actor", Text, nullable=False),
     _ts("applied_at", nullable=False, default_now=True),
+    Column("evidence", JSONB),  # migration 0008
     CheckConstraint("outcome IN ('running', 'done', 'failed')", name="confirmations_outcome_check"),
 )
 

@@ -1,0 +1,448 @@
+"""A pydantic-ai agent run as a durable outboxkit run.
+
+:class:`DurableAgent` wraps any pydantic-ai ``Agent``. ``start`` queues a run (an outboxkit
+run with an idempotency key, in the caller's transaction); ``work`` claims one with a fenced
+lease and drives the agent with pydantic-ai's own graph iteration (``Agent.iter``), one node
+at a time, committing at every step boundary:
+
+* after each **model response**, the message history is checkpointed (its own transaction):
+  a worker that resumes the run starts from that response and never asks the model again for
+  a step that committed;
+* after each round of **read-only tool calls**, the history with their results is
+  checkpointed before the next model request;
+* a call to an **effect tool** (:class:`agents.Effects`) is deferred by pydantic-ai; its
+  message goes to the outbox in the one transaction that also saves the checkpoint and
+  moves the run to ``waiting``. When the consumer side confirms (``apply_confirmation`` /
+  ``ctx.confirm``, or the operations ledger with ``on_settle="resume"``), the run is
+  runnable again and the agent resumes with the confirmation's evidence as the tool's return
+  value (pydantic-ai's ``DeferredToolResults``). Effects go out one at a time, in the order
+  the model asked for them, each confirmed before the next is sent;
+* a tool that **requires approval** asks for an outboxkit approval that expires; the run
+  waits, and a resumed run revalidates it (expired, revoked: ``needs-human``).
+
+Every write carries the lease: a worker whose lease was taken over writes nothing more
+(``LeaseLost``) and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar, cast
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
+from pydantic_ai.exceptions import UserError
+from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agents.effects import EFFECT, Effects
+from agents.state import AgentState, Pending, effect_message_id
+from agents.version import agent_version
+from outbox import aio
+from outbox.aio import AsyncClaimedRun
+from outbox.envelope import Envelope
+from outbox.errors import ConfigurationError, InvalidMessage, LeaseLost, LeaseSpent
+from outbox.execution import AsyncConn
+from outbox.failpoints import failpoint
+from outbox.retry import RetryPolicy
+from outbox.runs import Run
+from outbox.settings import OutboxSettings
+from outbox.states import RunState
+from outbox.workflows import Migration, VersionPolicy, Workflow
+
+log = logging.getLogger(__name__)
+DepsT = TypeVar("DepsT")
+OutputT = TypeVar("OutputT")
+
+DEFAULT_RETRY = RetryPolicy(final=(InvalidMessage, ConfigurationError, UserError))
+"""Model and tool errors are retried (3 attempts, backoff); a message the outbox refuses
+and a misconfigured agent are not: retrying would make the same call again."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where :meth:`DurableAgent.work` left the run it claimed."""
+
+    run_id: uuid.UUID
+    state: RunState
+    reason: str | None
+    model_requests: int
+    """Model requests this worker made for the run (a resumed run makes none for the steps
+    that committed before)."""
+    output: Any = None
+    """The agent's output (as JSON) when ``state`` is ``done``."""
+
+
+class _Stop(Exception):
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+
+class DurableAgent(Generic[DepsT, OutputT]):
+    """Runs of *agent* as outboxkit runs of the workflow *name* (default: the agent's name).
+
+    *effects*: the effect tools (:class:`agents.Effects`); the agent's own tools run inline,
+    as read-only steps. The runs pin the agent's version (model, instructions, tool schemas;
+    or *version*) and a worker with another version follows *on_version_change*. *retry*
+    decides what a failing step does; *approval_expires* how long a requested approval
+    lasts; *lease_seconds* the lease a worker holds (renewed as it goes).
+    """
+
+    def __init__(
+        self,
+        agent: Agent[DepsT, OutputT],
+        *,
+        name: str | None = None,
+        effects: Effects | Sequence[Effects] = (),
+        version: str | None = None,
+        on_version_change: VersionPolicy = VersionPolicy.NEEDS_REVIEW,
+        migrate: Migration | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        approval_expires: timedelta = timedelta(days=1),
+        lease_seconds: float = 120.0,
+        settings: OutboxSettings | None = None,
+    ) -> None:
+        workflow_name = name or agent.name
+        if not workflow_name:
+            raise ConfigurationError(
+                "a durable agent needs a name (its runs' workflow): "
+                "DurableAgent(agent, name=...) or Agent(..., name=...)")
+        if lease_seconds <= 0:
+            raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
+        self.agent = agent
+        self.effects: tuple[Effects, ...] = (
+            (effects,) if isinstance(effects, Effects) else tuple(effects))
+        pinned = agent_version(agent, self.effects)
+        self.workflow = Workflow(
+            name=workflow_name, version=version or pinned.version,
+            prompt_version=pinned.prompt_version, tool_schema_version=pinned.tool_schema_version,
+            on_version_change=on_version_change, migrate=migrate, retry=retry)
+        self.approval_expires = approval_expires
+        self.lease_seconds = lease_seconds
+        self.settings = settings
+        self._registered: set[int] = set()
+        output_type: Any = agent.output_type
+        kinds = list(output_type) if isinstance(output_type, list | tuple) else [output_type]
+        self._output_type: Any = [*kinds, DeferredToolRequests]
+
+    @property
+    def name(self) -> str:
+        return self.workflow.name
+
+    async def start(self, conn: AsyncConn, prompt: str, *, key: str) -> Run:
+        """Queue a run of the agent on *prompt*, or return the run *key* already started;
+        in the caller's transaction (never commits)."""
+        if not isinstance(prompt, str) or not prompt:
+            raise ConfigurationError("prompt must be a non-empty string")
+        return await aio.start_run(
+            conn, workflow=self.name, workflow_version=self.workflow.version,
+            idempotency_key=key, checkpoint=AgentState(prompt=prompt).dump(),
+            prompt_version=self.workflow.prompt_version,
+            tool_schema_version=self.workflow.tool_schema_version, settings=self.settings)
+
+    async def work(self, engine: AsyncEngine, *, worker: str,
+                   deps: DepsT | None = None) -> Progress | None:
+        """Claim one runnable run of this agent and drive it until it waits, needs a person,
+        or ends; ``None`` when no run is runnable. Commits as it goes."""
+        if id(engine) not in self._registered:
+            async with engine.begin() as conn:
+                await aio.register(conn, self.workflow, settings=self.settings)
+            self._registered.add(id(engine))
+        async with engine.begin() as conn:
+            job = await aio.claim(conn, worker=worker, lease_seconds=self.lease_seconds,
+                                  workflows=[self.workflow], settings=self.settings)
+        if job is None:
+            return None
+        return await _Drive(self, engine, job, deps).run()
+
+    async def serve(self, engine: AsyncEngine, *, worker: str, deps: DepsT | None = None,
+                    stop: asyncio.Event | None = None, poll_seconds: float = 0.5) -> int:
+        """:meth:`work` in a loop until *stop* is set; returns how many runs it advanced."""
+        stop = stop or asyncio.Event()
+        advanced = 0
+        while not stop.is_set():
+            progress = await self.work(engine, worker=worker, deps=deps)
+            if progress is not None:
+                advanced += 1
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll_seconds)
+        return advanced
+
+    async def output(self, conn: AsyncConn, run_id: uuid.UUID) -> OutputT:
+        """The output of the finished run *run_id*, as the agent's output type."""
+        run = await aio.get_run(conn, run_id, settings=self.settings)
+        if run.state is not RunState.DONE:
+            raise ConfigurationError(
+                f"run {run_id} is {run.state.value}, not done: it has no output yet")
+        value = AgentState.model_validate(run.checkpoint).output
+        kind: Any = self.agent.output_type
+        if not isinstance(kind, type):  # ToolOutput(...), a union list: the JSON as stored
+            return cast(OutputT, value)
+        adapter: TypeAdapter[OutputT] = TypeAdapter(kind)
+        return adapter.validate_python(value)
+
+
+def _tool_results(request: ModelRequest) -> bool:
+    return any(isinstance(part, ToolReturnPart | RetryPromptPart) for part in request.parts)
+
+
+def _as_json(value: Any) -> Any:
+    adapter: TypeAdapter[Any] = TypeAdapter(type(value))
+    return adapter.dump_python(value, mode="json")
+
+
+class _Drive(Generic[DepsT, OutputT]):
+    """One worker's turn with one claimed run."""
+
+    def __init__(self, durable: DurableAgent[DepsT, OutputT], engine: AsyncEngine,
+                 job: AsyncClaimedRun, deps: DepsT | None) -> None:
+        self.durable = durable
+        self.engine = engine
+        self.job = job
+        self.deps = deps
+        self.requests = 0
+        self.sent = False
+        self.run_id = job.run.id
+
+    def progress(self, state: RunState, reason: str | None, output: Any = None) -> Progress:
+        return Progress(self.run_id, state, reason, self.requests, output)
+
+    async def run(self) -> Progress:
+        try:
+            state = self.load()
+            if state.pending:
+                state = await self.resume(state)
+            return await self.drive(state)
+        except _Stop as stop:
+            return stop.progress
+        except (LeaseLost, LeaseSpent) as exc:
+            log.warning("run %s: %s; this worker stops", self.run_id, exc,
+                        extra={"event": "agents.lease_lost", "run_id": str(self.run_id)})
+            return self.progress(RunState.RUNNING, str(exc))
+        except Exception as exc:
+            return await self.fail(exc)
+
+    def load(self) -> AgentState:
+        try:
+            return AgentState.model_validate(self.job.run.checkpoint or {})
+        except ValidationError as exc:
+            raise ConfigurationError(
+                f"run {self.run_id}'s checkpoint is not a durable agent's state (was it "
+                f"started with DurableAgent.start?): {exc}") from exc
+
+    async def fail(self, error: Exception) -> Progress:
+        log.warning("run %s failed a step: %r", self.run_id, error,
+                    extra={"event": "agents.step_failed", "run_id": str(self.run_id)})
+        try:
+            async with self.engine.begin() as conn:
+                handle = self.job.on(conn)
+                outcome = await handle.handle_failure(
+                    error, policy=self.durable.workflow.retry, step=self.job.run.step)
+        except (LeaseLost, LeaseSpent) as exc:
+            return self.progress(RunState.RUNNING, str(exc))
+        return self.progress(outcome.state, f"{type(error).__name__}: {error}")
+
+    # --- writes, each its own transaction --------------------------------------------
+
+    async def save(self, state: AgentState, *, step: str, before_commit: str | None = None,
+                   after_commit: str | None = None) -> None:
+        async with self.engine.begin() as conn:
+            handle = self.job.on(conn)
+            await self.keep_lease(handle)
+            await handle.save_checkpoint(state.dump(), step=step)
+            if before_commit:
+                failpoint(before_commit)
+        self.job = handle
+        if after_commit:
+            failpoint(after_commit)
+
+    async def keep_lease(self, handle: AsyncClaimedRun) -> None:
+        """Renew the lease once less than half of it is left (a model call may be slow)."""
+        left = (handle.lease.expires_at - datetime.now(UTC)).total_seconds()
+        if left < self.durable.lease_seconds / 2:
+            await handle.renew(self.durable.lease_seconds)
+
+    async def wait(self, handle: AsyncClaimedRun, state: AgentState, *, step: str,
+                   reason: str, wake_at: datetime | None = None) -> Progress:
+        await handle.transition(RunState.WAITING, step=step, reason=reason,
+                                checkpoint=state.dump(), wake_at=wake_at)
+        return self.progress(RunState.WAITING, reason)
+
+    # --- the pending calls: approvals first, then effects one at a time -------------------
+
+    async def settle(self, handle: AsyncClaimedRun, state: AgentState) -> Progress | None:
+        """Resolve what the run waits for, in *handle*'s transaction; a Progress when the
+        run must wait (or stop) again, None when every pending call has its result."""
+        asks = [p for p in state.pending
+                if p.kind == "approval" and p.call_id not in state.approved]
+        unrequested = [p for p in asks if p.approval_id is None]
+        if unrequested:
+            return await self.request_approvals(handle, state, unrequested)
+        for pending in asks:
+            assert pending.approval_id is not None
+            check = await handle.revalidate(pending.approval_id, scope=pending.scope or {})
+            if not check.valid:
+                return self.progress(check.state, check.reason)
+            state.approved.append(pending.call_id)
+        for pending in state.pending:
+            if pending.kind != "effect" or pending.call_id in state.results:
+                continue
+            if not pending.emitted:
+                return await self.send_effect(handle, state, pending)
+            assert pending.message_id is not None
+            found = await aio.confirmations(handle.conn, self.run_id, ids=[pending.message_id],
+                                            settings=handle.settings)
+            confirmation = found.get(str(pending.message_id))
+            if confirmation is None:
+                return await self.wait(
+                    handle, state, step=f"waiting:{pending.tool}",
+                    reason=f"waiting for the confirmation of message {pending.message_id} "
+                           f"({pending.tool})")
+            state.results[pending.call_id] = confirmation.evidence
+        return None
+
+    async def request_approvals(self, handle: AsyncClaimedRun, state: AgentState,
+                                asks: list[Pending]) -> Progress:
+        expiries = []
+        for pending in asks:
+            approval = await aio.request_approval(
+                handle.conn, self.run_id, scope=pending.scope or {},
+                expires_at=self.durable.approval_expires,
+                reason=f"tool {pending.tool} needs approval", settings=handle.settings)
+            pending.approval_id = approval.id
+            expiries.append(approval.expires_at)
+        tools = ", ".join(sorted({p.tool for p in asks}))
+        # Woken by a grant, or at the expiry, when revalidation sends the run to a person.
+        return await self.wait(handle, state, step=f"approval:{tools}",
+                               reason=f"waiting for approval of {tools}", wake_at=min(expiries))
+
+    async def send_effect(self, handle: AsyncClaimedRun, state: AgentState,
+                          pending: Pending) -> Progress:
+        assert pending.topic is not None
+        assert pending.type is not None
+        await handle.emit(Envelope(
+            topic=pending.topic, type=pending.type, key=pending.key, payload=pending.payload,
+            message_id=pending.message_id, workflow_version=self.durable.workflow.version))
+        pending.emitted = True
+        self.sent = True
+        progress = await self.wait(
+            handle, state, step=f"waiting:{pending.tool}",
+            reason=f"sent {pending.tool} as message {pending.message_id}; waiting for its "
+                   "confirmation")
+        failpoint("agent.before_effect_commit")
+        return progress
+
+    async def resume(self, state: AgentState) -> AgentState:
+        """Collect the results the run waited for, or wait again (raises _Stop)."""
+        async with self.engine.begin() as conn:
+            handle = self.job.on(conn)
+            waiting = await self.settle(handle, state)
+            if waiting is None:
+                await self.keep_lease(handle)
+                state.pending = []
+                await handle.save_checkpoint(state.dump(), step="resumed")
+        self.job = handle
+        if waiting is not None:
+            if self.sent:
+                failpoint("agent.after_effect_commit")
+            raise _Stop(waiting)
+        failpoint("agent.after_confirmation")
+        return state
+
+    async def deferred(self, state: AgentState, requests: DeferredToolRequests) -> Progress:
+        """The run stopped on deferred calls: record them and send what comes first."""
+        pending: list[Pending] = []
+        for part in requests.approvals:
+            pending.append(Pending(kind="approval", call_id=part.tool_call_id,
+                                   tool=part.tool_name,
+                                   scope={"tool": part.tool_name, "args": part.args_as_dict()}))
+        for part in requests.calls:
+            effect = requests.metadata.get(part.tool_call_id, {}).get(EFFECT)
+            if effect is None:
+                raise ConfigurationError(
+                    f"tool {part.tool_name!r} deferred its call but is not an outboxkit "
+                    "effect: register it with Effects.effect(...) so its call becomes an "
+                    "outbox message")
+            pending.append(Pending(kind="effect", call_id=part.tool_call_id,
+                                   tool=part.tool_name,
+                                   message_id=effect_message_id(self.run_id, part.tool_call_id),
+                                   **effect))
+        state = state.model_copy(update={"pending": pending, "results": {}, "approved": []})
+        async with self.engine.begin() as conn:
+            handle = self.job.on(conn)
+            progress = await self.settle(handle, state)
+        self.job = handle
+        if self.sent:
+            failpoint("agent.after_effect_commit")
+        assert progress is not None  # nothing was resolved yet
+        return progress
+
+    # --- the agent itself ----------------------------------------------------------------
+
+    async def drive(self, state: AgentState) -> Progress:
+        history = state.history()
+        results = None
+        if state.results or state.approved:
+            results = DeferredToolResults(calls=dict(state.results),
+                                          approvals=dict.fromkeys(state.approved, True))
+        async with self.durable.agent.iter(
+            None if history else state.prompt,
+            message_history=history or None,
+            deferred_tool_results=results,
+            output_type=self.durable._output_type,
+            toolsets=self.durable.effects,
+            deps=self.deps,  # type: ignore[arg-type] # None is the agent's own default
+        ) as run:
+            node: Any = run.next_node
+            while not Agent.is_end_node(node):
+                if Agent.is_model_request_node(node):
+                    messages = [*run.all_messages(), node.request]
+                    if _tool_results(node.request) and len(messages) > len(state.messages):
+                        state = self.consumed(state.with_history(messages))
+                        await self.save(state, step=f"tool-results:{len(messages)}")
+                    await self.renew_if_needed()
+                    node = await run.next(node)
+                    self.requests += 1
+                    state = self.consumed(state.with_history(run.all_messages()))
+                    await self.save(state, step=f"model-response:{len(state.messages)}",
+                                    before_commit="agent.before_response_commit",
+                                    after_commit="agent.after_response_commit")
+                else:
+                    node = await run.next(node)
+            output: Any = node.data.output
+        state = self.consumed(state.with_history(run.all_messages()))
+        if isinstance(output, DeferredToolRequests):
+            return await self.deferred(state, output)
+        return await self.finish(state, output)
+
+    def consumed(self, state: AgentState) -> AgentState:
+        """Once the agent went past the calls it resumed with, their results are history."""
+        if not state.results and not state.approved:
+            return state
+        return state.model_copy(update={"results": {}, "approved": []})
+
+    async def renew_if_needed(self) -> None:
+        left = (self.job.lease.expires_at - datetime.now(UTC)).total_seconds()
+        if left >= self.durable.lease_seconds / 2:
+            return
+        async with self.engine.begin() as conn:
+            handle = self.job.on(conn)
+            await handle.renew(self.durable.lease_seconds)
+        self.job = handle
+
+    async def finish(self, state: AgentState, output: Any) -> Progress:
+        value = _as_json(output)
+        state = state.model_copy(update={"output": value})
+        async with self.engine.begin() as conn:
+            handle = self.job.on(conn)
+            await handle.transition(RunState.DONE, step="done", reason="the agent answered",
+                                    evidence={"output": value}, checkpoint=state.dump())
+        self.job = handle
+        return self.progress(RunState.DONE, None, value)
