@@ -1,0 +1,107 @@
+"""A scripted support agent for the durable-agent tests: FunctionModel, no network.
+
+The script decides from the message history alone, so a step asked again gives the same
+answer, and it counts every request it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from agents import DurableAgent, Effects
+from outbox.dsn import sqlalchemy_url
+
+T = TypeVar("T")
+
+
+class Reorder(BaseModel):
+    item: str
+    qty: int
+
+
+@dataclass
+class Script:
+    """The model's side: what it asks for next, given what it has seen."""
+
+    reorder_args: dict[str, Any] = field(default_factory=lambda: {"item": "widget", "qty": 3})
+    fixed_args: dict[str, Any] | None = None
+    """After a retry prompt for bad arguments, call again with these."""
+    requests: list[int] = field(default_factory=list)
+    hold: asyncio.Event | None = None
+
+    async def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.requests.append(len(messages))
+        if self.hold is not None:
+            await self.hold.wait()
+        last = messages[-1].parts[-1]
+        retry = isinstance(last, RetryPromptPart) or (
+            isinstance(last, ToolReturnPart) and last.retry is not None)
+        if retry and self.fixed_args is not None:
+            return ModelResponse(parts=[ToolCallPart("reorder", self.fixed_args)])
+        if isinstance(last, ToolReturnPart) and last.tool_name == "reorder":
+            return ModelResponse(parts=[TextPart(f"reordered: {last.content}")])
+        if isinstance(last, ToolReturnPart):
+            return ModelResponse(parts=[ToolCallPart("reorder", self.reorder_args)])
+        return ModelResponse(parts=[ToolCallPart("lookup_order", {"order_id": "A1"})])
+
+
+def support_agent(script: Script, *, instructions: str = "Help with orders.",
+                  requires_approval: bool = False, lookup: Callable[[str], Any] | None = None,
+                  **durable: Any) -> DurableAgent[None, str]:
+    agent = Agent(FunctionModel(script), name="support", instructions=instructions,
+                  output_type=str)
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Look an order up."""
+        if lookup is not None:
+            lookup(order_id)
+        return {"order_id": order_id, "item": "widget", "status": "late"}
+
+    effects = Effects()
+
+    @effects.effect(topic="supplier.orders", key=lambda order: order.item,
+                    requires_approval=requires_approval)
+    def reorder(item: str, qty: int) -> Reorder:
+        """Order more of an item from the supplier."""
+        return Reorder(item=item, qty=qty)
+
+    return DurableAgent(agent, effects=effects, **durable)
+
+
+def drive(database_url: str, scenario: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """Run *scenario* on an async engine of the test database, in one event loop."""
+
+    async def main() -> T:
+        engine = create_async_engine(sqlalchemy_url(database_url))
+        try:
+            return await scenario(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+async def outbox_rows(engine: AsyncEngine) -> list[Any]:
+    async with engine.connect() as conn:
+        result = await conn.execute(text(
+            "SELECT message_id, topic, key, payload, run_id FROM outboxkit.outbox_messages "
+            "ORDER BY id"))
+        return list(result.all())
