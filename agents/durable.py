@@ -251,17 +251,17 @@ class _Drive(Generic[DepsT, OutputT]):
 
     # --- writes, each its own transaction --------------------------------------------
 
-    async def save(self, state: AgentState, *, step: str, before_commit: str | None = None,
-                   after_commit: str | None = None) -> None:
+    async def save(self, state: AgentState, *, step: str, response: bool = False) -> None:
+        """Checkpoint *state*; *response*: it records a model response."""
         async with self.engine.begin() as conn:
             handle = self.job.on(conn)
             await self.keep_lease(handle)
             await handle.save_checkpoint(state.dump(), step=step)
-            if before_commit:
-                failpoint(before_commit)
+            if response:
+                failpoint("agent.before_response_commit")
         self.job = handle
-        if after_commit:
-            failpoint(after_commit)
+        if response:
+            failpoint("agent.after_response_commit")
 
     async def keep_lease(self, handle: AsyncClaimedRun) -> None:
         """Renew the lease once less than half of it is left (a model call may be slow)."""
@@ -412,8 +412,7 @@ class _Drive(Generic[DepsT, OutputT]):
                     self.requests += 1
                     state = self.consumed(state.with_history(run.all_messages()))
                     await self.save(state, step=f"model-response:{len(state.messages)}",
-                                    before_commit="agent.before_response_commit",
-                                    after_commit="agent.after_response_commit")
+                                    response=True)
                 else:
                     node = await run.next(node)
             output: Any = node.data.output
