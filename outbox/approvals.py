@@ -176,6 +176,24 @@ def revalidate_plan(lease: Lease, approval_id: uuid.UUID, scope: Mapping[str, An
     return ApprovalCheck(False, RunState.NEEDS_HUMAN, reason, lease)
 
 
+def list_plan(run_id: uuid.UUID | None, pending: bool, limit: int) -> Plan[list[Approval]]:
+    query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
+    if run_id is not None:
+        query = query.where(approvals.c.run_id == run_id)
+    if pending:
+        query = query.where(approvals.c.granted_at.is_(None), approvals.c.revoked_at.is_(None),
+                            approvals.c.expires_at > func.now())
+    rows = yield query
+    return [Approval.from_row(row) for row in rows]
+
+
+def list_approvals(conn: SyncConn, *, run_id: uuid.UUID | None = None, pending: bool = False,
+                   limit: int = 50, settings: OutboxSettings | None = None) -> list[Approval]:
+    """The latest approvals (of *run_id*; only those still waiting for a person with
+    *pending*), newest first."""
+    return run_plan(conn, list_plan(run_id, pending, limit), settings)
+
+
 def request_approval(conn: SyncConn, run_id: uuid.UUID, *, scope: Mapping[str, Any],
                      expires_at: datetime | timedelta, reason: str | None = None,
                      settings: OutboxSettings | None = None) -> Approval:

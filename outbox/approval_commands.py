@@ -1,0 +1,91 @@
+"""``outbox approvals``: what runs wait for a person to allow, and granting or revoking it.
+
+A durable agent's tool that requires approval (docs/agents.md), or any worker that calls
+:func:`outbox.request_approval`, leaves an approval here; granting it wakes the waiting run,
+which revalidates it when it resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import click
+
+from outbox.approvals import Approval, grant, list_approvals, revoke
+from outbox.cli import (
+    compact_json,
+    database_url_option,
+    echo_json,
+    echo_table,
+    one_line_errors,
+    open_engine,
+)
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the data as JSON.")
+by_option = click.option("--by", default=lambda: os.environ.get("USER", ""),
+                         show_default="$USER", help="Who decides; recorded on the approval.")
+
+
+def _state(approval: Approval) -> str:
+    if approval.revoked_at is not None:
+        return f"revoked by {approval.revoked_by}"
+    if approval.granted_at is not None:
+        return f"granted by {approval.granted_by}"
+    return "pending"
+
+
+@click.group("approvals")
+def approvals_group() -> None:
+    """List, grant and revoke the approvals runs wait for."""
+
+
+@approvals_group.command("list")
+@click.option("--run", "run_id", type=click.UUID, default=None, help="Only this run's.")
+@click.option("--pending", is_flag=True, help="Only those still waiting for a person.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Show at most this many rows.")
+@database_url_option
+@json_option
+@one_line_errors
+def approvals_list(run_id: uuid.UUID | None, pending: bool, limit: int,
+                   database_url: str | None, as_json: bool) -> None:
+    """The latest approvals, newest first: run, scope, expiry and who decided."""
+    with open_engine(database_url) as engine, engine.connect() as conn:
+        found = list_approvals(conn, run_id=run_id, pending=pending, limit=limit)
+    if as_json:
+        echo_json([a.__dict__ for a in found])
+        return
+    echo_table(["approval", "run", "scope", "expires", "state", "reason"],
+               [[a.id, a.run_id, compact_json(a.scope), a.expires_at, _state(a), a.reason]
+                for a in found], empty="no approvals")
+
+
+@approvals_group.command("grant")
+@click.argument("approval_id", type=click.UUID)
+@by_option
+@database_url_option
+@one_line_errors
+def approvals_grant(approval_id: uuid.UUID, by: str, database_url: str | None) -> None:
+    """Grant an approval: its waiting run wakes and goes on."""
+    if not by:
+        raise click.UsageError("say who grants it: --by (no $USER to default to)")
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        approval = grant(conn, approval_id, by=by)
+    click.echo(f"approval {approval.id} granted by {by}; run {approval.run_id} wakes")
+
+
+@approvals_group.command("revoke")
+@click.argument("approval_id", type=click.UUID)
+@click.option("--reason", required=True, help="Why; recorded, and shown to whoever resumes it.")
+@by_option
+@database_url_option
+@one_line_errors
+def approvals_revoke(approval_id: uuid.UUID, reason: str, by: str,
+                     database_url: str | None) -> None:
+    """Revoke an approval (granted or not): the run that resumes on it goes to needs-human."""
+    if not by:
+        raise click.UsageError("say who revokes it: --by (no $USER to default to)")
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        approval = revoke(conn, approval_id, by=by, reason=reason)
+    click.echo(f"approval {approval.id} revoked by {by}: {reason}")
