@@ -24,6 +24,7 @@ What happens:
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -128,6 +129,8 @@ def settled(engine: Engine, run_ids: list[uuid.UUID]) -> bool:
 
 
 def main() -> int:
+    # SIGTERM unwinds like Ctrl-C, through the `finally` that stops every process started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     database_url, bootstrap = endpoints()
     engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
     migrate(engine)
