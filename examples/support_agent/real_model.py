@@ -21,6 +21,7 @@ import asyncio
 import os
 import sys
 
+from pydantic_ai.exceptions import UserError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from agents import DurableAgent
@@ -60,7 +61,11 @@ def main(argv: list[str]) -> int:
         print(HOW)
         return 2
     prompt = " ".join(argv) or "Where is my order A-1001? It has not shipped."
-    asyncio.run(start(database_url, prompt))
+    try:
+        asyncio.run(start(database_url, prompt))
+    except (ImportError, UserError) as exc:  # the provider's package or key is missing
+        print(f"{exc}\n\n{HOW}")
+        return 2
     return 0
 
 
