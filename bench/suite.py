@@ -1,7 +1,8 @@
-"""The benchmark suite: the four benchmarks in one run, one table, one JSON file, two plots.
+"""The benchmark suite: the five benchmarks in one run, one table, one JSON file, two plots.
 
 Runs bench/outbox_steps.py (what an outbox message costs an agent step), bench/run_claim.py
-(what a run claim costs with 1,000,000 queued runs against 10,000), bench/relay_bench.py
+(what a run claim costs with 1,000,000 queued runs against 10,000), bench/agent_steps.py
+(what durability costs a pydantic-ai agent step), bench/relay_bench.py
 (relay throughput against the producer alone and against reading plus sending, commit-to-Kafka
 latency, PostgreSQL CPU and dead tuples per message, idle cost, backlog cost, memory)
 and bench/consumer_bench.py (idempotent consumer against kafka-python's consumer alone), one
@@ -51,6 +52,7 @@ REQUIRED = (
     "outbox.step_emit_ratio",
     "outbox.raw_sql_ratio",
     "outbox.claim_backlog_ratio",
+    "agents.step_overhead_ms",
     "relay.throughput_msgs_per_s",
     "relay.throughput_ratio",
     "relay.latency_p50_ms",
@@ -75,6 +77,7 @@ QUICK_ARGS = {
         "--quick", "--seconds", "0.2", "--rounds", "1", "--clients", "4", "--no-threads",
     ],
     "run_claim": ["--quick", "--small", "2000", "--rounds", "1", "--claims", "10"],
+    "agent_steps": ["--quick", "--rounds", "2", "--runs", "4"],
     "relay_bench": [
         "--quick", "--n", "2000", "--latency-seconds", "2", "--low-seconds", "0",
         "--writers", "2", "--claim-backlog", "8000", "--rss-backlog", "8000",
@@ -200,7 +203,7 @@ def figure_of(data: dict[str, Any]) -> Figure:
 def collect(work: Path) -> list[Figure]:
     steps = json.loads((work / "outbox_steps.json").read_text())
     figures = step_figures(steps["rows"]) + [figure_of(f) for f in steps.get("figures", [])]
-    for name in ("run_claim", "relay_bench", "consumer_bench"):
+    for name in ("run_claim", "agent_steps", "relay_bench", "consumer_bench"):
         document = json.loads((work / f"{name}.json").read_text())
         figures += [figure_of(f) for f in document["figures"]]
     return figures
@@ -273,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = {
             "outbox_steps": common,
             "run_claim": common,
+            "agent_steps": common,
             "relay_bench": [*common, *kafka, "--samples", str(work / "samples.json")],
             "consumer_bench": [*common, *kafka],
         }

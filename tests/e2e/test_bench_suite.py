@@ -24,6 +24,7 @@ REQUIRED = (
     "outbox.step_emit_ratio",
     "outbox.raw_sql_ratio",
     "outbox.claim_backlog_ratio",
+    "agents.step_overhead_ms",
     "relay.throughput_msgs_per_s",
     "relay.throughput_ratio",
     "relay.latency_p50_ms",

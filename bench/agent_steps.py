@@ -1,0 +1,329 @@
+"""What durability costs a pydantic-ai agent step: ``agents.step_overhead_ms``.
+
+One scripted agent (pydantic-ai's ``FunctionModel``, no network): N model responses, each
+but the last calling a cheap read-only tool, the last answering text. It runs
+
+* bare: ``agent.run`` in process, no database;
+* durable: ``DurableAgent.start`` (its own transaction) and ``DurableAgent.work`` on a real
+  PostgreSQL (a database of its own, created and dropped here), the async path, which claims
+  the run, checkpoints the history after every model response and every tool round and
+  finishes the run.
+
+Rounds alternate the two (order alternating too, so drift in the machine's load favours
+neither); each round takes the median run of each. Overhead per step = (durable - bare) /
+model steps, median over rounds; goal <= 3 ms. The client's CPU per step (process_time) is
+printed beside it, then where a durable run's time goes (one instrumented round: dumping the
+history, the checkpoint's round trip, pydantic-ai itself) and a cProfile of one round.
+
+The server's durability settings are left as they are (this is also run on the shared test
+server); the suite makes its own server durable in a full run.
+
+    python bench/agent_steps.py --database-url postgresql://postgres@host/postgres \\
+        [--quick] [--steps 10] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from durable import show  # bench/durable.py (this folder is on sys.path)
+from figures import Figure, fmt
+from figures import print_table as print_figures
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from agents import DurableAgent
+from outbox.dsn import sqlalchemy_url, with_database
+from outbox.migrate import migrate
+from outbox.states import RunState
+
+GOAL_MS = 3.0
+Breakdown = dict[str, tuple[float, float]]  # part -> (ms, calls) per durable run
+
+
+def scripted_agent(steps: int) -> Agent[None, str]:
+    """An agent whose model answers with a tool call *steps* - 1 times, then with text."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked = sum(isinstance(m, ModelResponse) for m in messages)
+        if asked + 1 < steps:
+            return ModelResponse(parts=[ToolCallPart("lookup_order", {"order_id": f"A{asked}"})])
+        return ModelResponse(parts=[TextPart(f"looked up {asked} orders")])
+
+    agent: Agent[None, str] = Agent(FunctionModel(model), name="bench_steps", output_type=str,
+                                    instructions="answer about orders")
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Look an order up (read-only)."""
+        return {"order_id": order_id, "item": "widget", "status": "shipped"}
+
+    return agent
+
+
+class Bench:
+    def __init__(self, engine: AsyncEngine, steps: int) -> None:
+        self.engine = engine
+        self.steps = steps
+        self.agent = scripted_agent(steps)
+        self.durable = DurableAgent(self.agent)
+
+    async def bare(self) -> None:
+        result = await self.agent.run("where are my orders?")
+        assert result.output.startswith("looked up"), result.output
+
+    async def durable_run(self) -> None:
+        async with self.engine.begin() as conn:
+            await self.durable.start(conn, "where are my orders?", key=uuid.uuid4().hex)
+        progress = await self.durable.work(self.engine, worker="bench")
+        assert progress is not None
+        assert progress.state is RunState.DONE, progress
+        assert progress.model_requests == self.steps, progress
+
+    async def timed(self, fn: Callable[[], Awaitable[None]], runs: int) -> tuple[float, float]:
+        """(median wall ms of one run, CPU ms per run) over *runs* runs of *fn*."""
+        walls = []
+        cpu = time.process_time()
+        for _ in range(runs):
+            started = time.perf_counter()
+            await fn()
+            walls.append((time.perf_counter() - started) * 1000)
+        return statistics.median(walls), (time.process_time() - cpu) * 1000 / runs
+
+
+# --- where the time goes -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def instrumented(spent: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
+    """Time (wall) the parts of a durable step, by wrapping them for the duration.
+
+    Wrapping costs a few microseconds a call; the timed rounds run without it.
+    """
+    from pydantic_ai.run import AgentRun  # noqa: PLC0415
+
+    import agents.durable as durable_module  # noqa: PLC0415
+    import agents.state as state_module  # noqa: PLC0415
+    from outbox import aio  # noqa: PLC0415
+
+    def sync_timer(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+                calls[name] = calls.get(name, 0) + 1
+
+        return wrapper
+
+    def async_timer(name: str, fn: Any) -> Any:
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+                calls[name] = calls.get(name, 0) + 1
+
+        return wrapper
+
+    patches: list[tuple[Any, str, Any, Any]] = [
+        (state_module.AgentState, "with_history", sync_timer, "history to JSON (with_history)"),
+        (state_module.AgentState, "dump", sync_timer, "checkpoint model_dump (dump)"),
+        (aio.AsyncClaimedRun, "save_checkpoint", async_timer, "save_checkpoint round trip"),
+        (durable_module._Drive, "save", async_timer, "save: begin+checkpoint+commit"),
+        (AgentRun, "next", async_timer, "pydantic-ai (AgentRun.next)"),
+        (durable_module.DurableAgent, "work", async_timer, "work (claim to done)"),
+        (durable_module.DurableAgent, "start", async_timer, "start"),
+        (durable_module._Drive, "finish", async_timer, "finish (transition to done)"),
+        (aio, "claim", async_timer, "claim"),
+    ]
+    saved = []
+    for owner, attr, timer, name in patches:
+        original = owner.__dict__[attr]
+        saved.append((owner, attr, original))
+        setattr(owner, attr, timer(name, original))
+    try:
+        yield
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+
+
+def profile_round(loop: asyncio.AbstractEventLoop, bench: Bench, runs: int) -> str:
+    profiler = cProfile.Profile()
+
+    async def some() -> None:
+        for _ in range(runs):
+            await bench.durable_run()
+
+    profiler.enable()
+    loop.run_until_complete(some())
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    # The event loop's frames and this script's wrap everything: leave them out of the top.
+    table: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]  # untyped in typeshed
+    for key in list(table):
+        filename, _line, function = key
+        if "/asyncio/" in filename or filename == __file__ or "_contextvars" in function:
+            del table[key]
+    stats.sort_stats("cumulative").print_stats(15)
+    return out.getvalue()
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+async def measure(bench: Bench, rounds: int, runs: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {
+        "bare_ms": [], "durable_ms": [], "bare_cpu_ms": [], "durable_cpu_ms": []}
+    for _ in range(3):  # warm up: imports, prepared statements, the pool, the workflow row
+        await bench.bare()
+        await bench.durable_run()
+    for round_no in range(rounds):
+        kinds = [("bare", bench.bare), ("durable", bench.durable_run)]
+        for kind, fn in kinds if round_no % 2 == 0 else reversed(kinds):
+            wall, cpu = await bench.timed(fn, runs)
+            samples[f"{kind}_ms"].append(wall)
+            samples[f"{kind}_cpu_ms"].append(cpu)
+        over = (samples["durable_ms"][-1] - samples["bare_ms"][-1]) / bench.steps
+        print(f"round {round_no + 1}/{rounds}: bare {samples['bare_ms'][-1]:.2f} ms, durable "
+              f"{samples['durable_ms'][-1]:.2f} ms a run; overhead {over:.3f} ms a step",
+              flush=True)
+    return samples
+
+
+async def breakdown(bench: Bench, runs: int) -> Breakdown:
+    """(ms, calls) per durable run of each part."""
+    spent: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    with instrumented(spent, calls):
+        for _ in range(runs):
+            await bench.durable_run()
+    return {name: (seconds * 1000 / runs, calls[name] / runs) for name, seconds in spent.items()}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("OUTBOXKIT_DATABASE_URL"))
+    parser.add_argument("--json", help="write the figures as JSON to this path")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (fewer rounds)")
+    parser.add_argument("--steps", type=int, default=10, help="model responses per run")
+    parser.add_argument("--rounds", type=int, help="rounds (default 7; 3 with --quick)")
+    parser.add_argument("--runs", type=int, help="runs per kind and round (default 20; 8 quick)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile round")
+    parser.add_argument("--allow-not-durable", action="store_true",
+                        help="accepted for the suite; the server's settings are left alone")
+    args = parser.parse_args(argv)
+    if not args.database_url:
+        parser.error("give --database-url or set OUTBOXKIT_DATABASE_URL")
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (one tool round and the answer)")
+    args.rounds = args.rounds or (3 if args.quick else 7)
+    args.runs = args.runs or (8 if args.quick else 20)
+    return args
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, list[float]], Breakdown, str | None]:
+    """The timed rounds, the instrumented round and the profile, in a database of our own."""
+    name = f"outboxkit_agent_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(sqlalchemy_url(args.database_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = sqlalchemy_url(with_database(args.database_url, name))
+    loop = asyncio.new_event_loop()
+    try:
+        sync = create_engine(url)
+        migrate(sync)
+        sync.dispose()
+        engine = create_async_engine(url, pool_size=2)
+        bench = Bench(engine, args.steps)
+        try:
+            samples = loop.run_until_complete(measure(bench, args.rounds, args.runs))
+            parts = loop.run_until_complete(breakdown(bench, args.runs))
+            profile = None if args.no_profile else profile_round(loop, bench, args.runs)
+        finally:
+            loop.run_until_complete(engine.dispose())
+    finally:
+        loop.close()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+    return samples, parts, profile
+
+
+def print_breakdown(parts: Breakdown, runs: int, steps: int) -> None:
+    work = parts.get("work (claim to done)", (0.0, 0))[0] + parts.get("start", (0.0, 0))[0]
+    print(f"\nwhere a durable run's {work:.2f} ms go (one instrumented round of {runs} runs, "
+          f"{steps} model steps each; per run: ms, calls, share of start + work):")
+    for part, (ms, count) in sorted(parts.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {part:<34} {ms:8.3f} ms {count:5.1f} x  {100 * ms / work if work else 0:5.1f} %")
+    print("  (save includes its dump and save_checkpoint; work includes everything but start)")
+
+
+def figures_of(samples: dict[str, list[float]], steps: int, durability: str) -> list[Figure]:
+    overheads = [(d - b) / steps for d, b in
+                 zip(samples["durable_ms"], samples["bare_ms"], strict=True)]
+    cpu_overheads = [(d - b) / steps for d, b in
+                     zip(samples["durable_cpu_ms"], samples["bare_cpu_ms"], strict=True)]
+    overhead = statistics.median(overheads)
+    cpu_over = statistics.median(cpu_overheads)
+    return [
+        Figure("agents.bare_run_ms", statistics.median(samples["bare_ms"]), "ms",
+               note=f"median agent.run of {steps} model steps, no database"),
+        Figure("agents.durable_run_ms", statistics.median(samples["durable_ms"]), "ms",
+               note=f"median DurableAgent.start + work of the same {steps} steps"),
+        Figure("agents.step_cpu_ms", statistics.median(samples["durable_cpu_ms"]) / steps, "ms",
+               note=f"client CPU per model step, durable (overhead over bare {fmt(cpu_over)} ms)"),
+        Figure("agents.step_overhead_ms", overhead, "ms", None, None, f"<= {GOAL_MS:g}",
+               overhead <= GOAL_MS,
+               note=f"(durable - bare) / {steps} model steps, median over rounds "
+               f"{[round(o, 3) for o in overheads]}; async path, {durability}"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    durability = ", ".join(f"{k}={v}" for k, v in show(args.database_url).items())
+    print(f"server durability, left as it is: {durability}", flush=True)
+    samples, parts, profile = run(args)
+    print_breakdown(parts, args.runs, args.steps)
+    if profile is not None:
+        print(f"\ncProfile of one round ({args.runs} durable runs), top 15 by cumulative time:")
+        print(profile)
+    figures = figures_of(samples, args.steps, durability)
+    overhead = figures[-1].value
+    print()
+    print_figures(figures)
+    print(f"\nagents.step_overhead_ms = {overhead:.3f} ms (goal <= {GOAL_MS:g} ms): "
+          f"{'met' if overhead <= GOAL_MS else 'NOT met'}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"steps": args.steps, "rounds": args.rounds, "runs": args.runs,
+                       "samples_ms": samples,
+                       "breakdown_per_run": {k: {"ms": ms, "calls": n}
+                                             for k, (ms, n) in parts.items()},
+                       "figures": [f.as_json() for f in figures]}, out, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
