@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))  # `python examples/demo_agent.py` finds the examp
 
 from examples.demo import endpoints  # noqa: E402
 from examples.supplier_client import SupplierClient  # noqa: E402
-from examples.supplier_order.pipeline import Pipeline, Proc  # noqa: E402
+from examples.supplier_order.pipeline import Pipeline, Proc, free_port  # noqa: E402
 from examples.support_agent.agent import durable  # noqa: E402
 from examples.support_agent.config import MODEL_LOG  # noqa: E402
 from outbox import history, migrate  # noqa: E402
@@ -75,9 +75,7 @@ class Processes(Pipeline):
         if old is not None and old.alive:
             raise RuntimeError(f"{name} is already running (pid {old.popen.pid})")
         if kind == "consumer" and port is None:
-            from examples.supplier_order.pipeline import free_port  # noqa: PLC0415
-
-            port = free_port()
+            port = free_port()  # its /readyz and /metrics
         argv = [sys.executable, *(a.format(name=name) for a in self.COMMANDS[kind])]
         log = (self.workdir / f"{name}.log").open("ab")
         popen = subprocess.Popen(argv, env=self.env(kind, name, failpoints, port), cwd=ROOT,
