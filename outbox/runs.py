@@ -255,7 +255,7 @@ def _claim_statement(
     # The conditions are checked again on the row being locked: a run another worker claimed
     # and committed since this statement's snapshot is re-read by the lock and skipped.
     candidate = (
-        select(runs.c.id, runs.c.state)
+        select(runs.c.id, runs.c.state, runs.c.lease_expires_at)
         .select_from(due.join(runs, runs.c.id == due.c.id))
         .where(_runnable(), runs.c.purged_at.is_(None), ~fencing.retired_clause())
     )
@@ -275,10 +275,15 @@ def _claim_statement(
                 lease_token=runs.c.lease_token + 1,
                 lease_expires_at=now + timedelta(seconds=lease_seconds),
                 version=runs.c.version + 1, not_before=None, updated_at=now)
-        .returning(*runs.c, candidate_cte.c.state.label("from_state"))
+        .returning(*runs.c, candidate_cte.c.state.label("from_state"),
+                   candidate_cte.c.lease_expires_at.label("from_expiry"))
         .cte("claimed")
     )
+    # A running run with no lease at all was moved on by a confirmation (apply_confirmation
+    # with outcome running): no lease expired. A released run has an expiry (now()).
     reason = case(
+        ((claimed.c.from_state == RunState.RUNNING) & claimed.c.from_expiry.is_(None),
+         f"confirmed, resumed by {worker}"),
         (claimed.c.from_state == RunState.RUNNING, f"lease expired, resumed by {worker}"),
         (claimed.c.from_state == RunState.WAITING, f"woken, resumed by {worker}"),
         else_=f"claimed by {worker}",

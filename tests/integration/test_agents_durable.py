@@ -58,7 +58,10 @@ def test_an_effect_waits_for_its_confirmation_and_the_agent_answers_with_it(
         assert done.output == "reordered: {'reference': 'S-77'}"
         async with engine.connect() as conn:
             assert await durable.output(conn, run.id) == done.output
-            path = [(t.to_state, t.step) for t in await aio.history(conn, run.id)]
+            moves = await aio.history(conn, run.id)
+            path = [(t.to_state, t.step) for t in moves]
+        # The confirmation moved the run on; the claim after it says so (no lease expired).
+        assert moves[4].reason == "confirmed, resumed by w2"
         assert path == [("queued", None), ("running", None), ("waiting", "waiting:reorder"),
                         ("running", "waiting:reorder"), ("running", "waiting:reorder"),
                         ("done", "done")]
