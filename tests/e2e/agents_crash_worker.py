@@ -87,11 +87,12 @@ class Script:
         # the same answer as the one before it and shows only in the request count.
         told = [m for m in messages if isinstance(m, ModelRequest) and m.parts]
         last = told[-1].parts[-1]
+        result: Any = last.content if isinstance(last, ToolReturnPart) else None
         if isinstance(last, ToolReturnPart) and last.tool_name == "reorder":
             return ModelResponse(parts=[TextPart(
-                f"reordered 3 x widget as {last.content['reference']}")])
+                f"reordered 3 x widget as {result['reference']}")])
         if isinstance(last, ToolReturnPart) and last.tool_name == "lookup_order":
-            item = last.content["item"]
+            item = result["item"]
             return ModelResponse(parts=[ToolCallPart(
                 "reorder", {"item": item, "qty": 3}, tool_call_id=REORDER_CALL)])
         return ModelResponse(parts=[ToolCallPart(

@@ -50,8 +50,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = {"reference": reference("widget", 3)}
 LEASE = 1.5
 """The worker processes' lease (s): a killed worker's lease must run out before the next
-worker claims the run, so it is short; long enough that a live worker on a loaded machine
-keeps it (it renews at half)."""
+worker claims the run, so it is short. One worker runs at a time and writes are fenced by the
+lease's token, not its expiry, so a slow live worker loses nothing by overrunning it."""
+UNCRASHED_HISTORIES = [1, 3, 5]
+"""The history length of each model request of an uncrashed run (prompt; + lookup call and
+result; + reorder call and result)."""
 
 
 @dataclass
@@ -235,11 +238,6 @@ def test_an_uncrashed_run_asks_the_model_three_times_and_answers(harness: Harnes
     assert [int(line.split()[1]) for line in harness.requests()] == UNCRASHED_HISTORIES
     assert_one_effect_message(harness)
     assert_done_once(harness)
-
-
-UNCRASHED_HISTORIES = [1, 3, 5]
-"""The history length of each model request of an uncrashed run (prompt; + lookup call and
-result; + reorder call and result)."""
 
 
 def boundary(point: str, hit: int, *, resumed: bool = False, marks: Any = ()) -> Any:
