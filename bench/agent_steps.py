@@ -291,7 +291,9 @@ def figures_of(samples: dict[str, list[float]], steps: int, durability: str) -> 
         Figure("agents.durable_run_ms", statistics.median(samples["durable_ms"]), "ms",
                note=f"median DurableAgent.start + work of the same {steps} steps"),
         Figure("agents.step_cpu_ms", statistics.median(samples["durable_cpu_ms"]) / steps, "ms",
-               note=f"client CPU per model step, durable (overhead over bare {fmt(cpu_over)} ms)"),
+               note=f"client CPU (process_time) per model step, durable; bare "
+               f"{fmt(statistics.median(samples['bare_cpu_ms']) / steps)} ms, overhead "
+               f"{fmt(cpu_over)} ms"),
         Figure("agents.step_overhead_ms", overhead, "ms", None, None, f"<= {GOAL_MS:g}",
                overhead <= GOAL_MS,
                note=f"(durable - bare) / {steps} model steps, median over rounds "
