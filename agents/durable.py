@@ -38,7 +38,13 @@ from typing import Any, Generic, TypeVar, cast
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
 from pydantic_ai.exceptions import UserError
-from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agents.effects import EFFECT, Effects
@@ -187,6 +193,10 @@ class DurableAgent(Generic[DepsT, OutputT]):
             return cast(OutputT, value)
         adapter: TypeAdapter[OutputT] = TypeAdapter(kind)
         return adapter.validate_python(value)
+
+
+def _calls_tools(response: ModelResponse) -> bool:
+    return any(isinstance(part, ToolCallPart) for part in response.parts)
 
 
 def _tool_results(request: ModelRequest) -> bool:
@@ -411,8 +421,13 @@ class _Drive(Generic[DepsT, OutputT]):
                     node = await run.next(node)
                     self.requests += 1
                     state = self.consumed(state.with_history(run.all_messages()))
-                    await self.save(state, step=f"model-response:{len(state.messages)}",
-                                    response=True)
+                    response = getattr(node, "model_response", None)
+                    if response is None or _calls_tools(response):
+                        await self.save(state, step=f"model-response:{len(state.messages)}",
+                                        response=True)
+                    # else: an answer. pydantic-ai cannot resume from a history that ends
+                    # with one (it would ask the model again), so it commits with what it
+                    # leads to: the move to done, or the retry prompt of an answer refused.
                 else:
                     node = await run.next(node)
             output: Any = node.data.output
@@ -443,5 +458,7 @@ class _Drive(Generic[DepsT, OutputT]):
             handle = self.job.on(conn)
             await handle.transition(RunState.DONE, step="done", reason="the agent answered",
                                     evidence={"output": value}, checkpoint=state.dump())
+            failpoint("agent.before_response_commit")  # the answer commits with the move
         self.job = handle
+        failpoint("agent.after_response_commit")
         return self.progress(RunState.DONE, None, value)
