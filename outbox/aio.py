@@ -17,18 +17,21 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from outbox import approvals, artifacts, retry, runs, steps, workflows
-from outbox.checkpoints import KEEP, bounded
+from outbox import approvals, artifacts, fencing, retry, runs, steps, workflows
+from outbox.checkpoints import KEEP, checked_json
 from outbox.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
 from outbox.emit import _emit_async, _emit_many_async
 from outbox.envelope import Envelope
-from outbox.execution import AsyncConn, run_plan_async
+from outbox.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
+from outbox.failpoints import failpoint
 from outbox.handle import RunHandle, transition_ends
 from outbox.leases import Lease
+from outbox.queries import driver_sql
 from outbox.retention import DEFAULT_STATES, Progress, purge_batch_plan, purgeable_plan
-from outbox.settings import OutboxSettings
+from outbox.settings import OutboxSettings, default_settings
 from outbox.states import RunState
 from outbox.workflows import Workflow
 
@@ -103,10 +106,28 @@ async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
 async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
                           step: str | None = None,
                           settings: OutboxSettings | None = None) -> Lease:
-    """Async :func:`outbox.runs.save_checkpoint`."""
-    bounded(checkpoint, settings)
-    return await run_plan_async(
-        conn, runs.save_checkpoint_plan(lease, checkpoint, step, settings), settings)
+    """Async :func:`outbox.runs.save_checkpoint`: the same fenced write, as one statement
+    sent straight to psycopg (a durable agent saves one per model response and tool round;
+    through SQLAlchemy Core the write cost ~2.7 ms of client CPU, this way ~1 ms)."""
+    params = {"checkpoint": checked_json(checkpoint, settings), "step": step,
+              "run_id": lease.run_id, "token": lease.token, "version": lease.version}
+    schema = (settings or default_settings()).schema_name
+    connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
+    try:
+        row = await driver_row_async(
+            connection, driver_sql("outbox", "save_checkpoint", schema), params)
+    except ProgrammingError as exc:
+        if (translated := missing_schema(exc, settings)) is None:
+            raise
+        raise translated from exc
+    if row.version is None:
+        running = {RunState.RUNNING.value}
+        await run_plan_async(
+            conn, fencing.explain(lease.run_id, lease, RunState.RUNNING.value, running), settings)
+        raise AssertionError("explain raises for a missed fenced write")  # pragma: no cover
+    failpoint("outbox.after_checkpoint")
+    return Lease(run_id=lease.run_id, owner=lease.owner, token=lease.token,
+                 version=row.version, expires_at=row.lease_expires_at or lease.expires_at)
 
 
 async def renew(conn: AsyncConn, lease: Lease, lease_seconds: float, *,

@@ -23,15 +23,31 @@ KEEP: Final = _Keep.KEEP
 Keep = _Keep
 
 
-def encoded_size(value: Any) -> int:
-    """Bytes of *value* as compact UTF-8 JSON (what the limit is checked against)."""
+def encoded(value: Any) -> str:
+    """*value* as compact JSON text (what is stored, and what the limit is checked against)."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"checkpoint/step result must be JSON-serialisable ({exc}); store bytes as artifacts"
         ) from exc
-    return len(text.encode())
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of *value* as compact UTF-8 JSON (what the limit is checked against)."""
+    return len(encoded(value).encode())
+
+
+def checked_json(value: Any, settings: OutboxSettings | None) -> str | None:
+    """A checkpoint as the JSON text to store, checked against ``max_checkpoint_bytes``
+    (encoded once); ``None`` clears it."""
+    if value is None:
+        return None
+    text = encoded(value)
+    limit = (settings or default_settings()).max_checkpoint_bytes
+    if (size := len(text.encode())) > limit:
+        raise CheckpointTooLarge(size, limit)
+    return text
 
 
 def bounded(value: Any, settings: OutboxSettings | None) -> None:

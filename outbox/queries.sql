@@ -94,6 +94,28 @@ SELECT CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence) AS
        (SELECT count(*) FROM inserted) AS inserted,
        (SELECT count(*) FROM woken) AS woken
 
+-- name: save_checkpoint
+-- outbox.aio.save_checkpoint's one statement, the durable agent's hot path: the fence of
+-- outbox.fencing.statement (this run, its lease token and version, running, not purged) in
+-- the UPDATE itself, which locks the row as fencing's FOR UPDATE does. It returns only what
+-- the next lease needs (RETURNING the row would send the checkpoint back to be parsed); a
+-- NULL version is a miss, which outbox.fencing.explain names. NULL step keeps the step.
+WITH saved AS (
+    UPDATE {schema}.agent_runs
+       SET checkpoint = CAST(%(checkpoint)s AS jsonb),
+           step = COALESCE(CAST(%(step)s AS text), step),
+           version = version + 1,
+           updated_at = now()
+     WHERE id = CAST(%(run_id)s AS uuid)
+       AND lease_token = CAST(%(token)s AS bigint)
+       AND version = CAST(%(version)s AS bigint)
+       AND state = 'running'
+       AND purged_at IS NULL
+    RETURNING version, lease_expires_at
+)
+SELECT (SELECT version FROM saved) AS version,
+       (SELECT lease_expires_at FROM saved) AS lease_expires_at
+
 -- name: schema_versions_exists
 -- Whether the schema has been migrated at all (:name is the qualified table name).
 SELECT to_regclass(:name)
