@@ -35,6 +35,7 @@ from outbox.leases import Lease
 from outbox.migrate import check_schema, migrate, pending_sql
 from outbox.retention import purge, purge_batch
 from outbox.retry import RetryOutcome, RetryPolicy, handle_failure
+from outbox.runlog import read_log
 from outbox.runs import (
     Run,
     Transition,
@@ -102,6 +103,7 @@ __all__ = [
     "pending_sql",
     "purge",
     "purge_batch",
+    "read_log",
     "record",
     "recorded",
     "register",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from outbox import approvals, artifacts, fencing, retry, runs, steps, workflows
+from outbox import approvals, artifacts, fencing, retry, runlog, runs, steps, workflows
 from outbox.checkpoints import KEEP, checked_json
 from outbox.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
 from outbox.emit import _emit_async, _emit_many_async
@@ -53,6 +53,7 @@ __all__ = [
     "purge",
     "purge_batch",
     "purgeable",
+    "read_log",
     "record",
     "recorded",
     "register",
@@ -104,13 +105,15 @@ async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
 
 
 async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
-                          step: str | None = None,
+                          step: str | None = None, log: runlog.Log | None = None,
                           settings: OutboxSettings | None = None) -> Lease:
     """Async :func:`outbox.runs.save_checkpoint`: the same fenced write, as one statement
     sent straight to psycopg (a durable agent saves one per model response and tool round;
     through SQLAlchemy Core the write cost ~2.7 ms of client CPU, this way ~1 ms)."""
+    seqs, entries = runlog.encoded(log, settings)
     params = {"checkpoint": checked_json(checkpoint, settings), "step": step,
-              "run_id": lease.run_id, "token": lease.token, "version": lease.version}
+              "run_id": lease.run_id, "token": lease.token, "version": lease.version,
+              "log_seqs": seqs, "log_entries": entries}
     schema = (settings or default_settings()).schema_name
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
     try:
@@ -128,6 +131,12 @@ async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
     failpoint("outbox.after_checkpoint")
     return Lease(run_id=lease.run_id, owner=lease.owner, token=lease.token,
                  version=row.version, expires_at=row.lease_expires_at or lease.expires_at)
+
+
+async def read_log(conn: AsyncConn, run_id: uuid.UUID, *, upto: int | None = None,
+                   settings: OutboxSettings | None = None) -> list[Any]:
+    """Async :func:`outbox.runlog.read_log`."""
+    return await run_plan_async(conn, runlog.read_plan(run_id, upto), settings)
 
 
 async def renew(conn: AsyncConn, lease: Lease, lease_seconds: float, *,
@@ -337,10 +346,11 @@ class AsyncClaimedRun(RunHandle[AsyncConn]):
                                  wake_at=wake_at, settings=self.settings)
         self._kept(lease, ends=transition_ends(to))
 
-    async def save_checkpoint(self, checkpoint: Any, *, step: str | None = None) -> None:
+    async def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,
+                              log: runlog.Log | None = None) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.save_checkpoint`."""
         self._kept(await save_checkpoint(self.conn, self._held(), checkpoint, step=step,
-                                         settings=self.settings))
+                                         log=log, settings=self.settings))
 
     async def renew(self, lease_seconds: float) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.renew`."""

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, Self, TypeVar
 
-from outbox import approvals, retry, runs, steps
+from outbox import approvals, retry, runlog, runs, steps
 from outbox.checkpoints import KEEP
 from outbox.emit import emit as emit_one
 from outbox.emit import emit_many as emit_several
@@ -108,10 +108,11 @@ class ClaimedRun(RunHandle[SyncConn]):
                                 wake_at=wake_at, settings=self.settings)
         self._kept(lease, ends=transition_ends(to))
 
-    def save_checkpoint(self, checkpoint: Any, *, step: str | None = None) -> None:
+    def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,
+                        log: runlog.Log | None = None) -> None:
         """:func:`outbox.runs.save_checkpoint`."""
         self._kept(runs.save_checkpoint(self.conn, self._held(), checkpoint, step=step,
-                                        settings=self.settings))
+                                        log=log, settings=self.settings))
 
     def renew(self, lease_seconds: float) -> None:
         """:func:`outbox.runs.renew`: extend the lease to ``now() + lease_seconds``."""

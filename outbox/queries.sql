@@ -100,6 +100,7 @@ SELECT CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence) AS
 -- the UPDATE itself, which locks the row as fencing's FOR UPDATE does. It returns only what
 -- the next lease needs (RETURNING the row would send the checkpoint back to be parsed); a
 -- NULL version is a miss, which outbox.fencing.explain names. NULL step keeps the step.
+-- The log's entries (outbox/runlog.py; empty arrays: none) go in only with a saved row.
 WITH saved AS (
     UPDATE {schema}.agent_runs
        SET checkpoint = CAST(%(checkpoint)s AS jsonb),
@@ -111,10 +112,19 @@ WITH saved AS (
        AND version = CAST(%(version)s AS bigint)
        AND state = 'running'
        AND purged_at IS NULL
-    RETURNING version, lease_expires_at
+    RETURNING id, version, lease_expires_at
+),
+logged AS (
+    INSERT INTO {schema}.run_log (run_id, seq, entry)
+    SELECT saved.id, l.seq, CAST(l.entry AS jsonb)
+    FROM saved,
+         unnest(CAST(%(log_seqs)s AS integer[]), CAST(%(log_entries)s AS text[])) AS l(seq, entry)
+    ON CONFLICT (run_id, seq) DO UPDATE SET entry = EXCLUDED.entry
+    RETURNING 1
 )
 SELECT (SELECT version FROM saved) AS version,
-       (SELECT lease_expires_at FROM saved) AS lease_expires_at
+       (SELECT lease_expires_at FROM saved) AS lease_expires_at,
+       (SELECT count(*) FROM logged) AS logged
 
 -- name: schema_versions_exists
 -- Whether the schema has been migrated at all (:name is the qualified table name).

@@ -1,4 +1,4 @@
-"""Retention: drop the checkpoints and step results of long-finished runs, in small batches.
+"""Retention: drop the checkpoints, step results and logs of long-finished runs, in batches.
 
 What stays: the run row (state, evidence, the idempotency key as a tombstone with
 ``purged_at`` set) and its whole history. A purged run is never claimed or requeued, and
@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 
 from outbox.errors import ConfigurationError
 from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
 from outbox.states import FINISHED, RunState
 from outbox.tables import agent_runs, run_archive, step_results
+from outbox.tables import run_log as log
 
 DEFAULT_STATES = frozenset(FINISHED)
 
@@ -43,22 +44,28 @@ def purge_batch_plan(older_than: timedelta, batch_size: int, archive: bool,
         .cte("victims")
     )
     dropped = delete(s).where(s.c.run_id.in_(select(victims.c.id))).cte("dropped")
+    unlogged = delete(log).where(log.c.run_id.in_(select(victims.c.id))).cte("unlogged")
     purged = (
         update(r).where(r.c.id == victims.c.id)
         .values(checkpoint=cast(null(), JSONB), purged_at=func.now(), updated_at=func.now())
         .returning(r.c.id)
         .cte("purged")
     )
-    stmt = select(func.count()).select_from(purged).add_cte(dropped)
+    stmt = select(func.count()).select_from(purged).add_cte(dropped).add_cte(unlogged)
     if archive:
         steps = (
             select(func.jsonb_object_agg(s.c.step_key, s.c.result))
             .where(s.c.run_id == victims.c.id)
             .scalar_subquery()
         )
+        entries = (
+            select(func.jsonb_agg(aggregate_order_by(log.c.entry, log.c.seq)))
+            .where(log.c.run_id == victims.c.id)
+            .scalar_subquery()
+        )
         archived = insert(run_archive).from_select(
-            ["run_id", "checkpoint", "step_results"],
-            select(victims.c.id, victims.c.checkpoint, steps),
+            ["run_id", "checkpoint", "step_results", "log"],
+            select(victims.c.id, victims.c.checkpoint, steps, entries),
         )
         stmt = stmt.add_cte(archived.cte("archived"))
     rows = yield stmt

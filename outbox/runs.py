@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from outbox import fencing
+from outbox import fencing, runlog
 from outbox.checkpoints import KEEP, Keep, bounded, checkpoint_value
 from outbox.errors import (
     ConfigurationError,
@@ -405,12 +405,15 @@ def transition_plan(
 
 
 def save_checkpoint_plan(lease: Lease, checkpoint: Any, step: str | None,
-                         settings: OutboxSettings | None) -> Plan[Lease]:
+                         settings: OutboxSettings | None,
+                         log: runlog.Log | None = None) -> Plan[Lease]:
     values: dict[str, Any] = {"checkpoint": checkpoint_value(checkpoint, settings)}
     if step is not None:
         values["step"] = step
+    seqs, texts = runlog.encoded(log, settings)
     running = {RunState.RUNNING.value}
-    stmt = fencing.statement(lease.run_id, lease=lease, sources=running, values=values)
+    stmt = fencing.statement(lease.run_id, lease=lease, sources=running, values=values,
+                             also=runlog.insert_from(seqs, texts) if seqs else None)
     row = yield from fencing.write(stmt, lease.run_id, lease, RunState.RUNNING, running)
     assert row is not None
     failpoint("outbox.after_checkpoint")
@@ -590,10 +593,12 @@ def transition(
 
 
 def save_checkpoint(conn: SyncConn, lease: Lease, checkpoint: Any, *, step: str | None = None,
+                    log: runlog.Log | None = None,
                     settings: OutboxSettings | None = None) -> Lease:
-    """Store *checkpoint* (and *step*) for the leased run; never commits."""
+    """Store *checkpoint* (and *step*) for the leased run; never commits. *log*: entries of
+    the run's log (:mod:`outbox.runlog`) written in the same fenced statement."""
     bounded(checkpoint, settings)
-    return run_plan(conn, save_checkpoint_plan(lease, checkpoint, step, settings), settings)
+    return run_plan(conn, save_checkpoint_plan(lease, checkpoint, step, settings, log), settings)
 
 
 def renew(conn: SyncConn, lease: Lease, lease_seconds: float, *,

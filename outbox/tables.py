@@ -165,6 +165,18 @@ run_archive = Table(
     Column("checkpoint", JSONB),
     Column("step_results", JSONB),
     _ts("archived_at", nullable=False, default_now=True),
+    Column("log", JSONB),  # migration 0009
+)
+
+# A run's append-only log (migration 0009): a durable agent's message history, one entry per
+# message, written with the run's fenced checkpoint.
+run_log = Table(
+    "run_log",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("agent_runs.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("entry", JSONB, nullable=False),
+    CheckConstraint("seq >= 0", name="run_log_seq_check"),
 )
 
 artifacts = Table(

@@ -14,7 +14,8 @@ RUN_API = {
     "RunState",
     "StepAlreadyRecorded", "StepRecord", "StepRun", "Transition", "VersionPolicy", "Workflow",
     "WorkflowRetired", "claim", "get_run", "grant", "handle_failure", "history",
-    "load_artifact", "move", "purge", "purge_batch", "record", "recorded", "register",
+    "load_artifact", "move", "purge", "purge_batch", "read_log", "record", "recorded",
+    "register",
     "release", "renew", "request_approval", "retire", "revalidate", "revoke", "run_step",
     "save_checkpoint", "start_run", "store_artifact", "transition", "wake",
 }
@@ -31,7 +32,8 @@ def test_every_sync_writer_has_an_async_twin() -> None:
                     "move", "wake", "get_run", "history", "record", "recorded", "run_step",
                     "handle_failure", "store_artifact", "load_artifact", "request_approval",
                     "grant", "revoke", "revalidate", "register", "retire", "purge_batch",
-                    "purge", "purgeable", "emit", "emit_many", "apply_confirmation"}
+                    "purge", "purgeable", "emit", "emit_many", "apply_confirmation",
+                    "confirmations", "read_log"}
     assert sync_writers <= set(aio.__all__)
     assert all(callable(getattr(aio, name)) for name in aio.__all__)
     for function in (runs.claim, outbox.claim, aio.claim):
