@@ -100,7 +100,26 @@ SELECT CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence) AS
 -- the UPDATE itself, which locks the row as fencing's FOR UPDATE does. It returns only what
 -- the next lease needs (RETURNING the row would send the checkpoint back to be parsed); a
 -- NULL version is a miss, which outbox.fencing.explain names. NULL step keeps the step.
--- The log's entries (outbox/runlog.py; empty arrays: none) go in only with a saved row.
+WITH saved AS (
+    UPDATE {schema}.agent_runs
+       SET checkpoint = CAST(%(checkpoint)s AS jsonb),
+           step = COALESCE(CAST(%(step)s AS text), step),
+           version = version + 1,
+           updated_at = now()
+     WHERE id = CAST(%(run_id)s AS uuid)
+       AND lease_token = CAST(%(token)s AS bigint)
+       AND version = CAST(%(version)s AS bigint)
+       AND state = 'running'
+       AND purged_at IS NULL
+    RETURNING version, lease_expires_at
+)
+SELECT (SELECT version FROM saved) AS version,
+       (SELECT lease_expires_at FROM saved) AS lease_expires_at
+
+-- name: save_checkpoint_logged
+-- save_checkpoint with entries of the run's log (outbox/runlog.py), which go in only with a
+-- saved row. A statement of its own: the arrays cost a save without entries ~0.3 ms of
+-- client CPU. Arrays in binary (%(x)b), as emit_many's.
 WITH saved AS (
     UPDATE {schema}.agent_runs
        SET checkpoint = CAST(%(checkpoint)s AS jsonb),
@@ -118,7 +137,7 @@ logged AS (
     INSERT INTO {schema}.run_log (run_id, seq, entry)
     SELECT saved.id, l.seq, CAST(l.entry AS jsonb)
     FROM saved,
-         unnest(CAST(%(log_seqs)s AS integer[]), CAST(%(log_entries)s AS text[])) AS l(seq, entry)
+         unnest(CAST(%(log_seqs)b AS integer[]), CAST(%(log_entries)b AS text[])) AS l(seq, entry)
     ON CONFLICT (run_id, seq) DO UPDATE SET entry = EXCLUDED.entry
     RETURNING 1
 )

@@ -45,9 +45,13 @@ class Script:
     """After a retry prompt for bad arguments, call again with these."""
     requests: list[int] = field(default_factory=list)
     hold: asyncio.Event | None = None
+    fail_at: int | None = None
+    """The request (1-based) that fails once, as a model provider's outage would."""
 
     async def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         self.requests.append(len(messages))
+        if len(self.requests) == self.fail_at:
+            raise ConnectionError("the model provider is unreachable")
         if self.hold is not None:
             await self.hold.wait()
         last = messages[-1].parts[-1]

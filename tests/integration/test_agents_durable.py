@@ -7,6 +7,7 @@ import asyncio
 import json
 from datetime import timedelta
 
+import pytest
 from pydantic_ai import Agent, CallDeferred
 from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models.function import FunctionModel
@@ -102,6 +103,34 @@ def test_a_resumed_run_starts_from_its_last_model_response(database_url: str) ->
     assert lookups == ["A1", "A1"]
 
 
+@pytest.mark.parametrize(("checkpoint_tools_after", "lookups"), [(0.0, 1), (60.0, 2)])
+def test_a_tool_round_is_checkpointed_on_its_own_only_when_it_took_long_enough(
+        database_url: str, checkpoint_tools_after: float, lookups: int) -> None:
+    looked: list[str] = []
+    script = Script(fail_at=2)
+    durable = support_agent(script, lookup=looked.append, retry=FAST_RETRY,
+                            checkpoint_tools_after=checkpoint_tools_after)
+
+    async def scenario(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            run = await durable.start(conn, "Order A1 is late", key="ticket-9")
+        failed = await durable.work(engine, worker="w1")  # the second model request fails
+        assert failed is not None
+        assert failed.state is RunState.QUEUED
+        async with engine.connect() as conn:
+            logged = await aio.read_log(conn, run.id)
+        # request, response (the lookup call), and, checkpointed on its own, the lookup's result
+        assert len(logged) == (3 if lookups == 1 else 2)
+        await asyncio.sleep(0.05)
+        resumed = await durable.work(engine, worker="w2")
+        assert resumed is not None
+        assert resumed.state is RunState.WAITING
+
+    drive(database_url, scenario)
+    # A tool round checkpointed on its own is not run again; a fast one is (read-only).
+    assert looked == ["A1"] * lookups
+
+
 def test_arguments_that_do_not_validate_are_a_retry_for_the_model_not_a_message(
         database_url: str) -> None:
     script = Script(reorder_args={"item": "widget", "qty": "lots"},
@@ -116,9 +145,10 @@ def test_arguments_that_do_not_validate_are_a_retry_for_the_model_not_a_message(
         assert (waiting.state, waiting.model_requests) == (RunState.WAITING, 3)
         rows = await outbox_rows(engine)
         assert [json.loads(r.payload) for r in rows] == [{"item": "widget", "qty": 2}]
-        checkpoint = await _checkpoint(engine, run.id)
+        async with engine.connect() as conn:
+            logged = await aio.read_log(conn, run.id)
         # pydantic-ai told the model what was wrong (a retry part), and the model tried again.
-        retries = [p for m in checkpoint["messages"] for p in m["parts"]
+        retries = [p for m in logged for p in m["parts"]
                    if p["part_kind"] == "retry-prompt" or p.get("retry")]
         assert len(retries) == 1
         assert "qty" in json.dumps(retries[0])

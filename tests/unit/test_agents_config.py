@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from pydantic_ai import Agent
@@ -12,6 +13,7 @@ from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import FunctionModel
 
 from agents import AgentState, DurableAgent, Effects, agent_version, effect_message_id
+from agents.state import History, messages_from
 from outbox.errors import ConfigurationError
 
 
@@ -103,10 +105,23 @@ def test_an_effect_call_keeps_its_message_id() -> None:
     assert effect_message_id(run, "call-1") != effect_message_id(uuid.uuid4(), "call-1")
 
 
-def test_the_checkpoint_round_trips_the_message_history() -> None:
-    history = [ModelRequest.user_text_prompt("hi"),
-               ModelResponse(parts=[ToolCallPart("order", {"item": "w"}, tool_call_id="c1")])]
-    state = AgentState(prompt="hi").with_history(history)
-    again = AgentState.model_validate(state.dump())
-    assert again.history() == history
-    assert again.prompt == "hi"
+def test_only_new_messages_and_a_request_not_yet_sent_go_to_the_log() -> None:
+    prompt = ModelRequest.user_text_prompt("hi")
+    call = ModelResponse(parts=[ToolCallPart("order", {"item": "w"}, tool_call_id="c1")])
+    history = History([])
+    assert history.delta([prompt]) == {0: ANY}
+    history.committed([prompt])
+    # The request may have been completed when it was sent: written again with the response.
+    assert set(history.delta([prompt, call])) == {0, 1}
+    history.committed([prompt, call])
+    answer = ModelResponse(parts=[TextPart("done")])
+    assert set(history.delta([prompt, call, answer])) == {2}
+    # Another object at a logged position (a resumed run's copy) is written again.
+    assert set(history.delta([prompt, ModelResponse(parts=call.parts), answer])) == {1, 2}
+    # What is written reads back as the same messages.
+    assert messages_from(list(History([]).delta([prompt, call]).values())) == [prompt, call]
+
+
+def test_the_checkpoint_round_trips() -> None:
+    state = AgentState(prompt="hi", logged=3, approved=["c1"], results={"c2": {"ok": 1}})
+    assert AgentState.model_validate(state.dump()) == state
