@@ -21,8 +21,8 @@ from outbox.cli import (
     one_line_errors,
     open_engine,
 )
+from outbox.commands import json_option, limit_option
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the data as JSON.")
 by_option = click.option("--by", default=lambda: os.environ.get("USER", ""),
                          show_default="$USER", help="Who decides; recorded on the approval.")
 
@@ -43,8 +43,7 @@ def approvals_group() -> None:
 @approvals_group.command("list")
 @click.option("--run", "run_id", type=click.UUID, default=None, help="Only this run's.")
 @click.option("--pending", is_flag=True, help="Only those still waiting for a person.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Show at most this many rows.")
+@limit_option
 @database_url_option
 @json_option
 @one_line_errors
