@@ -305,10 +305,14 @@ class _Drive(Generic[DepsT, OutputT]):
     async def saving(self) -> AsyncIterator[AsyncClaimedRun]:
         """:meth:`writing` for one statement, which commits as it runs (the turn's
         autocommit connection)."""
-        async with self.conn.begin():
-            handle = self.job.on(self.conn)
-            yield handle
-        self.job = handle
+        handle = self.job.on(self.conn)
+        try:
+            async with self.conn.begin():
+                yield handle
+        finally:
+            # Each statement committed as it ran: the handle's lease is the run's even when
+            # a later one failed (a renewal went through, then the save was refused).
+            self.job = handle
         self.history.committed(self.messages)
 
     def log(self) -> dict[int, Any]:

@@ -182,6 +182,27 @@ def test_an_effect_payload_too_large_is_refused_before_commit(database_url: str)
     drive(database_url, scenario)
 
 
+def test_a_message_too_large_for_the_log_fails_the_run_even_after_a_renewal(
+        database_url: str) -> None:
+    # A lease so short that every save renews it first: the renewal commits, the save is then
+    # refused, and the failure must be recorded with the renewed lease (not lost as LeaseLost).
+    script = Script()
+    durable = support_agent(script, lookup=lambda order_id: None, lease_seconds=0.001,
+                            settings=OutboxSettings(max_checkpoint_bytes=300))
+
+    async def scenario(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            run = await durable.start(conn, "Order A1 is late", key="ticket-10")
+        failed = await durable.work(engine, worker="w1")
+        assert failed is not None
+        assert failed.state is RunState.FAILED, failed
+        assert "CheckpointTooLarge" in (failed.reason or "")
+        async with engine.connect() as conn:
+            assert (await aio.get_run(conn, run.id)).state is RunState.FAILED
+
+    drive(database_url, scenario)
+
+
 def test_an_effect_that_needs_approval_waits_for_the_grant_then_sends(
         database_url: str) -> None:
     script = Script()
