@@ -17,7 +17,7 @@ import pytest
 from outbox.failpoints import FAILPOINTS
 from tests.faults import __main__ as faults
 from tests.faults.runner import table
-from tests.faults.scenarios import ci_subset
+from tests.faults.scenarios import FAILPOINT_KIND, ci_subset
 
 # Proved once, by end-to-end tests that run with both Kafka clients and look closer: the
 # relay's failpoints (tests/e2e/test_relay_crashes.py: the duplicates each kill leaves, per-key
@@ -44,9 +44,14 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     ]))
     shown = table(report)
     results = {r["name"]: r for r in report["results"]}
-    for name in FAILPOINTS:  # each failpoint played here really killed a process
+    for name in FAILPOINT_KIND:  # each failpoint played here really killed a process
         if f"failpoint:{name}" not in IN_E2E:
             assert results[f"failpoint:{name}"]["kills"] >= 1, shown
+    # The others are the durable agent's, each played by its own crash test.
+    crash_tests = (ROOT / "tests" / "e2e" / "test_agents_crash.py").read_text()
+    for name in set(FAILPOINTS) - set(FAILPOINT_KIND):
+        assert name.startswith("agent."), name
+        assert f'"{name}"' in crash_tests, name
     assert report["lost"] == 0, shown
     assert report["double_effects"] == 0, shown
     assert report["committed"] > 0, shown
