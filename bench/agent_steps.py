@@ -47,10 +47,10 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from agents import DurableAgent
 from outbox.dsn import sqlalchemy_url, with_database
 from outbox.migrate import migrate
 from outbox.states import RunState
+from outbox_agents import DurableAgent
 
 GOAL_MS = 3.0
 SHORT = 2
@@ -109,8 +109,8 @@ def instrumented(spent: dict[str, float], calls: dict[str, int]) -> Iterator[Non
     """
     from pydantic_ai.run import AgentRun  # noqa: PLC0415
 
-    import agents.durable as durable_module  # noqa: PLC0415
-    import agents.state as state_module  # noqa: PLC0415
+    import outbox_agents.durable as durable_module  # noqa: PLC0415
+    import outbox_agents.state as state_module  # noqa: PLC0415
     from outbox import aio  # noqa: PLC0415
 
     def sync_timer(name: str, fn: Any) -> Any:

@@ -5,7 +5,7 @@ reorders the item from the supplier (an effect tool: a Kafka message through the
 placed at the HTTP supplier by a consumer at most once), waits for the supplier's answer
 and resumes with its order reference. ``make demo-agent`` runs it while killing the worker.
 
-* :mod:`.agent` — the agent, its tools and the :class:`agents.DurableAgent` (what you write);
+* :mod:`.agent` — the agent, its tools and the :class:`outbox_agents.DurableAgent` (what you write);
 * :mod:`.script` — the scripted model standing in for an LLM (no network, no API key);
 * :mod:`.worker` — ``python -m examples.support_agent.worker``: drives the runs;
 * :mod:`.consumer` — ``python -m consumers examples.support_agent.consumer:app``;

@@ -15,9 +15,9 @@ from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
-from agents import DurableAgent, Effects
 from examples.support_agent import config
 from examples.support_agent.script import scripted_model
+from outbox_agents import DurableAgent, Effects
 
 # The shop's order book, as the read-only tool sees it.
 ORDERS = {

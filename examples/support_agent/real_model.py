@@ -24,9 +24,9 @@ import sys
 from pydantic_ai.exceptions import UserError
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agents import DurableAgent
 from examples.support_agent.agent import support_agent
 from outbox.dsn import sqlalchemy_url
+from outbox_agents import DurableAgent
 
 MODEL = "OUTBOXKIT_AGENT_MODEL"
 HOW = f"""set {MODEL} to a pydantic-ai model name and that provider's API key, e.g.

@@ -18,8 +18,8 @@ import signal
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agents import DurableAgent
 from outbox.dsn import sqlalchemy_url
+from outbox_agents import DurableAgent
 
 
 def the_agent() -> DurableAgent[None, str]:

@@ -14,12 +14,12 @@ from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.toolsets import FunctionToolset
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agents import DurableAgent, effect_message_id
 from outbox import aio
 from outbox.retry import RetryPolicy
 from outbox.settings import OutboxSettings
 from outbox.states import RunState
 from outbox.workflows import VersionPolicy
+from outbox_agents import DurableAgent, effect_message_id
 from tests.integration.agents_support import Script, drive, outbox_rows, support_agent
 
 FAST_RETRY = RetryPolicy(initial_backoff=0.01, max_backoff=0.01, jitter=0)

@@ -12,9 +12,9 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import FunctionModel
 
-from agents import AgentState, DurableAgent, Effects, agent_version, effect_message_id
-from agents.state import History, messages_from
 from outbox.errors import ConfigurationError
+from outbox_agents import AgentState, DurableAgent, Effects, agent_version, effect_message_id
+from outbox_agents.state import History, messages_from
 
 
 def _reply(messages: Any, info: Any) -> ModelResponse:

@@ -10,7 +10,7 @@ at a time, committing at every step boundary:
   a step that committed;
 * after each round of **read-only tool calls**, the history with their results is
   checkpointed before the next model request;
-* a call to an **effect tool** (:class:`agents.Effects`) is deferred by pydantic-ai; its
+* a call to an **effect tool** (:class:`outbox_agents.Effects`) is deferred by pydantic-ai; its
   message goes to the outbox in the one transaction that also saves the checkpoint and
   moves the run to ``waiting``. When the consumer side confirms (``apply_confirmation`` /
   ``ctx.confirm``, or the operations ledger with ``on_settle="resume"``), the run is
@@ -50,9 +50,6 @@ from pydantic_ai.messages import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from agents.effects import EFFECT, Effects
-from agents.state import AgentState, History, Pending, effect_message_id, messages_from
-from agents.version import agent_version
 from outbox import aio
 from outbox.aio import AsyncClaimedRun
 from outbox.envelope import Envelope
@@ -64,6 +61,9 @@ from outbox.runs import Run
 from outbox.settings import OutboxSettings
 from outbox.states import RunState
 from outbox.workflows import Migration, VersionPolicy, Workflow
+from outbox_agents.effects import EFFECT, Effects
+from outbox_agents.state import AgentState, History, Pending, effect_message_id, messages_from
+from outbox_agents.version import agent_version
 
 log = logging.getLogger(__name__)
 DepsT = TypeVar("DepsT")
@@ -96,7 +96,7 @@ class _Stop(Exception):
 class DurableAgent(Generic[DepsT, OutputT]):
     """Runs of *agent* as outboxkit runs of the workflow *name* (default: the agent's name).
 
-    *effects*: the effect tools (:class:`agents.Effects`); the agent's own tools run inline,
+    *effects*: the effect tools (:class:`outbox_agents.Effects`); the agent's own tools run inline,
     as read-only steps. The runs pin the agent's version (model, instructions, tool schemas;
     or *version*) and a worker with another version follows *on_version_change*. *retry*
     decides what a failing step does; *approval_expires* how long a requested approval
@@ -316,7 +316,7 @@ class _Drive(Generic[DepsT, OutputT]):
         self.history.committed(self.messages)
 
     def log(self) -> dict[int, Any]:
-        """The log entries the next save writes (see agents.state.History)."""
+        """The log entries the next save writes (see outbox_agents.state.History)."""
         return self.history.delta(self.messages)
 
     async def save(self, state: AgentState, *, step: str, response: bool = False) -> None:

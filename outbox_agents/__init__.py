@@ -10,10 +10,10 @@ This package imports pydantic-ai; ``outbox``, ``relay``, ``consumers`` and ``ded
 import it.
 """
 
-from agents.durable import DEFAULT_RETRY, DurableAgent, Progress
-from agents.effects import Effects
-from agents.state import AgentState, Pending, effect_message_id
-from agents.version import AgentVersion, agent_version
+from outbox_agents.durable import DEFAULT_RETRY, DurableAgent, Progress
+from outbox_agents.effects import Effects
+from outbox_agents.state import AgentState, Pending, effect_message_id
+from outbox_agents.version import AgentVersion, agent_version
 
 __all__ = [
     "DEFAULT_RETRY",

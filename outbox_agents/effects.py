@@ -4,7 +4,7 @@ An effect tool is a plain function that turns the model's (validated) arguments 
 payload of one Kafka message. pydantic-ai sees an ordinary tool, with the schema and docstring
 of that function; when the model calls it, the function builds the payload and the call is
 *deferred* (pydantic-ai's ``CallDeferred``): the agent run stops with the call pending, and
-:class:`agents.DurableAgent` writes the message to the outbox, in the transaction that moves
+:class:`outbox_agents.DurableAgent` writes the message to the outbox, in the transaction that moves
 the run to ``waiting``. The tool's return value, when the run resumes, is what the consumer
 side confirmed.
 
@@ -62,7 +62,7 @@ def message_key(spec: EffectSpec, payload: Any) -> str | None:
 
 
 class Effects(FunctionToolset[Any]):
-    """A toolset of effect tools; give it to :class:`agents.DurableAgent` (``effects=``).
+    """A toolset of effect tools; give it to :class:`outbox_agents.DurableAgent` (``effects=``).
 
     ::
 
