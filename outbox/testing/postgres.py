@@ -30,6 +30,16 @@ FAST_SETTINGS = {
     "max_locks_per_transaction": "256",
 }
 
+# What a primary needs to feed a streaming standby (outbox.testing.pg_standby). These are
+# PostgreSQL 10+'s defaults, written out so a site-wide config that lowers them cannot break
+# the standby; initdb's pg_hba.conf already lets loopback connect for replication (trust).
+REPLICATION_SETTINGS = {
+    "wal_level": "replica",
+    "max_wal_senders": "10",
+    "max_replication_slots": "10",
+    "hot_standby": "on",
+}
+
 
 @dataclass(frozen=True)
 class PostgresCluster:
@@ -135,7 +145,9 @@ def start(data_dir: Path, port: int) -> PostgresCluster:
         )
         if result.returncode != 0:
             raise ServiceError(f"initdb failed in {data}: {result.stderr.strip()[-2000:]}")
-        settings = "\n".join(f"{k} = '{v}'" for k, v in FAST_SETTINGS.items())
+        settings = "\n".join(
+            f"{k} = '{v}'" for k, v in {**FAST_SETTINGS, **REPLICATION_SETTINGS}.items()
+        )
         with (data / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# outboxkit test cluster\n{settings}\n")
     # Only loopback; the socket goes in our own folder, not the system's /run/postgresql.
