@@ -130,12 +130,29 @@ def _cluster_id() -> str:
             return cid
 
 
-def _write_config(home: Path, port: int, controller_port: int) -> Path:
+def _write_config(
+    home: Path,
+    port: int,
+    controller_port: int,
+    *,
+    node_id: int = 1,
+    voters: str | None = None,
+    settings: dict[str, str] | None = None,
+) -> Path:
+    """The node's server.properties. Called with three arguments, the single broker's, as
+    before; a cluster's node passes its id, the static quorum (``controller.quorum.voters``,
+    ``"1@127.0.0.1:port,..."``) and the settings that replace the single broker's (its
+    replication factors of 1)."""
     data = home / "data"
+    quorum = (
+        ("controller.quorum.voters", voters)
+        if voters
+        else ("controller.quorum.bootstrap.servers", f"127.0.0.1:{controller_port}")
+    )
     props = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
+        "node.id": str(node_id),
+        quorum[0]: quorum[1],
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -155,17 +172,21 @@ def _write_config(home: Path, port: int, controller_port: int) -> Path:
         "num.io.threads": "4",
         "log.retention.hours": "24",
     }
+    props.update(settings or {})
     config = home / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     (home / "log4j2.properties").write_text(LOG4J2.format(log=home / "server.log"))
     return config
 
 
-def _java_argv(home: Path, libs: Path, main: str, *args: str) -> list[str]:
+def _java_argv(
+    home: Path, libs: Path, main: str, *args: str, heap_mb: int | None = None
+) -> list[str]:
+    # A cluster's nodes get one small fixed heap each, so three JVMs fit beside the rest.
+    heap = [f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m"] if heap_mb else ["-Xms256m", "-Xmx768m"]
     return [
         str(java_executable()),
-        "-Xms256m",
-        "-Xmx768m",
+        *heap,
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
@@ -218,29 +239,52 @@ def start(
     config = _write_config(home, port, controller_port)
     if not (home / "data" / "meta.properties").exists():
         shutil.rmtree(home / "data", ignore_errors=True)
-        fmt = subprocess.run(
-            _java_argv(
-                home,
-                libs,
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                _cluster_id(),
-                "-c",
-                str(config),
-                "--standalone",
-            ),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if fmt.returncode != 0:
-            raise ServiceError(f"formatting Kafka's storage failed: {fmt.stderr.strip()[-2000:]}")
+        format_storage(home, libs, config, _cluster_id(), standalone=True)
+    proc = launch(home, libs, config, port, controller_port)
+    broker = KafkaBroker(home, port, controller_port, proc.pid)
+    try:
+        wait_ready(broker, timeout_s=ready_timeout_s)
+    except ServiceError:
+        abandon(home, proc)
+        raise
+    return broker
+
+
+def format_storage(
+    home: Path,
+    libs: Path,
+    config: Path,
+    cluster_id: str,
+    *,
+    standalone: bool,
+    heap_mb: int | None = None,
+) -> None:
+    """Write the node's meta.properties. ``standalone``: a quorum of this one node (KIP-853);
+    a cluster's nodes name their voters in ``controller.quorum.voters`` instead."""
+    flags = ["--standalone"] if standalone else []
+    argv = _java_argv(
+        home, libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
+        *flags, heap_mb=heap_mb,
+    )  # fmt: skip
+    fmt = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if fmt.returncode != 0:
+        raise ServiceError(f"formatting Kafka's storage failed: {fmt.stderr.strip()[-2000:]}")
+
+
+def launch(
+    home: Path,
+    libs: Path,
+    config: Path,
+    port: int,
+    controller_port: int,
+    *,
+    heap_mb: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start the node's JVM and record its pid and ports in *home*; not waiting for it."""
     out = (home / "stdout.log").open("ab")
     # A session of its own: the broker outlives the command that started it.
     proc = subprocess.Popen(
-        _java_argv(home, libs, "kafka.Kafka", str(config)),
+        _java_argv(home, libs, "kafka.Kafka", str(config), heap_mb=heap_mb),
         stdout=out,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -251,16 +295,26 @@ def start(
     # Ports first: a pid file is only ever read with its ports already beside it.
     (home / PORTS_FILE).write_text(json.dumps({"port": port, "controller_port": controller_port}))
     (home / PID_FILE).write_text(f"{proc.pid}\n")
-    broker = KafkaBroker(home, port, controller_port, proc.pid)
-    try:
-        wait_ready(broker, timeout_s=ready_timeout_s)
-    except ServiceError:
-        stop_pid(proc.pid, grace_s=5)
-        _CHILDREN.pop(proc.pid, None)
-        proc.wait(timeout=5)
+    return proc
+
+
+def abandon(home: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Stop a node that did not become ready, and forget its pid."""
+    stop_pid(proc.pid, grace_s=5)
+    _CHILDREN.pop(proc.pid, None)
+    proc.wait(timeout=5)
+    (home / PID_FILE).unlink(missing_ok=True)
+
+
+def forget(home: Path, pid: int) -> None:
+    """Reap a node's process that has exited (ours) and drop its pid file, so a reused pid
+    is never signalled by the next ``kill $(cat broker.pid)``."""
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        child.wait(timeout=5)
+    recorded = _recorded(home)
+    if recorded is not None and recorded[0] == pid:
         (home / PID_FILE).unlink(missing_ok=True)
-        raise
-    return broker
 
 
 def wait_ready(broker: KafkaBroker, *, timeout_s: float) -> None:

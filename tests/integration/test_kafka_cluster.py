@@ -1,0 +1,193 @@
+"""The local 3-node KRaft cluster (outbox.testing.kafka_cluster) is production's topology:
+a topic is replicated 3 times with min.insync.replicas=2; the SIGKILLed leader of a
+partition costs seconds of publishing with acks=all and no acknowledged record; the killed
+node rejoins the ISR; the cluster is found again from its folder and stopped by pid.
+
+One test, one cluster: ``make test`` spreads tests over workers one by one (--dist load),
+so the steps of this story share a cluster only inside one test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KafkaTopicPartition
+
+from outbox.kafka import Connection, Outgoing, ProducerOptions, backend
+from outbox.testing.kafka_cluster import (
+    KafkaCluster,
+    running_cluster,
+    start_cluster,
+    stop_cluster,
+)
+from outbox.testing.processes import pid_alive
+
+BATCH = 10
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    home = tmp_path_factory.mktemp("kafka-cluster")
+    started = time.monotonic()
+    try:
+        found = start_cluster(home, ready_timeout_s=75)
+        print(f"\n3-node cluster ready in {time.monotonic() - started:.1f} s")
+        yield found
+    finally:
+        stop_cluster(home, grace_s=10)  # stops whatever a failed test left running
+
+
+@dataclass
+class Publisher:
+    """Sends numbered records in batches with acks=all (the relay's producer), each batch
+    awaited, until stopped; remembers when each batch was sent and acknowledged."""
+
+    cluster: KafkaCluster
+    topic: str
+    acked: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    batches: list[tuple[float, float, bool]] = field(default_factory=list)  # sent, done, ok
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        connection = Connection(self.cluster.bootstrap)
+        producer = backend("kafka-python", connection).producer(
+            ProducerOptions(client_id="cluster-test", delivery_timeout_ms=60_000)
+        )
+        n = 0
+        try:
+            while not self.stop.is_set():
+                values = list(range(n, n + BATCH))
+                n += BATCH
+                sent = time.monotonic()
+                records = [Outgoing(self.topic, b"k", str(v).encode(), []) for v in values]
+                deliveries = producer.send(records, timeout_s=60)
+                ok = all(d.ok for d in deliveries)
+                self.batches.append((sent, time.monotonic(), ok))
+                for v, d in zip(values, deliveries, strict=True):
+                    (self.acked if d.ok else self.failed).append(v)
+        finally:
+            producer.close()
+
+    def wait_acked(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.acked) < count:
+            assert time.monotonic() < deadline, f"only {len(self.acked)} of {count} acked"
+            time.sleep(0.05)
+
+
+def consume_all(cluster: KafkaCluster, topic: str, expected: set[int]) -> list[int]:
+    """Every record of partition 0 from the start, until *expected* are all read."""
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, enable_auto_commit=False)
+    partition = KafkaTopicPartition(topic, 0)
+    consumer.assign([partition])
+    consumer.seek_to_beginning(partition)
+    values: list[int] = []
+    deadline = time.monotonic() + 30
+    try:
+        while not expected <= set(values) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                values.extend(int(r.value) for r in records)
+    finally:
+        consumer.close()
+    return values
+
+
+def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed(
+    cluster: KafkaCluster,
+) -> None:
+    # The cluster forms: three brokers seen by a client, a quorum leader among them.
+    assert cluster.brokers() == {1, 2, 3}
+    controller = cluster.active_controller()
+    assert controller in {1, 2, 3}
+    assert len(cluster.bootstrap.split(",")) == 3
+    pids = {n.id: n.pid for n in cluster.nodes}
+    for node in cluster.nodes:
+        assert node.pid is not None
+        assert (node.home / "broker.pid").read_text().strip() == str(node.pid)
+
+    # A topic with 3 replicas, 2 of them needed in sync to acknowledge.
+    topic = f"cluster-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, replication_factor=3, configs={"min.insync.replicas": "2"})
+    cluster.wait_in_sync(topic, timeout_s=30)
+    before = cluster.partition(topic)
+    assert len(before.replicas) == 3
+    assert set(before.isr) == {1, 2, 3}
+
+    # Publishing with acks=all goes on across the SIGKILL of the partition's leader.
+    publisher = Publisher(cluster, topic)
+    thread = threading.Thread(target=publisher.run, daemon=True)
+    thread.start()
+    try:
+        publisher.wait_acked(200, timeout_s=30)
+        leader = before.leader
+        killed_at = time.monotonic()
+        cluster.kill(leader, signal.SIGKILL)
+        assert not pid_alive(pids[leader] or 0)
+        acked_at_kill = len(publisher.acked)
+        publisher.wait_acked(acked_at_kill + 200, timeout_s=40)
+    finally:
+        publisher.stop.set()
+        thread.join(timeout=70)
+    assert not thread.is_alive()
+    after_kill = [done for sent, done, ok in publisher.batches if sent >= killed_at and ok]
+    resumed_s = min(after_kill) - killed_at
+    gap_s = max(b[1] - a[1] for a, b in itertools.pairwise(publisher.batches))
+    new_leader = cluster.leader(topic)
+    print(
+        f"killed leader {leader} (active controller: {controller}); acks=all resumed "
+        f"{resumed_s:.1f} s after the SIGKILL (longest gap between acks {gap_s:.1f} s); "
+        f"new leader {new_leader}; {len(publisher.acked)} acked, {len(publisher.failed)} "
+        "failed"
+    )
+    assert resumed_s <= 15
+    assert new_leader in set(before.replicas) - {leader}
+
+    # Nothing acknowledged is lost, nothing is doubled, the order is kept.
+    consumed = consume_all(cluster, topic, set(publisher.acked))
+    assert set(publisher.acked) <= set(consumed), sorted(set(publisher.acked) - set(consumed))
+    assert consumed == sorted(set(consumed)), "duplicates or out of order"
+
+    # The killed node comes back on its ports and data and rejoins the ISR.
+    restarted_at = time.monotonic()
+    node = cluster.restart(leader, ready_timeout_s=45)
+    assert node.pid is not None
+    assert node.pid != pids[leader]
+    rejoin_s = cluster.wait_in_sync(topic, timeout_s=30)
+    print(
+        f"node {leader} restarted and back in the ISR in "
+        f"{time.monotonic() - restarted_at:.1f} s (ISR wait {rejoin_s:.1f} s)"
+    )
+    assert set(cluster.partition(topic).isr) == {1, 2, 3}
+
+    # Another process finds the started cluster from its folder alone, and starting it
+    # again reuses the running nodes.
+    assert [n.pid for n in start_cluster(cluster.home).nodes] == [n.pid for n in cluster.nodes]
+    found = running_cluster(cluster.home)
+    assert found is not None
+    assert found.bootstrap == cluster.bootstrap
+    live = {n.id: n.pid for n in found.nodes}
+    assert all(live.values())
+    assert live[leader] == node.pid
+    shell = subprocess.run(
+        ["sh", "-c", " && ".join(f"kill -0 $(cat {n.home / 'broker.pid'})" for n in found.nodes)],
+        capture_output=True, text=True, timeout=10, check=False,
+    )  # fmt: skip
+    assert shell.returncode == 0, shell.stderr
+
+    # stop_cluster stops all three by pid.
+    stopping = time.monotonic()
+    assert stop_cluster(cluster.home) == [1, 2, 3]
+    print(f"cluster stopped in {time.monotonic() - stopping:.1f} s")
+    assert not any(pid_alive(pid) for pid in live.values() if pid)
+    assert running_cluster(cluster.home) is None
+    assert all(not (n.home / "broker.pid").exists() for n in found.nodes)
