@@ -54,13 +54,25 @@ bench-quick: bootstrap
 bench-peers: bootstrap
 	$(VENV)/python bench/peers/debezium.py $(ARGS)
 
-# The fault harness (the CI subset is part of `make test`): a table and faults-report.json.
-# SEED=N replays a run; `make soak MINUTES=30` loops every scenario for that long.
+# The fault harness (the CI subset is part of `make test`): a table and faults-report.json,
+# then the cluster set (3 Kafka nodes, PostgreSQL + synchronous standby; ROUNDS=3 rounds):
+# faults-report-cluster.json. SEED=N replays a run; `make soak MINUTES=30` loops every
+# scenario for that long, then the cluster set for as long. Both sets run even if the first
+# fails; the target fails if either did.
 faults: bootstrap
-	$(VENV)/python -m tests.faults $(if $(SEED),--seed $(SEED))
+	@status=0; \
+	$(VENV)/python -m tests.faults $(if $(SEED),--seed $(SEED)) || status=1; \
+	$(VENV)/python -m tests.faults --cluster --rounds $(or $(ROUNDS),3) \
+		$(if $(SEED),--seed $(SEED)) || status=1; \
+	exit $$status
 
 soak: bootstrap
-	$(VENV)/python -m tests.faults --soak $(or $(MINUTES),30) $(if $(SEED),--seed $(SEED))
+	@status=0; \
+	$(VENV)/python -m tests.faults --soak $(or $(MINUTES),30) $(if $(SEED),--seed $(SEED)) \
+		|| status=1; \
+	$(VENV)/python -m tests.faults --cluster --soak $(or $(MINUTES),30) \
+		$(if $(SEED),--seed $(SEED)) || status=1; \
+	exit $$status
 
 services-up: bootstrap
 	@$(SERVICES) up

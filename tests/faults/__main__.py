@@ -4,9 +4,12 @@
     python -m tests.faults --seed 42            # replay a run
     python -m tests.faults --full               # every scenario, longer outages
     python -m tests.faults --soak 30            # scenarios in a loop for 30 minutes
+    python -m tests.faults --cluster --rounds 3 # production's topology: 3 Kafka nodes, a
+                                                # PostgreSQL primary + synchronous standby
 
-Ends with the table, writes ``faults-report.json`` at the repository root, and exits 1
-when any invariant failed (printing the seed and the command that replays it).
+Ends with the table, writes ``faults-report.json`` (``faults-report-cluster.json`` with
+``--cluster``) at the repository root, and exits 1 when any invariant failed (printing the
+seed and the command that replays it).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from tests.faults import runner, scenarios
+from tests.faults import cluster_scenarios, runner, scenarios
 from tests.faults.harness import Harness, ScenarioResult, Topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pick(args: argparse.Namespace, rng: random.Random) -> list[scenarios.Scenario]:
     outage = rng.uniform(20, 60) if args.full or args.soak else args.outage
-    if args.soak:
+    if args.cluster:
+        chosen = cluster_scenarios.cluster_set()
+    elif args.soak:
         chosen = scenarios.full(outage, kill_rounds=25)
     elif args.full:
         chosen = scenarios.full(outage)
@@ -43,33 +49,41 @@ def pick(args: argparse.Namespace, rng: random.Random) -> list[scenarios.Scenari
     return chosen
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="outboxkit-faults-"))
     h = Harness(workdir, seed=seed, topology=Topology(args.agents, args.relays, args.consumers),
-                orders=args.orders)
+                orders=args.orders, cluster=args.cluster)
     started, t0 = datetime.now(UTC).isoformat(), time.monotonic()
     results: list[ScenarioResult] = []
-    print(f"fault harness: seed {seed}, work dir {workdir}", flush=True)
-    h.start()
+    print(f"fault harness: seed {seed}, work dir {workdir}"
+          f"{' (cluster)' if args.cluster else ''}", flush=True)
     try:
+        h.start()  # inside the try: a start that fails halfway still stops what it started
         deadline = t0 + args.soak * 60 if args.soak else None
+        rounds = 0
         while True:
+            rounds += 1
             for scenario in pick(args, h.rng):
                 result = runner.run_scenario(h, scenario)
                 results.append(result)
+                shown = (f", publishing stopped {result.unavailability_s} s"
+                         if result.unavailability_s is not None else "")
                 print(f"  {scenario.name}: {'ok' if result.ok else 'FAILED'} "
-                      f"({result.kills} kills, recovered in {result.recovery_s} s)", flush=True)
+                      f"({result.kills} kills, recovered in {result.recovery_s} s{shown})",
+                      flush=True)
                 if deadline and time.monotonic() > deadline:
                     break
-            if not deadline or time.monotonic() > deadline:
+            if deadline and time.monotonic() > deadline:
+                break
+            if not deadline and rounds >= args.rounds:
                 break
     finally:
         h.stop()
     rep = runner.report(h, results, started, time.monotonic() - t0,
                         full=bool(args.full or args.soak))
     print(runner.table(rep))
-    runner.write(rep, Path(args.report))
+    runner.write(rep, Path(args.report or ROOT / report_file(args)))
     if not rep["ok"]:
         print(f"FAILED with seed {seed}; replay: {rep['replay']}; logs in {workdir}/logs",
               file=sys.stderr)
@@ -88,9 +102,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--relays", type=int, default=2)
     p.add_argument("--consumers", type=int, default=2)
-    p.add_argument("--report", default=str(ROOT / "faults-report.json"))
+    p.add_argument("--cluster", action="store_true",
+                   help="production's topology: 3 Kafka nodes, PostgreSQL + synchronous standby")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the chosen set N times")
+    p.add_argument("--report", help="where the JSON report goes (default: faults-report.json, "
+                   "or faults-report-cluster.json with --cluster, at the repository root)")
     p.add_argument("--workdir", help="where services and logs go (default: a temp dir)")
     return p.parse_args(argv)
+
+
+def report_file(args: argparse.Namespace) -> str:
+    return "faults-report-cluster.json" if args.cluster else "faults-report.json"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,11 @@
 PostgreSQL and a Kafka broker of its own (so it may stop and restart them), faults injected
 while orders flow, and the invariants checked from the records after every scenario.
 
+With ``cluster=True`` the pipeline runs on production's topology instead
+(:mod:`tests.faults.topology`): a PostgreSQL primary with a synchronous standby behind a
+failover URL, a 3-node Kafka cluster with the topic replicated 3 times, and a steady publish
+probe (:mod:`tests.faults.probe`) that measures how long each fault stops publishing.
+
 Every random choice comes from one seeded ``random.Random``: the same seed replays the same
 scenario plan (which failpoint fires on which hit, which process is killed when). Timing
 still varies from run to run, as it does in production.
@@ -22,10 +27,13 @@ from sqlalchemy import Engine, create_engine, text
 
 from examples.supplier_client import SupplierClient
 from examples.supplier_order import agent, invariants
-from examples.supplier_order.pipeline import Pipeline
+from examples.supplier_order.pipeline import PARTITIONS, Pipeline
 from outbox import migrate
 from outbox.dsn import sqlalchemy_url, with_database
 from outbox.testing.services import LocalServices
+from tests.faults.probe import PARTITIONS as PROBE_PARTITIONS
+from tests.faults.probe import TOPIC_CONFIGS, Probe, probe_topic
+from tests.faults.topology import ClusterServices
 
 FINAL = ("done", "failed", "needs-human")
 
@@ -57,19 +65,30 @@ class ScenarioResult:
     expected_paths: dict[str, str] = field(default_factory=dict)  # label → expected path
     run_labels: dict[str, str] = field(default_factory=dict)  # run id → label
     paths_taken: dict[str, str] = field(default_factory=dict)  # label → path taken
+    # --- the cluster's figures -----------------------------------------------------------
+    fault_window: tuple[float, float] | None = None  # time.time() of the first fault, its end
+    unavailability_s: float | None = None  # the longest publish gap overlapping the window
+    resent: int = 0  # records in Kafka more than once (the scenario's and the probe's)
+    restarts: list[str] = field(default_factory=list)  # processes heal() had to restart
+    probe: dict[str, Any] = field(default_factory=dict)  # acked, unknown, lost, resent
+    probe_lost: list[str] = field(default_factory=list)  # acked probe messages not in Kafka
 
     @property
     def ok(self) -> bool:
         return (self.error is None and not self.unexpected and self.findings is not None
-                and self.findings.ok)
+                and self.findings.ok and not self.probe_lost)
 
 
 class Harness:
-    """One database, one broker, one topic and one set of processes for a whole session."""
+    """One database, one broker (or production's topology), one topic and one set of
+    processes for a whole session."""
 
     def __init__(self, workdir: Path, *, seed: int, topology: Topology | None = None,
-                 orders: int = 12) -> None:
+                 orders: int = 12, cluster: bool = False) -> None:
         self.workdir, self.seed = workdir, seed
+        self.cluster = ClusterServices(workdir) if cluster else None
+        self.probe: Probe | None = None
+        self.restarted: list[str] = []  # every process heal() restarted, in order
         self.rng = random.Random(seed)
         self.topology = topology or Topology()
         self.orders = orders
@@ -83,37 +102,69 @@ class Harness:
 
     # --- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
-        endpoints = self.services.up()
         database = "faults"
-        admin = create_engine(sqlalchemy_url(endpoints.database_url), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
-            conn.exec_driver_sql(f"CREATE DATABASE {database}")
-        admin.dispose()
-        url = with_database(endpoints.database_url, database)
-        self.engine = create_engine(sqlalchemy_url(url), pool_pre_ping=True)
+        if self.cluster is not None:
+            url, bootstrap = self.cluster.up(database)
+        else:
+            endpoints = self.services.up()
+            bootstrap = endpoints.kafka_bootstrap
+            admin = create_engine(sqlalchemy_url(endpoints.database_url),
+                                  isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+                conn.exec_driver_sql(f"CREATE DATABASE {database}")
+            admin.dispose()
+            url = with_database(endpoints.database_url, database)
+        # connect_timeout: a failover URL's attempt on a node nobody answers is bounded.
+        self.engine = create_engine(sqlalchemy_url(url), pool_pre_ping=True,
+                                    connect_args={"connect_timeout": 3})
         migrate(self.engine)
         topic = f"order.submit.faults-{uuid.uuid4().hex[:6]}"
-        self.pipeline = Pipeline(database_url=url, bootstrap=endpoints.kafka_bootstrap,
+        self.pipeline = Pipeline(database_url=url, bootstrap=bootstrap,
                                  topic=topic, group=f"orders-{topic}",
                                  workdir=self.workdir / "logs")
-        self.pipeline.create_topic()
+        if self.cluster is not None:
+            self._create_cluster_topics(url, bootstrap)
+        else:
+            self.pipeline.create_topic()
         self.supplier = SupplierClient(self.pipeline.start_supplier(), timeout=5)
         for kind, name in self.topology.names():
             self.pipeline.start(kind, name)
         self.wait_ready()
+        if self.probe is not None:
+            self.probe.start()
         self._sampler = threading.Thread(target=self._sample_duplicates, daemon=True)
         self._sampler.start()
 
+    def _create_cluster_topics(self, url: str, bootstrap: str) -> None:
+        """The scenario topic replicated 3 times with min.insync.replicas 2 (what production
+        runs), and the probe's topic the same way, stamped with the broker's append time."""
+        assert self.cluster is not None
+        k = self.cluster.k
+        replicated = {"min.insync.replicas": "2"}
+        k.create_topic(self.p.topic, partitions=PARTITIONS, replication_factor=3,
+                       configs=replicated)
+        self.probe = Probe(url, probe_topic(), bootstrap)
+        k.create_topic(self.probe.topic, partitions=PROBE_PARTITIONS, replication_factor=3,
+                       configs={**replicated, **TOPIC_CONFIGS})
+
     def stop(self) -> None:
+        """Stops everything this harness started, even after a failed start."""
         self._sampling.set()
-        if self._sampler is not None:
-            self._sampler.join(timeout=5)
-        if self.pipeline is not None:
-            self.pipeline.stop_all()
-        if self.engine is not None:
-            self.engine.dispose()
-        self.services.down()
+        try:
+            if self.probe is not None:
+                self.probe.stop()
+            if self._sampler is not None:
+                self._sampler.join(timeout=5)
+            if self.pipeline is not None:
+                self.pipeline.stop_all()
+            if self.engine is not None:
+                self.engine.dispose()
+        finally:
+            if self.cluster is not None:
+                self.cluster.down()
+            else:
+                self.services.down()
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
         """Until every consumer answers /readyz: the first scenario then measures recovery,
@@ -146,6 +197,7 @@ class Harness:
         dead = [n for n in self.p.dead() if n != "supplier"]
         for name in dead:
             self.p.restart(name)
+        self.restarted += dead
         return dead
 
     def wait_final(self, run_ids: list[uuid.UUID], timeout_s: float,
