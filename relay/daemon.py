@@ -30,6 +30,7 @@ from outbox.kafka import KafkaClientError
 from outbox.queries import driver_sql, sql
 from outbox.runtime import Lifecycle, required_database_url
 from outbox.settings import OutboxSettings
+from relay import timeline
 from relay.claims import (
     CLAIM_PLANNER,
     Claimed,
@@ -46,6 +47,7 @@ from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
 from relay.retention import purge_published
 from relay.settings import RelaySettings
+from relay.timeline import TimelineChanged
 from relay.wakeup import Listener, WakeUp
 
 log = logging.getLogger(__name__)
@@ -90,10 +92,16 @@ class Relay:
         # Autocommit: a claim is one read-only statement, so BEGIN and COMMIT would be two of
         # its three round trips.
         self.claim_engine: Engine = create_engine(
-            sqlalchemy_url(url), pool_size=1, max_overflow=0, pool_pre_ping=True,
-            connect_args={"options": CLAIM_PLANNER}, isolation_level="AUTOCOMMIT",
+            sqlalchemy_url(url),
+            pool_size=1,
+            max_overflow=0,
+            pool_pre_ping=True,
+            connect_args={"options": CLAIM_PLANNER},
+            isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )
+        timeline.watch(self.engine)
+        timeline.watch(self.claim_engine)
         self.metrics = RelayMetrics()
         # Capped from the first delay: an initial delay over the maximum waits the maximum.
         self.backoff = Backoff(
@@ -133,6 +141,7 @@ class Relay:
         self._marking: Future[None] | None = None
         # Each owned lane's cursor, one batch ahead of the database's (relay/cursors.py).
         self._cursors: dict[int, Cursor] = {}
+        self._timeline: int | None = None  # the one they were read on (relay/timeline.py)
         self.publisher: Publisher | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._listener: Listener | None = None
@@ -309,7 +318,9 @@ class Relay:
                 "cannot read %s.operations (%s), so outboxkit_relay_unsettled_operations is "
                 "not exported; to export it, GRANT SELECT (status) ON %s.operations to the "
                 "relay's role",
-                self.schema, describe_briefly(exc), self.schema,
+                self.schema,
+                describe_briefly(exc),
+                self.schema,
                 extra={"event": "relay.operations_unreadable"},
             )
             return
@@ -413,11 +424,12 @@ class Relay:
         """The next rows of the owned lanes, read from this relay's cursors (one batch ahead
         of the database's while the previous batch is being recorded)."""
         self._rotate += 1
-        cursors: dict[int, Cursor | int] = {}
-        for lane, token in owned.items():
-            known = self._cursors.get(lane)
-            cursors[lane] = known if known is not None and known.token == token else token
         with self.claim_engine.begin() as conn:
+            self._follow_timeline(timeline.of(conn))
+            cursors: dict[int, Cursor | int] = {}
+            for lane, token in owned.items():
+                known = self._cursors.get(lane)
+                cursors[lane] = known if known is not None and known.token == token else token
             batch = claim_messages(
                 conn,
                 self.schema,
@@ -430,6 +442,19 @@ class Relay:
             # An empty difference moves the cursor here only: nothing to record.
             self._cursors[lane] = read.cursor if read.ids else read.advanced(None)
         return batch
+
+    def _follow_timeline(self, now: int | None) -> None:
+        """Drop the cursors read on another timeline than *now*'s (a failover happened)."""
+        if now != self._timeline and self._cursors:
+            log.warning(
+                "the database is on timeline %s, the cursors were read on timeline %s "
+                "(a failover): reading the lanes again from the new primary",
+                now,
+                self._timeline,
+                extra={"event": "relay.timeline_changed"},
+            )
+            self._cursors.clear()
+        self._timeline = now
 
     def _declare_idle(self, idle: bool) -> None:
         with self.engine.begin() as conn:
@@ -464,7 +489,7 @@ class Relay:
             # Recording this one would move them past rows without proof: read them again.
             self._cursors.clear()
             return False
-        self._marking = self._marker.submit(self._mark, *outcome, block)
+        self._marking = self._marker.submit(self._mark, *outcome, block, read_on=self._timeline)
         if failed or set_aside or any(r.retry for r in batch.rows):
             # Only clean batches are recorded beside the next claim. A refusal must be
             # recorded first: in block mode it is what holds back the later rows of its key.
@@ -475,8 +500,7 @@ class Relay:
             if not self._batch_counted:  # one error per batch, also when it was slow first
                 self.metrics.transient_errors.labels("kafka").inc()
             reason = (
-                f"{len(transient)} messages not acknowledged "
-                f"({transient[0].error.splitlines()[0]})"
+                f"{len(transient)} messages not acknowledged ({transient[0].error.splitlines()[0]})"
             )
             self._note_error(sorted({f.row.lane for f in transient}), reason)
             self._not_ready(reason, "kafka")
@@ -551,9 +575,11 @@ class Relay:
         set_aside: list[tuple[OutboxRow, str]],
         moves: dict[int, tuple[Cursor, int]],
         block: bool,
+        *,
+        read_on: int | None = None,
     ) -> None:
         """Record a batch's outcome (on the marking thread) and count it."""
-        self._record(published, failed, set_aside, moves, block)
+        self._record(published, failed, set_aside, moves, block, read_on=read_on)
         failpoint("relay.after_mark")
         now = time.time()
         for p in published:
@@ -664,9 +690,12 @@ class Relay:
         set_aside: list[tuple[OutboxRow, str]],
         moves: dict[int, tuple[Cursor, int]],
         blocking: bool,
+        *,
+        read_on: int | None = None,
     ) -> None:
         """Record what Kafka said and move the cursors; keep trying, since giving up means
-        re-sending."""
+        re-sending. Not on another timeline than the batch was read on: raises
+        TimelineChanged (its cursors are from a past the promoted node does not have)."""
         attempt = 0
         while True:
             try:
@@ -677,6 +706,8 @@ class Relay:
                 # earlier lost one.) Refusals are recorded durably, in one transaction.
                 clean = not failed and not set_aside and not any(p.row.retry for p in published)
                 with self._record_connection(clean) as conn:
+                    if timeline.of(conn) != read_on:
+                        raise TimelineChanged(read_on, timeline.of(conn))
                     moved = record(
                         conn,
                         self.schema,

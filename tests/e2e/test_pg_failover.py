@@ -13,8 +13,9 @@ resumes within 15 s of the promotion without restarting anything. With an asynch
 what is lost (acknowledged but missing) is measured, and it is lost together: never a
 message without its run's state change, nor the reverse.
 
-Found here (RELAY_STALE_CURSOR below): after a failover to a standby that was behind, the relay
-can skip, for good, messages committed on the promoted node right after the promotion.
+Found here (RELAY_STALE_CURSOR below, fixed by relay/timeline.py): after a failover to a
+standby that was behind, the relay skipped, for good, messages committed on the promoted node
+right after the promotion.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
 
-from outbox.dsn import with_database
+import outbox
+from outbox.dsn import sqlalchemy_url, with_database
+from outbox.envelope import Envelope
 from outbox.testing.pg_standby import promote
 from outbox.testing.processes import free_port, port_open
 from tests.e2e.conftest import RelayProcesses, read_topic
@@ -185,16 +189,14 @@ class NeverPublished(AssertionError):
     """Messages committed on the promoted node that the relay never publishes."""
 
 
-# The finding of this scenario (issue 18), kept failing on purpose until the relay is fixed.
-RELAY_STALE_CURSOR = (
-    "relay bug (issue 18): after a failover to a standby that was behind, messages committed on "
-    "the promoted node in the first fraction of a second never reach Kafka, not even after a "
-    "relay restart (their runs are done: a state change without its message). The promoted "
-    "node hands out again the transaction ids the lost commits had; the relay (not restarted) "
-    "still holds lane cursors, pg_snapshots taken on the old primary whose xmax is above "
-    "those ids, so its next claim finds them already visible in the cursor and the cursor "
-    "written back to relay_lanes moves past them"
-)
+# RELAY_STALE_CURSOR, the finding of this scenario (issue 18), fixed by relay/timeline.py and
+# made certain by the last test: after a failover to a standby that was behind, messages
+# committed on the promoted node in the first fraction of a second never reached Kafka, not
+# even after a relay restart (their runs were done: a state change without its message). The
+# promoted node hands out again the transaction ids the lost commits had; the relay (not
+# restarted) still held lane cursors, pg_snapshots taken on the old primary whose xmax is above
+# those ids, so its next claim found them already visible in the cursor, and the cursor it
+# wrote back to relay_lanes moved past them.
 
 
 def assert_delivered_once(scenario: Scenario, node: NodeState) -> list[Any]:
@@ -232,11 +234,6 @@ def unpublished_detail(scenario: Scenario, missing: set[str]) -> str:
         for r in rows[:10])
 
 
-# Not strict: seen once in about 15 runs (under -n 3, not attributed before the check was
-# split; 0 times since). The same mechanism can reach a synchronous standby: the relay records
-# its batches with synchronous_commit off, so its own commits (and the xids they use) need not
-# be on the standby when the primary dies, and the promoted node hands those xids out again.
-@pytest.mark.xfail(strict=False, raises=NeverPublished, reason=RELAY_STALE_CURSOR)
 def test_sync_standby_failover_loses_nothing_and_publishing_resumes(
     kafka_bootstrap: str, kafka_topic: Callable[..., str], tmp_path: Path,
 ) -> None:
@@ -281,11 +278,7 @@ def hold_replication(pair: Pair) -> int:
     "lag_s",
     [
         pytest.param(0.0, id="streaming"),
-        # Not strict: the bug needs the writer to commit on the promoted node before the
-        # relay's first claim there, which happened in 2 runs out of 3 here (XPASS otherwise).
-        # Any other failure (something lost apart, an effect twice) fails the test.
-        pytest.param(1.5, id="lagging", marks=pytest.mark.xfail(
-            strict=False, raises=NeverPublished, reason=RELAY_STALE_CURSOR)),
+        pytest.param(1.5, id="lagging"),
     ],
 )
 def test_async_standby_failover_loses_runs_and_messages_only_together(
@@ -339,8 +332,6 @@ def test_async_standby_failover_loses_runs_and_messages_only_together(
                   f"applied on the promoted node {len(gone & set(effects))}), effects lost "
                   f"{len(effects_lost)}, committed on the promoted node and never published "
                   f"{len(unpublished)}")
-            if unpublished and lost and not lag_s:
-                pytest.xfail(f"the standby was behind after all: {RELAY_STALE_CURSOR}")
             if unpublished:
                 raise NeverPublished(
                     f"{len(unpublished)} of the {len(want)} messages on the promoted node are "
@@ -354,3 +345,78 @@ def test_async_standby_failover_loses_runs_and_messages_only_together(
             scenario.writer.stop()
             scenario.relays.stop_all()
             scenario.consumers.stop_all()
+
+
+
+def emit_one(url: str, topic: str, key: str) -> uuid.UUID:
+    """One message in a transaction of its own through *url*, retried until a node takes it."""
+    ids: list[uuid.UUID] = []
+
+    def once() -> bool:
+        engine = create_engine(sqlalchemy_url(url), connect_args={"connect_timeout": 3})
+        try:
+            with engine.begin() as conn:
+                ids.append(outbox.emit(conn, Envelope(topic=topic, type="item", key=key,
+                                                      payload={"key": key})))
+        finally:
+            engine.dispose()
+        return True
+
+    wait_for(once, 30, f"a node that takes the emit of {key}")
+    return ids[0]
+
+
+def published_ids(bootstrap: str, topic: str) -> set[str]:
+    return {message_id(r) for r in read_topic(bootstrap, topic, timeout_s=30)}
+
+
+def test_relay_sends_what_the_promoted_node_commits_after_a_failover_to_a_standby_behind(
+    kafka_bootstrap: str, kafka_topic: Callable[..., str], tmp_path: Path,
+) -> None:
+    """RELAY_STALE_CURSOR made certain. The relay publishes A; the standby stops receiving;
+    the primary hands out a few hundred transaction ids and the relay publishes B there (its
+    cursors now name those ids as seen). The primary dies, the standby (which never got B nor
+    those ids) is promoted and takes C, whose transaction id is one of them. The relay, never
+    restarted, must send C: its cursors were read on the old timeline and are dropped."""
+    topic = make_topic(kafka_topic)
+    with pg_pair(synchronous=False) as pair:
+        migrate(pair.url)
+        relays = RelayProcesses(pair.url, kafka_bootstrap, tmp_path)
+        # A lease the failover does not outlast: the relay keeps its lanes (same tokens), and
+        # with them the cursors it holds in memory.
+        relays.start("stale-cursor-relay", lane_lease_seconds=60)
+        walsender = None
+        try:
+            a = emit_one(pair.url, topic, "a")
+            wait_for(lambda: str(a) in published_ids(kafka_bootstrap, topic), 30, "A in Kafka")
+            time.sleep(0.5)  # A and the relay's record of it reach the standby
+            walsender = hold_replication(pair)
+            with psycopg.connect(with_database(pair.primary.dsn, DBNAME),
+                                 autocommit=True) as conn:
+                for _ in range(300):  # each its own transaction id, never on the standby
+                    conn.execute("SELECT pg_current_xact_id()")
+            b = emit_one(pair.url, topic, "b")
+            wait_for(lambda: str(b) in published_ids(kafka_bootstrap, topic), 30, "B in Kafka")
+            time.sleep(1.0)  # a few idle claims more: the cursors' xmax is past the 300 ids
+            os.kill(pair.primary.pid, signal.SIGKILL)
+            os.kill(walsender, signal.SIGKILL)
+            wait_for(lambda: not port_open(pair.primary.port), 10, "the primary's port closed")
+            promote(pair.base / "standby")
+            c = emit_one(pair.url, topic, "c")
+            with psycopg.connect(with_database(pair.standby.dsn, DBNAME)) as conn:
+                row = conn.execute("SELECT xid::text FROM outboxkit.outbox_messages "
+                                   "WHERE message_id = %s", (c,)).fetchone()
+            assert row is not None
+            try:
+                wait_for(lambda: str(c) in published_ids(kafka_bootstrap, topic), 20,
+                         "C in Kafka")
+            except AssertionError as exc:
+                logs = "\n".join(p.read_text(errors="replace")[-3000:]
+                                 for p in tmp_path.glob("*.log"))
+                raise NeverPublished(f"C (xid {row[0]}) never sent: {exc}\n{logs}") from exc
+            assert all(p.poll() is None for p in relays.procs), "the relay exited"
+        finally:
+            if walsender is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(walsender, signal.SIGKILL)
+            relays.stop_all()
