@@ -40,6 +40,7 @@ def run_scenario(h: Harness, scenario: Scenario) -> ScenarioResult:
     if h.probe is not None:
         _probe_figures(h, r, began)
         _drained(h, r, run_ids)
+        _lost_evidence(h, r)
     _expectations(h, r, scenario)
     return r
 
@@ -59,8 +60,26 @@ def _probe_figures(h: Harness, r: ScenarioResult, began: float) -> None:
     r.probe = {"acked": pf.acked, "unknown": pf.unknown, "lost": len(pf.lost),
                "resent": pf.resent, "gap": [pf.gap_from, pf.gap_to]}
     r.resent = pf.resent + (r.findings.duplicates_delivered if r.findings else 0)
+    r.notes.append(f"probe: {pf.acked} commits acked, {pf.unknown} raised (unknown), "
+                   f"{len(pf.lost)} lost, {pf.resent} resent")
     if r.restarts:
         r.notes.append(f"finding: heal() had to restart {', '.join(r.restarts)}")
+
+
+def _lost_evidence(h: Harness, r: ScenarioResult) -> None:
+    """Keep what is needed to chase a lost message: its row (xid, commit-side time, lane,
+    status) and where the relays' logs are."""
+    lost = [*(r.findings.lost if r.findings else []), *r.probe_lost]
+    if not lost or h.engine is None:
+        return
+    with h.engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT message_id::text, id, xid::text, created_at, lane, status, topic "
+            "FROM outboxkit.outbox_messages WHERE message_id::text = ANY(:ids) ORDER BY id"),
+            {"ids": lost}).all()
+    r.notes.append(f"LOST {len(lost)} (relay logs: {h.p.workdir}); rows (message id, id, "
+                   "xid, created_at, lane, status, topic):")
+    r.notes += [f"  {tuple(str(v) for v in row)}" for row in rows[:20]]
 
 
 def _drained(h: Harness, r: ScenarioResult, run_ids: list[Any]) -> None:

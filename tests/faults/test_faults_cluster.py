@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,25 @@ import pytest
 from tests.faults import __main__ as faults
 from tests.faults.cluster_scenarios import cluster_set
 from tests.faults.runner import table
+from tests.faults.topology import cleanup_after
 
 
 def seed() -> int:
     return int(os.environ.get("OUTBOXKIT_FAULTS_SEED") or int(time.time() // 86400))
 
 
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    """The harness stops what it started; this stops, by the pids in its folders, whatever
+    it could not (a failed start, an interrupted stop)."""
+    try:
+        yield tmp_path
+    finally:
+        cleanup_after(tmp_path)
+
+
 @pytest.mark.timeout(300)
-def test_a_cluster_fault_loses_nothing_and_repeats_no_effect(tmp_path: Path) -> None:
+def test_a_cluster_fault_loses_nothing_and_repeats_no_effect(workdir: Path) -> None:
     chosen = seed()
     names = [s.name for s in cluster_set()]
     scenario = names[chosen % len(names)]
@@ -33,10 +45,9 @@ def test_a_cluster_fault_loses_nothing_and_repeats_no_effect(tmp_path: Path) -> 
           " replays it)")
     report = faults.run(faults.parse([
         "--cluster", "--seed", str(chosen), "--scenarios", scenario, "--orders", "6",
-        "--workdir", str(tmp_path), "--report", str(tmp_path / "faults-report-cluster.json"),
+        "--workdir", str(workdir), "--report", str(workdir / "faults-report-cluster.json"),
     ]))
     shown = table(report)
-    print(shown)
     assert [r["name"] for r in report["results"]] == [scenario], shown
     assert report["lost"] == 0, shown
     assert report["double_effects"] == 0, shown

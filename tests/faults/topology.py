@@ -28,6 +28,7 @@ from outbox.testing.postgres import PostgresCluster
 from outbox.testing.processes import free_port, port_open
 
 NODES = ("pg-a", "pg-b")
+PG_BASE_FILE = "pg-base.txt"
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class ClusterServices:
         # The unprivileged postgres owner must enter the folder (pytest's tmp_path is root's).
         self.pg_base = Path(tempfile.mkdtemp(prefix="outboxkit-faults-pg-"))
         self.pg_base.chmod(0o755)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / PG_BASE_FILE).write_text(str(self.pg_base))  # for cleanup_after()
         self.ports = {name: free_port() for name in NODES}
         while self.ports[NODES[0]] == self.ports[NODES[1]]:
             self.ports[NODES[1]] = free_port()
@@ -136,3 +139,18 @@ class ClusterServices:
             primary_port=primary.port, synchronous=True,
         )
         return time.monotonic() - started
+
+
+def cleanup_after(workdir: Path) -> None:
+    """Stop whatever ClusterServices(workdir) left running, from its folders alone (a test's
+    safety net when the harness itself could not stop: pids are read from the files)."""
+    with contextlib.suppress(Exception):
+        kafka_cluster.stop_cluster(workdir / "kafka-cluster", grace_s=10)
+    try:
+        pg_base = Path((workdir / PG_BASE_FILE).read_text().strip())
+    except OSError:
+        return
+    for name in NODES:
+        with contextlib.suppress(Exception):
+            postgres.stop(pg_base / name, grace_s=10)
+    shutil.rmtree(pg_base, ignore_errors=True)
