@@ -101,6 +101,10 @@ class Listener:
                     # the one rule (pg_notify's text argument names the same channel).
                     conn.execute(f"LISTEN {quote_identifier(self._channel)}")
                     self.connected.set()
+                    if failures:
+                        # What was committed while no one listened notified no one (after a
+                        # failover, on another server): look everywhere once.
+                        self._wake.everywhere()
                     failures = 0
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5, stop_after=1):

@@ -420,3 +420,32 @@ def test_relay_sends_what_the_promoted_node_commits_after_a_failover_to_a_standb
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(walsender, signal.SIGKILL)
             relays.stop_all()
+
+
+def test_an_idle_relay_hears_the_promoted_node(
+    kafka_bootstrap: str, kafka_topic: Callable[..., str], tmp_path: Path,
+) -> None:
+    """An idle relay sleeps until a commit notifies it (the fallback poll is set to 60 s
+    here). Its LISTEN connection dies with the primary; it must reconnect to the promoted node
+    and, since what was committed meanwhile notified no one, look once everywhere: a message
+    committed right after the promotion is sent in seconds, not at the next poll."""
+    topic = make_topic(kafka_topic)
+    with pg_pair(synchronous=True) as pair:
+        migrate(pair.url)
+        relays = RelayProcesses(pair.url, kafka_bootstrap, tmp_path)
+        relays.start("idle-relay", poll_interval_seconds=60, lane_lease_seconds=60)
+        try:
+            a = emit_one(pair.url, topic, "a")
+            wait_for(lambda: str(a) in published_ids(kafka_bootstrap, topic), 30, "A in Kafka")
+            time.sleep(2.0)  # idle, and said so in the database (which the standby has)
+            os.kill(pair.primary.pid, signal.SIGKILL)
+            wait_for(lambda: not port_open(pair.primary.port), 10, "the primary's port closed")
+            promote(pair.base / "standby")
+            promoted = time.monotonic()
+            b = emit_one(pair.url, topic, "b")
+            took = wait_for(lambda: str(b) in published_ids(kafka_bootstrap, topic), 20,
+                            "B in Kafka")
+            assert time.monotonic() - promoted < 20, took
+            assert all(p.poll() is None for p in relays.procs), "the relay exited"
+        finally:
+            relays.stop_all()
