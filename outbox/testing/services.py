@@ -50,12 +50,18 @@ class Endpoints:
     """Every Kafka node's (one for the single broker)."""
 
     def exports(self) -> str:
-        return (
+        lines = (
             f"export OUTBOXKIT_TEST_DATABASE_URL={self.database_url}\n"
             f"export OUTBOXKIT_TEST_KAFKA_BOOTSTRAP={self.kafka_bootstrap}\n"
             f"export OUTBOXKIT_DATABASE_URL={self.database_url}\n"
             f"export OUTBOXKIT_KAFKA_BOOTSTRAP={self.kafka_bootstrap}\n"
         )
+        if len(self.kafka_pids) > 1:
+            # The relay creates a missing topic with 1 replica unless told otherwise, and a
+            # topic of 1 replica refuses acks=all under the cluster's min.insync.replicas=2.
+            replicas = min(3, len(self.kafka_pids))
+            lines += f"export OUTBOXKIT_RELAY_TOPIC_REPLICATION={replicas}\n"
+        return lines
 
 
 class LocalServices:

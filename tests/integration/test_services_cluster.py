@@ -1,12 +1,14 @@
 """`python -m outbox.testing.services up --brokers 3`: a 3-node KRaft cluster from the services
 script, on nodes of its own. The exported bootstrap names every node, a topic made without
-settings is production's (3 replicas, min.insync.replicas=2, no unclean election), one node
-stopped by hand leaves acks=all working on the 2 in sync, a single broker and a cluster never
-share a folder, and ``down`` stops every node by its pid."""
+settings is production's (3 replicas, min.insync.replicas=2, no unclean election), and so is
+the topic the relay makes on the exported variables; one node stopped by hand leaves acks=all
+and the relay working on the 2 in sync, a single broker and a cluster never share a folder,
+and ``down`` stops every node by its pid."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,8 +20,12 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
+from sqlalchemy import Engine, create_engine
 
-from outbox.kafka import Connection, backend
+from outbox import Envelope, emit
+from outbox.dsn import sqlalchemy_url
+from outbox.kafka import Admin, Connection, TopicPartition, backend
+from outbox.migrate import migrate
 from outbox.testing.kafka_cluster import KafkaCluster
 from outbox.testing.processes import pid_alive, stop_pid
 from outbox.testing.services import LocalServices, main
@@ -65,6 +71,60 @@ def produce_all_acks(bootstrap: str, topic: str, value: bytes) -> None:
         producer.close(timeout=5)
 
 
+def topic_configs(admin: Admin, topic: str) -> dict[str, str] | None:
+    """The topic's settings that decide what acks=all keeps. Bounded retries: the node asked
+    may not know a topic made a moment ago (no entry, None) yet."""
+    deadline = time.monotonic() + 15
+    while True:
+        found = admin.topic_configs(
+            [topic], ["min.insync.replicas", "unclean.leader.election.enable"])[topic]
+        if found is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def start_relay(exported: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """The relay as a user starts it in a shell configured by ``eval "$(... up)"``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "relay"], env={**env, **exported},
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop_relay(relay: subprocess.Popen[bytes]) -> None:
+    relay.terminate()
+    try:
+        relay.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        relay.kill()
+        relay.wait(timeout=10)
+
+
+def wait_published(bootstrap: str, topic: str, count: int, log: Path) -> None:
+    """Until *count* records are in *topic* (its 6 partitions, the relay's default)."""
+    admin = backend("kafka-python", Connection(bootstrap)).admin("services-test", 10_000)
+    deadline = time.monotonic() + 45
+    found: object = None
+    try:
+        while time.monotonic() < deadline:
+            try:
+                found = admin.end_offsets([TopicPartition(topic, p) for p in range(6)])
+                if sum(found.values()) >= count:
+                    return
+            except Exception as exc:  # not created yet, or a leader moving
+                found = exc
+            time.sleep(0.3)
+    finally:
+        admin.close()
+    raise AssertionError(f"{count} records not in {topic} ({found!r}); the relay said:\n"
+                         + log.read_text(errors="replace")[-3000:])
+
+
+def emit_one(engine: Engine, topic: str, n: int) -> None:
+    with engine.begin() as conn:
+        emit(conn, Envelope(topic=topic, type="probe", key=f"k{n}", payload={"n": n}))
+
+
 @pytest.mark.timeout(120)
 def test_up_brokers_3_runs_a_replicated_cluster_that_survives_a_node_stopped_by_hand(
         state: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -95,18 +155,51 @@ def test_up_brokers_3_runs_a_replicated_cluster_that_survives_a_node_stopped_by_
     admin = backend("kafka-python", Connection(bootstrap)).admin("services-test", 30_000)
     try:
         admin.create_topic(topic, 1)
-        configs = admin.topic_configs(
-            [topic], ["min.insync.replicas", "unclean.leader.election.enable"])
+        cluster.wait_in_sync(topic, timeout_s=30)
+        configs = topic_configs(admin, topic)
     finally:
         admin.close()
-    assert configs[topic] == {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}
-    cluster.wait_in_sync(topic, timeout_s=30)
+    assert configs == {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}
     assert len(cluster.partition(topic).replicas) == 3
     produce_all_acks(bootstrap, topic, b"three in sync")
 
+    # The relay, on the exported variables, creates its topic replicated 3 times as well.
+    engine = create_engine(sqlalchemy_url(found["OUTBOXKIT_DATABASE_URL"]))
+    migrate(engine)
+    relayed = f"relayed-{uuid.uuid4().hex[:8]}"
+    relay_log = state / "relay.log"
+    relay = start_relay(found, relay_log)
+    try:
+        emit_one(engine, relayed, 1)
+        wait_published(bootstrap, relayed, 1, relay_log)
+        assert found["OUTBOXKIT_RELAY_TOPIC_REPLICATION"] == "3"
+        assert len(cluster.partition(relayed).replicas) == 3
+        figures = _relay_carries_on_with_a_node_stopped(
+            state, cluster, topic, relayed, engine=engine, capsys=capsys)
+    finally:
+        stop_relay(relay)
+        engine.dispose()
+    node_pids = [n.pid for n in cluster.nodes]
+
+    assert main(["--dir", str(state), "down"]) == 0
+    assert "kafka nodes 1, 2, 3" in capsys.readouterr().err
+    assert not any(pid_alive(pid or 0) for pid in node_pids)
+    assert status(state, capsys)[0] == 3
+    print(f"up --brokers 3: {took:.1f} s; {figures}", file=sys.stderr)
+
+
+def _relay_carries_on_with_a_node_stopped(
+        state: Path, cluster: KafkaCluster, topic: str, relayed: str, *, engine: Engine,
+        capsys: pytest.CaptureFixture[str]) -> str:
+    """Stop the leader of *topic* by hand: acks=all and the relay go on; start it again.
+    Returns the figures measured."""
+    bootstrap = cluster.bootstrap
+    pids = [n.pid for n in cluster.nodes]
     # Stop the partition's leader by hand: acks=all goes on with the 2 left in sync.
     leader = cluster.leader(topic)
+    stopping = time.monotonic()
     assert main(["--dir", str(state), "stop", "kafka-node", str(leader)]) == 0
+    stopped = time.monotonic()
     assert not pid_alive(pids[leader - 1] or 0)
     code, lines = status(state, capsys)
     assert code == 3
@@ -117,20 +210,20 @@ def test_up_brokers_3_runs_a_replicated_cluster_that_survives_a_node_stopped_by_
     state_now = cluster.partition(topic)
     assert len(state_now.isr) == 2, state_now
     assert leader not in state_now.isr
+    emit_one(engine, relayed, 2)  # and the relay goes on publishing
+    emitted = time.monotonic()
+    wait_published(bootstrap, relayed, 2, state / "relay.log")
+    figures = (f"stop kafka-node {leader}: {stopped - stopping:.1f} s; the relay published the "
+               f"next message {time.monotonic() - emitted:.2f} s after its commit")
 
     # The folder is a cluster's: the single broker is refused, saying what to do.
     assert main(["--dir", str(state), "up"]) == 1
     assert "`down`" in capsys.readouterr().err
 
+    restarting = time.monotonic()
     assert main(["--dir", str(state), "start", "kafka-node", str(leader)]) == 0
     assert status(state, capsys)[0] == 0
-    pids = [n.pid for n in cluster.nodes]
-
-    assert main(["--dir", str(state), "down"]) == 0
-    assert "kafka nodes 1, 2, 3" in capsys.readouterr().err
-    assert not any(pid_alive(pid or 0) for pid in pids)
-    assert status(state, capsys)[0] == 3
-    print(f"up --brokers 3 took {took:.1f} s", file=sys.stderr)
+    return f"{figures}; start kafka-node {leader}: {time.monotonic() - restarting:.1f} s"
 
 
 def test_a_cluster_is_refused_while_the_single_broker_of_the_folder_runs(
