@@ -25,7 +25,7 @@ from outbox.errors import ServiceError
 from outbox.testing import kafka_cluster, pg_standby, postgres
 from outbox.testing.kafka_cluster import KafkaCluster
 from outbox.testing.postgres import PostgresCluster
-from outbox.testing.processes import free_port, port_open
+from outbox.testing.processes import free_port, pid_alive, port_open
 
 NODES = ("pg-a", "pg-b")
 PG_BASE_FILE = "pg-base.txt"
@@ -40,6 +40,7 @@ class Failover:
     promoted_at: float
     old_primary: str
     new_primary: str
+    old_pid: int
 
 
 class ClusterServices:
@@ -58,6 +59,7 @@ class ClusterServices:
             self.ports[NODES[1]] = free_port()
         self.primary, self.standby = NODES
         self.kafka: KafkaCluster | None = None
+        self._killed_pid: int | None = None  # the last primary fail_over() SIGKILLed
 
     # --- life cycle ----------------------------------------------------------------------
     def up(self, database: str) -> tuple[str, str]:
@@ -122,7 +124,8 @@ class ClusterServices:
         promoted_at = time.time()
         old, new = self.primary, self.standby
         self.primary, self.standby = new, old
-        return Failover(killed_at, closed_at, promoted_at, old, new)
+        self._killed_pid = primary.pid
+        return Failover(killed_at, closed_at, promoted_at, old, new, primary.pid)
 
     def rebuild_standby(self) -> float:
         """The dead old primary's folder becomes a synchronous standby of the promoted node,
@@ -133,12 +136,26 @@ class ClusterServices:
             raise ServiceError("no promoted primary runs: nothing to rebuild a standby from")
         old = self.folder(self.standby)
         postgres.stop(old, grace_s=5)  # normally dead already (SIGKILLed)
+        self._forget_killed(old)
         shutil.rmtree(old / "data", ignore_errors=True)
         pg_standby.start_standby(
             self.folder(self.primary), old, port=self.ports[self.standby],
             primary_port=primary.port, synchronous=True,
         )
         return time.monotonic() - started
+
+
+    def _forget_killed(self, folder: Path) -> None:
+        """A SIGKILLed postmaster leaves its socket's lock file, naming its pid; until its
+        parent reaps it that pid still "exists" (a zombie), and a new postmaster on the same
+        port then refuses to start. Wait a while for it to go, then drop the stale files
+        (its port is closed: nothing listens there)."""
+        pid, self._killed_pid = self._killed_pid, None
+        deadline = time.monotonic() + 10
+        while pid is not None and pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for stale in folder.glob(".s.PGSQL.*"):
+            stale.unlink(missing_ok=True)
 
 
 def cleanup_after(workdir: Path) -> None:
