@@ -6,7 +6,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from outbox.settings import ConnectionSettings
@@ -65,7 +65,12 @@ class RelaySettings(ConnectionSettings):
         "an error that names the topic.",
     )
     topic_partitions: int = Field(default=6, gt=0, description="Partitions of created topics.")
-    topic_replication: int = Field(default=1, gt=0, description="Replication of created topics.")
+    topic_replication: int = Field(
+        default=-1,
+        ge=-1,
+        description="Replication of created topics; -1: the broker's default.replication.factor "
+        "(its min.insync.replicas applies as well).",
+    )
     on_permanent_failure: Literal["dead-letter", "block"] = Field(
         default="dead-letter",
         description="A message Kafka refuses for good: route it to `<topic><dlq_suffix>` and "
@@ -95,3 +100,9 @@ class RelaySettings(ConnectionSettings):
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
 
+    @field_validator("topic_replication")
+    @classmethod
+    def _replication(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 replicas: use -1 (the broker's default) or 1 and more")
+        return value

@@ -234,7 +234,7 @@ def kafka_topic(
 
     def make(partitions: int = 1, name: str | None = None) -> str:
         topic = name or f"t-{slug}-{uuid.uuid4().hex[:8]}"
-        admin.create_topic(topic, partitions, 1)
+        admin.create_topic(topic, partitions)  # replication: the broker's default
         created.append(topic)
         return topic
 
