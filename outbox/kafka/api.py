@@ -251,7 +251,10 @@ class Consumer(Protocol):
         """The partition's end offset as last seen (None: not known yet)."""
         ...
 
-    def partitions_for_topic(self, topic: str) -> set[int] | None: ...
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        """The topic's partitions; None while unknown (a new topic, or no node answered:
+        ask again)."""
+        ...
 
     def close(self) -> None:
         """Leave the group. Both backends tell the listener first that its partitions are

@@ -22,7 +22,7 @@ import pytest
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
-from outbox.kafka import Connection, Outgoing, ProducerOptions, backend
+from outbox.kafka import Connection, ConsumerOptions, Outgoing, ProducerOptions, backend
 from outbox.testing.kafka_cluster import (
     KafkaCluster,
     running_cluster,
@@ -102,6 +102,28 @@ def consume_all(cluster: KafkaCluster, topic: str, expected: set[int]) -> list[i
     return values
 
 
+def cluster_partitions(cluster: KafkaCluster, topic: str) -> set[int]:
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap.split(","))
+    try:
+        return set(consumer.partitions_for_topic(topic) or ())
+    finally:
+        consumer.close()
+
+
+def partitions_while_a_node_is_dead(cluster: KafkaCluster, topic: str, group: str) -> set[int]:
+    """As the consumer runner learns a topic at start-up: asks again while unknown."""
+    consumer = backend("kafka-python", Connection(cluster.bootstrap)).consumer(
+        ConsumerOptions(group_id=group, client_id=group)
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (found := consumer.partitions_for_topic(topic)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return found or set()
+    finally:
+        consumer.close()
+
+
 def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed(
     cluster: KafkaCluster,
 ) -> None:
@@ -124,6 +146,7 @@ def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed
     assert set(before.isr) == {1, 2, 3}
 
     # Publishing with acks=all goes on across the SIGKILL of the partition's leader.
+    before_partitions = cluster_partitions(cluster, topic)
     publisher = Publisher(cluster, topic)
     thread = threading.Thread(target=publisher.run, daemon=True)
     thread.start()
@@ -134,6 +157,11 @@ def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed
         cluster.kill(leader, signal.SIGKILL)
         assert not pid_alive(pids[leader] or 0)
         acked_at_kill = len(publisher.acked)
+        # Consumers starting now, with the dead node still in the metadata until its
+        # session ends, learn the topic's partitions from a live node (kafka-python used to
+        # raise ECONNREFUSED when it asked the dead one: the consumer exited at start-up).
+        learnt = [partitions_while_a_node_is_dead(cluster, topic, f"late-{i}") for i in range(6)]
+        assert learnt == [set(range(len(before_partitions)))] * 6, learnt
         publisher.wait_acked(acked_at_kill + 200, timeout_s=40)
     finally:
         publisher.stop.set()
