@@ -33,7 +33,7 @@ from consumers.unreadable import skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
-from outbox.dsn import redact, sqlalchemy_url
+from outbox.dsn import connect_args, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import Consumer as KafkaConsumer
@@ -56,7 +56,8 @@ class Runner:
             raise ConfigurationError("the consumer app has no handlers: register one first")
         self._url = url
         self.engine: Engine = create_engine(
-            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
+            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True,
+            connect_args=connect_args(url),
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
         self.lifecycle = Lifecycle(

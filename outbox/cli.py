@@ -25,7 +25,7 @@ import click
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from outbox.dsn import redact, sqlalchemy_url
+from outbox.dsn import connect_args, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.migrate import migrate, pending_sql
 from outbox.schema import translate
@@ -80,7 +80,8 @@ def require_url(database_url: str | None) -> str:
 def open_engine(database_url: str | None,
                 settings: OutboxSettings | None = None) -> Iterator[Engine]:
     """An engine on *database_url* with the configured schema mapped in; disposed after."""
-    engine = create_engine(require_url(database_url), execution_options={
+    url = require_url(database_url)
+    engine = create_engine(url, connect_args=connect_args(url), execution_options={
         "schema_translate_map": translate(settings or OutboxSettings())})
     try:
         yield engine
@@ -154,7 +155,8 @@ def main() -> None:
 @one_line_errors
 def migrate_command(database_url: str | None, dry_run: bool) -> None:
     """Create or upgrade the outboxkit tables (safe to run twice)."""
-    engine = create_engine(require_url(database_url))
+    url = require_url(database_url)
+    engine = create_engine(url, connect_args=connect_args(url))
     settings = OutboxSettings()
     try:
         if dry_run:

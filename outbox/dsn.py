@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+# libpq waits for a server's first answer as long as TCP does (minutes for a host that
+# vanished without a reset, forever for one that hangs), and with several hosts it tries the
+# next one only after that: a dead or hung primary would keep every new connection from
+# reaching the promoted standby. Keepalives find a pooled idle connection to a dead host.
+CONNECT_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 5,  # seconds per host; libpq's minimum is 2
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -51,6 +66,19 @@ def _host_and_port(item: str) -> tuple[str, str]:
         return host, rest.removeprefix(":")
     host, _, port = item.partition(":")
     return host, port
+
+
+def connect_args(url: str, **extra: Any) -> dict[str, Any]:
+    """What outboxkit's own engines pass as ``connect_args``: :data:`CONNECT_DEFAULTS` for
+    each setting that neither *url* (``?connect_timeout=…``) nor its libpq environment
+    variable sets, and *extra*."""
+    given = {key for key, _ in parse_qsl(urlsplit(url).query)}
+    found = {
+        key: value
+        for key, value in CONNECT_DEFAULTS.items()
+        if key not in given and not os.environ.get(_ENVIRONMENT.get(key, ""))
+    }
+    return found | extra
 
 
 def with_database(dsn: str, database: str) -> str:

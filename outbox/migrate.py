@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, TextClause, create_engine
 
-from outbox.dsn import sqlalchemy_url
+from outbox.dsn import connect_args, sqlalchemy_url
 from outbox.errors import ConfigurationError, SchemaError
 from outbox.hashing import stable_hash64
 from outbox.queries import DIALECT, quote_identifier, sql
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.database_url:
         raise ConfigurationError("give --database-url or set OUTBOXKIT_DATABASE_URL")
-    engine = create_engine(sqlalchemy_url(args.database_url))
+    url = sqlalchemy_url(args.database_url)
+    engine = create_engine(url, connect_args=connect_args(url))
     try:
         if args.dry_run:
             sys.stdout.write(pending_sql(engine))

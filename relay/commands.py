@@ -13,6 +13,7 @@ import click
 from sqlalchemy import create_engine
 
 from outbox.cli import EXIT_USAGE, database_url_option, one_line_errors, require_url
+from outbox.dsn import connect_args
 from outbox.settings import OutboxSettings
 from relay import cli
 from relay.settings import RelaySettings
@@ -46,7 +47,8 @@ def relay_command(ctx: click.Context) -> None:
 @one_line_errors
 def status_command(database_url: str | None, as_json: bool, lease_seconds: float) -> None:
     """Backlog, oldest pending age, failed messages, and each relay with its lanes."""
-    engine = create_engine(require_url(database_url))
+    url = require_url(database_url)
+    engine = create_engine(url, connect_args=connect_args(url))
     try:
         with engine.connect() as conn:
             status = read_status(conn, OutboxSettings().schema_name, lease_seconds=lease_seconds)

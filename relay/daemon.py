@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.backoff import Backoff
-from outbox.dsn import libpq_url, redact, sqlalchemy_url
+from outbox.dsn import connect_args, libpq_url, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import KafkaClientError
@@ -86,7 +86,8 @@ class Relay:
         self._url = url = required_database_url(settings)
         self.schema = self.outbox.schema_name
         self.engine: Engine = create_engine(
-            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True
+            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True,
+            connect_args=connect_args(url),
         )
         # The claim's own connection, with the planner settings its plan needs (see claims).
         # Autocommit: a claim is one read-only statement, so BEGIN and COMMIT would be two of
@@ -96,7 +97,7 @@ class Relay:
             pool_size=1,
             max_overflow=0,
             pool_pre_ping=True,
-            connect_args={"options": CLAIM_PLANNER},
+            connect_args=connect_args(url, options=CLAIM_PLANNER),
             isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )

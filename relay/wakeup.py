@@ -26,6 +26,7 @@ import threading
 import psycopg
 
 from outbox.backoff import Backoff
+from outbox.dsn import connect_args
 from outbox.queries import quote_identifier
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class Listener:
         failures = 0
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self._dsn, autocommit=True, **connect_args(self._dsn)) as conn:
                     # LISTEN takes no parameter: the channel is an identifier, quoted by
                     # the one rule (pg_notify's text argument names the same channel).
                     conn.execute(f"LISTEN {quote_identifier(self._channel)}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine
 
-from outbox.dsn import libpq_url, redact, sqlalchemy_url, with_database
+from outbox import dsn
+from outbox.dsn import CONNECT_DEFAULTS, libpq_url, redact, sqlalchemy_url, with_database
 
 FAILOVER = (
     "postgresql://app:s3cret@10.0.0.1:5432,10.0.0.2:5433/shop?target_session_attrs=read-write"
@@ -77,3 +78,19 @@ def test_redact_with_database_and_libpq_url_handle_several_hosts() -> None:
     assert info["host"] == "10.0.0.1,10.0.0.2"
     assert info["port"] == "5432,5433"
     assert info["target_session_attrs"] == "read-write"
+
+
+def test_the_url_and_the_environment_choose_over_the_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # outboxkit's engines: libpq's defaults wait on a hung host for as long as TCP does.
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    plain = "postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write"
+    assert dsn.connect_args(plain) == CONNECT_DEFAULTS
+    given = dsn.connect_args(plain + "&connect_timeout=20&keepalives=0")
+    assert "connect_timeout" not in given
+    assert "keepalives" not in given
+    assert given["keepalives_idle"] == CONNECT_DEFAULTS["keepalives_idle"]
+    assert dsn.connect_args(plain, options="-c x=1")["options"] == "-c x=1"
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "12")
+    assert "connect_timeout" not in dsn.connect_args(plain)
