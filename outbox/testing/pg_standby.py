@@ -84,6 +84,7 @@ def _base_backup(standby_data_dir: Path, primary_port: int, slot: str) -> None:
         conf.write(
             f"\n# outboxkit standby\nprimary_conninfo = '{conninfo}'\n"
             f"primary_slot_name = '{slot}'\nsynchronous_standby_names = ''\n"
+            "wal_retrieve_retry_interval = '250ms'\n"
         )
 
 
