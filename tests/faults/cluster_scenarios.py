@@ -109,13 +109,22 @@ def controller_kill(outage_s: float = 8.0) -> Scenario:
     return Scenario("controller-kill", run, settle_s=150)
 
 
-def _gap_in(h: Harness, since: float, until: float) -> float | None:
-    """The longest gap between probe appends overlapping [since, until] (for notes)."""
-    assert h.probe is not None
-    appended = h.probe.appended()
-    gaps = [b.at - a.at for a, b in itertools.pairwise(appended)
-            if b.at >= since and a.at <= until]
-    return round(max(gaps), 2) if gaps else None
+def _gap_inside(appended: list[float], since: float, until: float) -> float:
+    """The longest stretch of [since, until] without a probe append, the window's own ends
+    counting as ends: a gap that began before the window, or ends after it, is cut there,
+    so a gap running across two phases is not reported as either's whole."""
+    inside = [since, *(at for at in appended if since < at < until), until]
+    return round(max(b - a for a, b in itertools.pairwise(inside)), 2)
+
+
+def _gap_across(appended: list[float], at: float) -> tuple[float, float] | None:
+    """Seconds from the last probe append before *at* to *at*, and from *at* to the first
+    after it; None if there is none on one side."""
+    before = [a for a in appended if a <= at]
+    after = [a for a in appended if a > at]
+    if not before or not after:
+        return None
+    return round(at - before[-1], 2), round(after[0] - at, 2)
 
 
 def follower_stop(first_s: float = 16.0, second_s: float = 10.0) -> Scenario:
@@ -135,6 +144,7 @@ def follower_stop(first_s: float = 16.0, second_s: float = 10.0) -> Scenario:
         # Not the active controller first when there is a choice: one fault at a time.
         followers.sort(key=lambda n: n == controller)
         first, second = followers[0], followers[1]
+        led = _leaders(h)  # a relay's batch waits on any partition the stopped node leads
         started = time.time()
         k.kill(first, signal.SIGSTOP)
         r.kills += 1
@@ -151,11 +161,18 @@ def follower_stop(first_s: float = 16.0, second_s: float = 10.0) -> Scenario:
             k.kill(node, signal.SIGCONT)
         _wait_in_sync(h, r, timeout_s=120)
         _end(r, started)
+        appended = [a.at for a in h.probe.appended()]
+        across = _gap_across(appended, one_end)
+        resumed = _gap_across(appended, two_end)
         r.notes.append(
-            f"leader {state.leader}; SIGSTOP {first} for {one_end - started:.0f} s (ISR then "
-            f"{isr}): longest publish gap {_gap_in(h, started, one_end)} s; then SIGSTOP "
-            f"{second} too for {second_s:.0f} s: longest gap {_gap_in(h, one_end, two_end + 60)}"
-            " s (publishing stopped until both were continued and back in sync)")
+            f"leader {state.leader}, controller {controller}; SIGSTOP {first} (leading "
+            f"{led.get(first, 0)} partitions) for {one_end - started:.0f} s (ISR then {isr}): "
+            f"longest publish gap inside "
+            f"{_gap_inside(appended, started, one_end)} s; then SIGSTOP {second} too for "
+            f"{second_s:.0f} s: longest gap inside {_gap_inside(appended, one_end, two_end)} s"
+            + (f"; last append {across[0]} s before the second SIGSTOP"
+               if across and across[0] >= 1 else "")
+            + (f"; publishing resumed {resumed[1]} s after SIGCONT" if resumed else ""))
         return run_ids
 
     return Scenario("follower-stop", run, settle_s=150)
