@@ -106,6 +106,7 @@ class Publisher:
             compression=settings.compression,
             max_request_bytes=settings.max_request_bytes,
             delivery_timeout_ms=settings.delivery_timeout_ms,
+            request_timeout_ms=settings.request_timeout_ms,
         )
         self.producer: Producer = self._backend.producer(self._options)
         self._admin: Admin | None = None

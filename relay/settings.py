@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from outbox.kafka.api import REQUEST_TIMEOUT_MS
 from outbox.settings import ConnectionSettings
 
 
@@ -58,6 +59,13 @@ class RelaySettings(ConnectionSettings):
         default=120_000,
         gt=0,
         description="How long the producer retries one batch before reporting it failed.",
+    )
+    request_timeout_ms: int = Field(
+        default=REQUEST_TIMEOUT_MS,
+        ge=1000,
+        description="How long one produce request waits for a broker's answer before the "
+        "producer retries it (with fresh metadata): a broker that hangs without closing its "
+        "connections holds the batch this long.",
     )
     create_topics: bool = Field(
         default=True,

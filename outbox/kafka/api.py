@@ -137,6 +137,16 @@ class Connection:
         return [s.strip() for s in self.bootstrap.split(",") if s.strip()]
 
 
+# Below the clients' own 30 s. A broker that hangs (alive, silent: a long GC pause, a stuck
+# VM) is fenced by the controller after its session timeout (9 s by default) and its
+# partitions get new leaders, but a produce request already sent to it waits for its own
+# timeout, and the relay's batch (which waits for all its records) with it. Measured on a
+# 3-node cluster with kafka-python, one follower SIGSTOPped while it led a partition the batch
+# wrote to: publishing resumed 6.2 s later with 10 s, stayed stuck until SIGCONT (20 s) with
+# 30 s. A timed-out request is retried by the idempotent producer: no duplicate, in order.
+REQUEST_TIMEOUT_MS = 10_000
+
+
 @dataclass(frozen=True)
 class ProducerOptions:
     """An idempotent producer (acks=all, at most 5 requests in flight per connection,
@@ -148,6 +158,9 @@ class ProducerOptions:
     compression: str = "none"  # none, gzip, snappy, lz4, zstd
     max_request_bytes: int = 1_048_576
     delivery_timeout_ms: int = 120_000
+    # How long one produce request waits for its answer before the client gives up on that
+    # broker and retries (within the delivery timeout), asking for fresh metadata.
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS
     max_block_ms: int = 10_000
 
 

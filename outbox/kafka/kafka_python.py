@@ -150,7 +150,8 @@ class KafkaPythonProducer:
                 delivery_timeout_ms=options.delivery_timeout_ms,
                 # kafka-python refuses a delivery timeout below linger + request timeout.
                 request_timeout_ms=min(
-                    30_000, max(1, options.delivery_timeout_ms - options.linger_ms)
+                    options.request_timeout_ms,
+                    max(1, options.delivery_timeout_ms - options.linger_ms),
                 ),
                 allow_auto_create_topics=False,
                 max_block_ms=options.max_block_ms,

@@ -9,6 +9,7 @@ so the steps of this story share a cluster only inside one test.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import subprocess
@@ -32,6 +33,7 @@ from outbox.testing.kafka_cluster import (
 from outbox.testing.processes import pid_alive
 
 BATCH = 10
+HUNG_FOR_S = 28  # how long the leader stays SIGSTOPped at most
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +59,14 @@ class Publisher:
     failed: list[int] = field(default_factory=list)
     batches: list[tuple[float, float, bool]] = field(default_factory=list)  # sent, done, ok
     stop: threading.Event = field(default_factory=threading.Event)
+    start: int = 0  # the first number sent
 
     def run(self) -> None:
         connection = Connection(self.cluster.bootstrap)
         producer = backend("kafka-python", connection).producer(
             ProducerOptions(client_id="cluster-test", delivery_timeout_ms=60_000)
         )
-        n = 0
+        n = self.start
         try:
             while not self.stop.is_set():
                 values = list(range(n, n + BATCH))
@@ -196,6 +199,34 @@ def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed
         f"{time.monotonic() - restarted_at:.1f} s (ISR wait {rejoin_s:.1f} s)"
     )
     assert set(cluster.partition(topic).isr) == {1, 2, 3}
+
+    # A leader that hangs (SIGSTOP: alive, its connections open, silent) is fenced after the
+    # broker session; the producer gives up on the request it sent there after
+    # request_timeout_ms and finds the new leader, instead of waiting for the node to wake.
+    hung = cluster.leader(topic)
+    publisher = Publisher(cluster, topic, start=len(publisher.acked) + len(publisher.failed))
+    thread = threading.Thread(target=publisher.run, daemon=True)
+    thread.start()
+    try:
+        publisher.wait_acked(BATCH * 5, timeout_s=30)
+        stopped_at = time.monotonic()
+        cluster.kill(hung, signal.SIGSTOP)
+        try:
+            acked_at_stop = len(publisher.acked)
+            with contextlib.suppress(AssertionError):  # measured below
+                publisher.wait_acked(acked_at_stop + BATCH * 5, timeout_s=HUNG_FOR_S)
+            resumed = [done for sent, done, ok in publisher.batches if ok and done > stopped_at + 1]
+        finally:
+            cluster.kill(hung, signal.SIGCONT)
+        publisher.wait_acked(len(publisher.acked) + BATCH, timeout_s=30)
+    finally:
+        publisher.stop.set()
+        thread.join(timeout=70)
+    hung_s = (min(resumed) - stopped_at) if resumed else float("inf")
+    print(f"leader {hung} SIGSTOPped: acks=all resumed {hung_s:.1f} s later, leader now "
+          f"{cluster.leader(topic)} (request timeout {ProducerOptions('x').request_timeout_ms} ms)")
+    assert hung_s <= 18, f"publishing waited for the hung leader ({HUNG_FOR_S} s)"
+    cluster.wait_in_sync(topic, timeout_s=30)
 
     # Another process finds the started cluster from its folder alone, and starting it
     # again reuses the running nodes.

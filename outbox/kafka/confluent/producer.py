@@ -73,7 +73,8 @@ class ConfluentProducer:
             "message.max.bytes": options.max_request_bytes,
             "delivery.timeout.ms": options.delivery_timeout_ms,
             "request.timeout.ms": min(
-                30_000, max(1, options.delivery_timeout_ms - options.linger_ms)
+                options.request_timeout_ms,
+                max(1, options.delivery_timeout_ms - options.linger_ms),
             ),
             "allow.auto.create.topics": False,
             # librdkafka's default (consistent_random, CRC32) puts keys elsewhere than
