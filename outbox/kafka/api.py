@@ -175,6 +175,9 @@ class ConsumerOptions:
     session_timeout_ms: int = 45_000
     max_poll_interval_ms: int = 300_000
     metadata_max_age_ms: int = 10_000
+    # A fetch sent to a leader that then hung waits this long before the partitions it asked
+    # for are fetched from their new leader (kafka-python; a group join waits longer by itself).
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS
     extra: Mapping[str, Any] = field(default_factory=dict)  # backend-specific, for tests
 
 

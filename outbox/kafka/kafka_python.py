@@ -281,6 +281,7 @@ class KafkaPythonConsumer:
                 max_poll_interval_ms=options.max_poll_interval_ms,
                 # New topics and partition changes are noticed within seconds, not minutes.
                 metadata_max_age_ms=options.metadata_max_age_ms,
+                request_timeout_ms=options.request_timeout_ms,
                 **options.extra,
             )
         except kafka_errors.KafkaConfigurationError as exc:

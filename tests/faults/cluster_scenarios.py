@@ -79,6 +79,40 @@ def leader_kill(outage_s: float = 12.0) -> Scenario:
     return Scenario("leader-kill", run, settle_s=150)
 
 
+def leader_stop(hung_s: float = 20.0) -> Scenario:
+    """SIGSTOP the leader of the busiest partition for *hung_s*: a broker that hangs (a GC
+    pause, a frozen VM) with its connections open. The controller fences it after the broker
+    session and moves its leaderships; the relay's requests already sent to it must time out
+    (request_timeout_ms) rather than hold its batches until the node wakes. SIGCONT, resync."""
+
+    def run(h: Harness, r: ScenarioResult) -> list[uuid.UUID]:
+        assert h.probe is not None
+        run_ids = h.seed_orders("leader-stop-before")
+        time.sleep(1.5)
+        victim = _probe_leader(h)
+        led = _leaders(h).get(victim, 0)
+        started = time.time()
+        _k(h).kill(victim, signal.SIGSTOP)
+        r.kills += 1
+        run_ids += h.seed_orders("leader-stop-during")
+        time.sleep(hung_s)
+        woke = time.time()
+        _k(h).kill(victim, signal.SIGCONT)
+        _wait_in_sync(h, r)
+        _end(r, started)
+        appended = [a.at for a in h.probe.appended()]
+        after = [a for a in appended if a > started + 0.5]
+        r.notes.append(
+            f"node {victim} (leading {led} partitions) SIGSTOPped for {hung_s:.0f} s: "
+            f"first probe append {after[0] - started:.2f} s after the stop"
+            if after else f"node {victim} SIGSTOPped: no probe append after the stop")
+        if after and after[0] >= woke:
+            r.notes.append("publishing waited for the hung node to wake")
+        return run_ids
+
+    return Scenario("leader-stop", run, settle_s=150)
+
+
 def controller_kill(outage_s: float = 8.0) -> Scenario:
     """SIGKILL the active KRaft controller (a broker too: it leads partitions); restart it."""
 
@@ -283,6 +317,7 @@ def cluster_set() -> list[Scenario]:
     """Every cluster scenario; the PostgreSQL failover last (its standby is rebuilt after)."""
     return [
         leader_kill(),
+        leader_stop(),
         controller_kill(),
         follower_stop(),
         rolling_restart(),

@@ -55,6 +55,8 @@ class ConfluentConsumer:
             "max.poll.interval.ms": options.max_poll_interval_ms,
             # New topics and partition changes are noticed within seconds, not minutes.
             "topic.metadata.refresh.interval.ms": options.metadata_max_age_ms,
+            # Requests to a broker that hangs are given up after this (60 s by default).
+            "socket.timeout.ms": options.request_timeout_ms,
             # kafka-python checks every record's CRC; librdkafka does only when asked.
             "check.crcs": True,
             "on_commit": self._on_commit,

@@ -76,6 +76,9 @@ class ConfluentProducer:
                 options.request_timeout_ms,
                 max(1, options.delivery_timeout_ms - options.linger_ms),
             ),
+            # librdkafka's client-side wait for any request (60 s by default): a request to a
+            # broker that hangs is given up after it, not after request.timeout.ms.
+            "socket.timeout.ms": options.request_timeout_ms,
             "allow.auto.create.topics": False,
             # librdkafka's default (consistent_random, CRC32) puts keys elsewhere than
             # kafka-python and the Java client; murmur2 keeps every key where they put it.
