@@ -167,8 +167,28 @@ class Publisher:
                 problems[topic] = f"topic {topic!r} cannot be created: {describe(exc)}"
                 continue
             self._known_topics.add(topic)
-        self._wait_for_metadata(set(missing) - set(problems))
+        created = set(missing) - set(problems)
+        self._wait_for_metadata(created)
+        for topic in sorted(created):
+            self._check_replication(admin, topic)
         return problems
+
+    def _check_replication(self, admin: Admin, topic: str) -> None:
+        """Say so when a topic the relay created has fewer replicas than the cluster allows:
+        Apache Kafka's default.replication.factor is 1, and the relay asks for the default."""
+        try:
+            replicas, brokers = admin.replication(topic)
+        except KafkaClientError as exc:  # advisory: the topic is there and works
+            log.debug("could not read the replication of %s: %s", topic, describe(exc))
+            return
+        if under_replicated(replicas, brokers):
+            log.warning(
+                "topic %s was created with %d replica(s) on a cluster of %d brokers: one "
+                "broker's loss can lose its messages. Set default.replication.factor=3 and "
+                "min.insync.replicas=2 on the brokers (or OUTBOXKIT_RELAY_TOPIC_REPLICATION), "
+                "then reassign this topic's replicas",
+                topic, replicas, brokers, extra={"event": "relay.topic_under_replicated"},
+            )
 
     def _wait_for_metadata(self, topics: set[str]) -> None:
         """Wait until the producer knows each new topic and every partition's leader serves it.
@@ -366,3 +386,8 @@ def omitted_headers(row: OutboxRow, topic: str, *, headers_too: bool) -> list[tu
 
 def _after_send() -> None:
     failpoint("relay.after_send")
+
+
+def under_replicated(replicas: int, brokers: int) -> bool:
+    """Fewer replicas than the cluster could give, up to the recommended 3."""
+    return 0 < replicas < min(3, brokers)

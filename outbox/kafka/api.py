@@ -294,6 +294,11 @@ class Admin(Protocol):
         included); None for a topic whose configuration the broker did not give."""
         ...
 
+    def replication(self, topic: str) -> tuple[int, int]:
+        """The fewest replicas any partition of *topic* has (0: unknown topic), and how
+        many brokers the cluster has."""
+        ...
+
     def end_offsets(
         self, partitions: Collection[TopicPartition], timeout_s: float = 15.0
     ) -> dict[TopicPartition, int]:

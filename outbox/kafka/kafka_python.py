@@ -409,6 +409,17 @@ class KafkaPythonAdmin:
         except kafka_errors.KafkaError as exc:
             raise translated(exc) from exc
 
+    def replication(self, topic: str) -> tuple[int, int]:
+        try:
+            described = self._admin.describe_topics([topic])
+            brokers = self._admin.describe_cluster()["brokers"]
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
+        partitions = [p for t in described if t.get("name") == topic and not t.get("error_code")
+                      for p in t.get("partitions", [])]
+        fewest = min((len(p.get("replica_nodes") or ()) for p in partitions), default=0)
+        return fewest, len(brokers)
+
     def topic_configs(
         self, topics: Collection[str], names: Collection[str]
     ) -> dict[str, dict[str, str] | None]:

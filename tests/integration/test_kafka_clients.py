@@ -507,6 +507,8 @@ def test_admin_creates_describes_measures_and_deletes_topics(client: Backend) ->
         assert found["cleanup.policy"] == "delete"  # broker defaults are included
         assert int(found["retention.ms"]) > 0
         assert configs[missing] is None
+        assert admin.replication(name) == (1, 1)  # one broker here; 3 of 3 on the cluster test's
+        assert admin.replication(missing) == (0, 1)
         producer = client.producer(ProducerOptions(client_id="contract"))
         try:
             # Two keys that murmur2 puts on partition 0 of two.

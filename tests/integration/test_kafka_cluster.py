@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import signal
 import subprocess
 import threading
@@ -31,6 +32,9 @@ from outbox.testing.kafka_cluster import (
     stop_cluster,
 )
 from outbox.testing.processes import pid_alive
+from relay import publisher as relay_publisher
+from relay.publisher import under_replicated
+from relay.settings import RelaySettings
 
 BATCH = 10
 HUNG_FOR_S = 28  # how long the leader stays SIGSTOPped at most
@@ -128,7 +132,7 @@ def partitions_while_a_node_is_dead(cluster: KafkaCluster, topic: str, group: st
 
 
 def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed(
-    cluster: KafkaCluster,
+    cluster: KafkaCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The cluster forms: three brokers seen by a client, a quorum leader among them.
     assert cluster.brokers() == {1, 2, 3}
@@ -147,6 +151,39 @@ def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed
     before = cluster.partition(topic)
     assert len(before.replicas) == 3
     assert set(before.isr) == {1, 2, 3}
+    # What the relay checks after creating a topic (it warns below 3 replicas on 3 brokers).
+    for name in ("kafka-python", "confluent"):
+        admin = backend(name, Connection(cluster.bootstrap)).admin("cluster-test")
+        try:
+            assert admin.replication(topic) == (3, 3), name
+            single = f"single-{name}-{uuid.uuid4().hex[:6]}"
+            admin.create_topic(single, 1, 1)
+            deadline = time.monotonic() + 10  # until the node asked has the new topic
+            while admin.replication(single)[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert admin.replication(single) == (1, 3), name
+            assert under_replicated(*admin.replication(single))
+            assert not under_replicated(*admin.replication(topic))
+            admin.delete_topics([single])
+        finally:
+            admin.close()
+    # The relay says so when a topic it created got fewer replicas than the cluster allows
+    # (Apache Kafka's default.replication.factor is 1; here the relay asks for 1).
+    lonely = f"lonely-{uuid.uuid4().hex[:6]}"
+    relay = relay_publisher.Publisher(
+        RelaySettings(kafka_bootstrap=cluster.bootstrap, topic_replication=1)
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="relay.publisher"):
+            assert relay.missing_topics([lonely]) == {}
+    finally:
+        relay.close()
+    warned = [r.getMessage() for r in caplog.records
+              if getattr(r, "event", "") == "relay.topic_under_replicated"]
+    assert warned == [f"topic {lonely} was created with 1 replica(s) on a cluster of 3 brokers: "
+                      "one broker's loss can lose its messages. Set default.replication.factor=3 "
+                      "and min.insync.replicas=2 on the brokers (or "
+                      "OUTBOXKIT_RELAY_TOPIC_REPLICATION), then reassign this topic's replicas"]
 
     # Publishing with acks=all goes on across the SIGKILL of the partition's leader.
     before_partitions = cluster_partitions(cluster, topic)

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from outbox.entrypoints import explain
+from relay.publisher import under_replicated
 from relay.settings import RelaySettings
 
 
@@ -26,3 +27,22 @@ def test_a_replication_that_cannot_be_is_refused_by_name(value: int) -> None:
         RelaySettings(topic_replication=value)
     text = explain(caught.value, "OUTBOXKIT_RELAY_")
     assert "TOPIC_REPLICATION" in text.upper()
+
+
+@pytest.mark.parametrize(
+    ("replicas", "brokers", "warned"),
+    [
+        (1, 1, False),  # a single broker: nothing better to be had
+        (1, 2, True),
+        (2, 2, False),
+        (1, 3, True),
+        (2, 3, True),
+        (3, 3, False),
+        (3, 5, False),  # 3 is what is recommended, not every broker
+        (0, 3, False),  # unknown topic: nothing to say
+    ],
+)
+def test_a_created_topic_is_under_replicated_below_what_the_cluster_allows(
+    replicas: int, brokers: int, warned: bool
+) -> None:
+    assert under_replicated(replicas, brokers) is warned

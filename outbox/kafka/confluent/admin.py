@@ -63,6 +63,16 @@ class ConfluentAdmin:
         except KafkaException as exc:
             raise self._failed(exc) from exc
 
+    def replication(self, topic: str) -> tuple[int, int]:
+        try:
+            metadata = self._admin.list_topics(topic=topic, timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise self._failed(exc) from exc
+        found = metadata.topics.get(topic)
+        partitions = found.partitions.values() if found is not None and not found.error else ()
+        fewest = min((len(p.replicas) for p in partitions), default=0)
+        return fewest, len(metadata.brokers)
+
     def create_topic(self, name: str, partitions: int = -1, replication: int = -1) -> None:
         topic = NewTopic(name, num_partitions=partitions, replication_factor=replication)
         try:
