@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 
 from consumers.app import Consumer
 from consumers.deadletter import KafkaSender, Sent
@@ -33,7 +33,7 @@ from consumers.unreadable import skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
-from outbox.dsn import connect_args, redact, sqlalchemy_url
+from outbox.dsn import engine_for, redact
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import Consumer as KafkaConsumer
@@ -55,9 +55,8 @@ class Runner:
         if not app.registrations:
             raise ConfigurationError("the consumer app has no handlers: register one first")
         self._url = url
-        self.engine: Engine = create_engine(
-            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True,
-            connect_args=connect_args(url),
+        self.engine: Engine = engine_for(
+            url, pool_size=3, max_overflow=2, pool_pre_ping=True
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
         self.lifecycle = Lifecycle(

@@ -22,10 +22,10 @@ from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 import click
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from outbox.dsn import connect_args, redact, sqlalchemy_url
+from outbox.dsn import engine_for, redact, sqlalchemy_url
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.migrate import migrate, pending_sql
 from outbox.schema import translate
@@ -80,8 +80,7 @@ def require_url(database_url: str | None) -> str:
 def open_engine(database_url: str | None,
                 settings: OutboxSettings | None = None) -> Iterator[Engine]:
     """An engine on *database_url* with the configured schema mapped in; disposed after."""
-    url = require_url(database_url)
-    engine = create_engine(url, connect_args=connect_args(url), execution_options={
+    engine = engine_for(require_url(database_url), execution_options={
         "schema_translate_map": translate(settings or OutboxSettings())})
     try:
         yield engine
@@ -155,8 +154,7 @@ def main() -> None:
 @one_line_errors
 def migrate_command(database_url: str | None, dry_run: bool) -> None:
     """Create or upgrade the outboxkit tables (safe to run twice)."""
-    url = require_url(database_url)
-    engine = create_engine(url, connect_args=connect_args(url))
+    engine = engine_for(require_url(database_url))
     settings = OutboxSettings()
     try:
         if dry_run:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import sqlalchemy
 
 # libpq waits for a server's first answer as long as TCP does (minutes for a host that
 # vanished without a reset, forever for one that hangs), and with several hosts it tries the
@@ -79,6 +82,17 @@ def connect_args(url: str, **extra: Any) -> dict[str, Any]:
         if key not in given and not os.environ.get(_ENVIRONMENT.get(key, ""))
     }
     return found | extra
+
+
+def engine_for(
+    url: str, *, connect: Mapping[str, Any] | None = None, **options: Any
+) -> sqlalchemy.Engine:
+    """The engine every outboxkit process makes on *url* (a libpq URL, several hosts
+    included): :func:`sqlalchemy_url`, :func:`connect_args` with *connect* on top, and
+    *options* for :func:`sqlalchemy.create_engine`."""
+    return sqlalchemy.create_engine(
+        sqlalchemy_url(url), connect_args=connect_args(url, **(connect or {})), **options
+    )
 
 
 def with_database(dsn: str, database: str) -> str:

@@ -19,9 +19,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, TextClause, create_engine
+from sqlalchemy import Connection, Engine, TextClause
 
-from outbox.dsn import connect_args, sqlalchemy_url
+from outbox.dsn import engine_for
 from outbox.errors import ConfigurationError, SchemaError
 from outbox.hashing import stable_hash64
 from outbox.queries import DIALECT, quote_identifier, sql
@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.database_url:
         raise ConfigurationError("give --database-url or set OUTBOXKIT_DATABASE_URL")
-    url = sqlalchemy_url(args.database_url)
-    engine = create_engine(url, connect_args=connect_args(url))
+    engine = engine_for(args.database_url)
     try:
         if args.dry_run:
             sys.stdout.write(pending_sql(engine))

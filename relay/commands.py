@@ -10,10 +10,9 @@ import json
 import sys
 
 import click
-from sqlalchemy import create_engine
 
 from outbox.cli import EXIT_USAGE, database_url_option, one_line_errors, require_url
-from outbox.dsn import connect_args
+from outbox.dsn import engine_for
 from outbox.settings import OutboxSettings
 from relay import cli
 from relay.settings import RelaySettings
@@ -47,8 +46,7 @@ def relay_command(ctx: click.Context) -> None:
 @one_line_errors
 def status_command(database_url: str | None, as_json: bool, lease_seconds: float) -> None:
     """Backlog, oldest pending age, failed messages, and each relay with its lanes."""
-    url = require_url(database_url)
-    engine = create_engine(url, connect_args=connect_args(url))
+    engine = engine_for(require_url(database_url))
     try:
         with engine.connect() as conn:
             status = read_status(conn, OutboxSettings().schema_name, lease_seconds=lease_seconds)

@@ -19,11 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.backoff import Backoff
-from outbox.dsn import connect_args, libpq_url, redact, sqlalchemy_url
+from outbox.dsn import engine_for, libpq_url, redact
 from outbox.errors import ConfigurationError
 from outbox.failpoints import failpoint
 from outbox.kafka import KafkaClientError
@@ -85,19 +85,16 @@ class Relay:
         self.outbox = outbox_settings or OutboxSettings()
         self._url = url = required_database_url(settings)
         self.schema = self.outbox.schema_name
-        self.engine: Engine = create_engine(
-            sqlalchemy_url(url), pool_size=3, max_overflow=2, pool_pre_ping=True,
-            connect_args=connect_args(url),
-        )
+        self.engine: Engine = engine_for(url, pool_size=3, max_overflow=2, pool_pre_ping=True)
         # The claim's own connection, with the planner settings its plan needs (see claims).
         # Autocommit: a claim is one read-only statement, so BEGIN and COMMIT would be two of
         # its three round trips.
-        self.claim_engine: Engine = create_engine(
-            sqlalchemy_url(url),
+        self.claim_engine: Engine = engine_for(
+            url,
+            connect={"options": CLAIM_PLANNER},
             pool_size=1,
             max_overflow=0,
             pool_pre_ping=True,
-            connect_args=connect_args(url, options=CLAIM_PLANNER),
             isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )

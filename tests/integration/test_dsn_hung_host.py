@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
-from outbox.dsn import CONNECT_DEFAULTS, connect_args, sqlalchemy_url
+from outbox.dsn import CONNECT_DEFAULTS, engine_for
 from tests.integration.cli_support import Ran, outbox
 
 TIMEOUT_S = CONNECT_DEFAULTS["connect_timeout"]
@@ -61,7 +61,7 @@ def timed(action: Callable[[], object], bound_s: float) -> float:
 
 def test_an_engine_passes_over_a_hung_first_host(database_url: str, silent_port: int) -> None:
     url = hung_first(database_url, silent_port)
-    engine = create_engine(sqlalchemy_url(url), connect_args=connect_args(url))
+    engine = engine_for(url)  # what the relay, the consumers and the CLI connect with
 
     def query() -> None:
         with engine.connect() as conn:
