@@ -262,7 +262,9 @@ def test_a_replicated_cluster_loses_nothing_acknowledged_when_a_leader_is_killed
     hung_s = (min(resumed) - stopped_at) if resumed else float("inf")
     print(f"leader {hung} SIGSTOPped: acks=all resumed {hung_s:.1f} s later, leader now "
           f"{cluster.leader(topic)} (request timeout {ProducerOptions('x').request_timeout_ms} ms)")
-    assert hung_s <= 18, f"publishing waited for the hung leader ({HUNG_FOR_S} s)"
+    # One request timeout (10 s), or two when the retry still went to the hung node (20.2 s
+    # once under CI's load); with the clients' 30 s it waits for the node to wake.
+    assert hung_s <= 25, f"publishing waited for the hung leader ({HUNG_FOR_S} s)"
     cluster.wait_in_sync(topic, timeout_s=30)
 
     # Another process finds the started cluster from its folder alone, and starting it
