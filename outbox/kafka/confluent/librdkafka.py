@@ -22,6 +22,7 @@ from outbox.kafka.api import (
     TopicExists,
     TopicInvalid,
 )
+from outbox.kafka.confluent.logbridge import RepeatsSkipped
 
 # librdkafka's own log lines (the application decides where they go).
 log = logging.getLogger("outbox.kafka.confluent")
@@ -81,7 +82,7 @@ def client_config(connection: Connection) -> dict[str, Any]:
         "bootstrap.servers": ",".join(connection.servers),
         "security.protocol": protocol,
         "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
-        "logger": log,
+        "logger": RepeatsSkipped(log),
     }
     if protocol in ("SSL", "SASL_SSL"):
         for name, value in (
