@@ -1,4 +1,4 @@
-"""Four fixes for kafka-python 3.0, installed once per process for every client in it.
+"""Five fixes for kafka-python 3.0, installed once per process for every client in it.
 
 **The bytes that arrive together with a close.** kafka-python 3.0 (``kafka.net.transport``)
 reads a socket until it would block. When that read ends with the peer's close, it drops
@@ -39,7 +39,19 @@ data is never given back, and the partition is never fetched again while it is k
 partition stops for good after a ``pause()`` (outboxkit pauses a partition whose message
 waits for a retry). :func:`install` clears the emptied records first, as if taken.
 
-outboxkit's kafka-python clients get all four: :func:`install` is called where outboxkit
+**A broker that hangs is asked again at once.** Metadata and coordinator lookups go to the
+"least loaded" node. kafka-python 3.0 prefers a node it has no connection to over a connected
+node with a request in flight, and a consumer always has a fetch in flight to the leaders it
+reads from. When a broker hangs (alive for the kernel, which still accepts connections, but
+silent), the request to it times out, its connection is closed, and the next lookup goes to
+it again: a new connection, another request timeout, while the other brokers already know
+the new leaders. In the cluster fault harness, kafka-python consumers waited for a broker
+stopped with SIGSTOP until it woke (20 s) in 4 of 7 rounds. :func:`install` chooses a
+connected node first, fewest requests in flight first, as the Java client does; kafka-python
+chooses as before when none is connected (the Java client's next preference, a connection
+being made, is often the node that hangs, being connected again after its timeout).
+
+outboxkit's kafka-python clients get all five: :func:`install` is called where outboxkit
 configures one. Each fix relies on a kafka-python internal, so :func:`install` first checks
 all of them (module, class, a function with the expected parameters, the attributes and
 constants the fix relies on) and raises :class:`~outbox.errors.KafkaClientIncompatible`,
@@ -55,6 +67,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import random
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -103,11 +116,16 @@ def _fixes() -> tuple[_Fix, ...]:
              "kafka.consumer.fetcher", ("Fetcher",), "fetched_records",
              ("self", "max_records", "update_offsets"), _resuming_kept_data,
              class_uses=("_next_partition_records",)),
+        _Fix("a broker that hangs asked again at once", "kafka.net.manager",
+             ("KafkaConnectionManager",), "least_loaded_node", ("self",),
+             _preferring_connections,
+             original_uses=("_conns", "brokers", "connected", "connection_delay",
+                            "in_flight_requests", "paused")),
     )
 
 
 def install() -> None:
-    """Apply the four fixes, once per process (idempotent).
+    """Apply the five fixes, once per process (idempotent).
 
     Raises :class:`~outbox.errors.KafkaClientIncompatible`, before patching anything, when
     an internal a fix relies on is missing or changed; the check runs on every call, also
@@ -264,3 +282,27 @@ def _resuming_kept_data(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self, *args, **kwargs)
 
     return fetched_records
+
+
+def _preferring_connections(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(original)
+    def least_loaded_node(self: Any) -> Any:
+        """A connected node, fewest requests in flight first (random among equals, as
+        kafka-python's, so that lookups spread over the brokers); kafka-python's own choice
+        when none is connected. A connection being made is not preferred: after a timeout,
+        the node being connected again is likely the one that hangs."""
+        nodes = [broker.node_id for broker in self.cluster.brokers()]
+        random.shuffle(nodes)
+        ready, fewest = None, float("inf")
+        for node_id in nodes:
+            conn = self._conns.get(node_id)
+            if conn is None or not conn.connected or conn.paused:
+                continue
+            in_flight = len(conn.in_flight_requests)
+            if in_flight == 0:
+                return node_id
+            if in_flight < fewest:
+                ready, fewest = node_id, in_flight
+        return ready if ready is not None else original(self)
+
+    return least_loaded_node

@@ -1,6 +1,6 @@
 """The kafka-python backend of :mod:`outbox.kafka.api` (the default client).
 
-Pure Python, no compiled dependency. outboxkit patches four bugs of kafka-python 3.0 in
+Pure Python, no compiled dependency. outboxkit patches five bugs of kafka-python 3.0 in
 every process that makes one of these clients (:mod:`outbox.kafka_fix`), and refuses to
 start when a kafka-python release moved what it patches.
 """

@@ -18,6 +18,7 @@ from kafka.consumer.fetcher import Fetcher
 from kafka.coordinator.consumer import ConsumerCoordinator
 from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 from kafka.net.inet import KafkaNetSocket
+from kafka.net.manager import KafkaConnectionManager
 from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
 
 from outbox import kafka_fix
@@ -75,6 +76,7 @@ _PATCHED = [
     (ConsumerCoordinator, "need_rejoin"),
     (KafkaNetSocket, "sock_connect"),
     (Fetcher, "fetched_records"),
+    (KafkaConnectionManager, "least_loaded_node"),
 ]
 
 
@@ -274,3 +276,78 @@ def test_without_the_fix_a_cancelled_connect_leaves_its_socket_open() -> None:
     with sock:
         coro.close()
         assert sock.fileno() != -1
+
+
+# Choosing the node for a metadata or coordinator lookup: kafka-python's manager with only
+# what least_loaded_node reads (its brokers, its connections, their backoff).
+
+
+class _Conn:
+    def __init__(self, state: str = "connected", in_flight: int = 0) -> None:
+        self.connected = state in ("connected", "paused")
+        self.paused = state == "paused"
+        self.initializing = state == "initializing"
+        self.in_flight_requests = [object()] * in_flight
+
+
+class _Broker:
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+
+
+class _Manager:
+    def __init__(self, conns: dict[int, _Conn | None], backing_off: frozenset[int] = frozenset(),
+                 ) -> None:
+        self._conns = {n: c for n, c in conns.items() if c is not None}
+        self._nodes = list(conns)
+        self.backing_off = backing_off
+        self.cluster = self
+
+    def brokers(self) -> list[_Broker]:
+        return [_Broker(n) for n in self._nodes]
+
+    def connection_delay(self, node_id: int) -> float:
+        return 1.0 if node_id in self.backing_off else 0.0
+
+
+def _chosen(manager: _Manager, choose: Callable[[Any], Any] | None = None) -> set[Any]:
+    kafka_fix.install()
+    choose = choose or KafkaConnectionManager.least_loaded_node
+    return {choose(manager) for _ in range(200)}  # the order of the nodes is random
+
+
+def test_a_connected_node_with_a_fetch_in_flight_before_one_to_connect_to() -> None:
+    # A consumer's leaders (1, 2) each have a fetch in flight; 3 is the node that hung: its
+    # connection was closed when its request timed out, and nothing backs it off.
+    manager = _Manager({1: _Conn(in_flight=1), 2: _Conn(in_flight=1), 3: None})
+    assert _chosen(manager) == {1, 2}
+
+
+def test_without_the_fix_kafka_python_asks_the_node_it_is_not_connected_to() -> None:
+    # What the fix is for; if a kafka-python release stops choosing so, the fix can go.
+    kafka_fix.install()
+    original = KafkaConnectionManager.least_loaded_node.__wrapped__
+    manager = _Manager({1: _Conn(in_flight=1), 2: _Conn(in_flight=1), 3: None})
+    assert _chosen(manager, original) == {3}
+
+
+def test_an_idle_connection_first_then_the_fewest_requests_in_flight() -> None:
+    assert _chosen(_Manager({1: _Conn(in_flight=2), 2: _Conn(), 3: None})) == {2}
+    assert _chosen(_Manager({1: _Conn(in_flight=3), 2: _Conn(in_flight=1), 3: None})) == {2}
+    assert _chosen(_Manager({1: _Conn(), 2: _Conn(), 3: _Conn(in_flight=1)})) == {1, 2}
+
+
+def test_without_a_connected_node_kafka_pythons_own_choice() -> None:
+    # Not connected anywhere usable: any node not backing off, a connection being made too.
+    assert _chosen(_Manager({1: _Conn("paused", 5), 2: _Conn("initializing"), 3: None})) == {2, 3}
+    assert _chosen(_Manager({1: _Conn("paused", 5), 2: None, 3: None}, frozenset({2}))) == {3}
+    assert _chosen(_Manager({1: _Conn("paused", 5), 2: None}, frozenset({2}))) == {None}
+
+
+def test_a_manager_that_chooses_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    def least_loaded_node(self: Any) -> Any:  # a release that tracks load differently
+        return min(self.load, key=self.load.get, default=None)
+
+    monkeypatch.setattr(KafkaConnectionManager, "least_loaded_node", least_loaded_node)
+    _incompatible("KafkaConnectionManager.least_loaded_node", "no longer uses",
+                  "a broker that hangs")
