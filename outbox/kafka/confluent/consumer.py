@@ -55,8 +55,11 @@ class ConfluentConsumer:
             "max.poll.interval.ms": options.max_poll_interval_ms,
             # New topics and partition changes are noticed within seconds, not minutes.
             "topic.metadata.refresh.interval.ms": options.metadata_max_age_ms,
-            # Requests to a broker that hangs are given up after this (60 s by default).
-            "socket.timeout.ms": options.request_timeout_ms,
+            # socket.timeout.ms stays librdkafka's 60 s, unlike the producer's: at 10 s, a group
+            # coordinator request timed out during a broker outage and, once in ~10 outages
+            # of 7-22 s, the consumer never rejoined after the broker came back (its request
+            # to the coordinator timed out again every 11 s, for minutes). See
+            # docs/operations.md, "Kafka clients".
             # kafka-python checks every record's CRC; librdkafka does only when asked.
             "check.crcs": True,
             "on_commit": self._on_commit,
