@@ -163,6 +163,12 @@ class ProducerOptions:
     request_timeout_ms: int = REQUEST_TIMEOUT_MS
     max_block_ms: int = 10_000
 
+    @property
+    def request_timeout_in_delivery_ms(self) -> int:
+        """The request timeout, cut to fit in the delivery timeout after the linger
+        (kafka-python refuses a delivery timeout below linger + request timeout)."""
+        return min(self.request_timeout_ms, max(1, self.delivery_timeout_ms - self.linger_ms))
+
 
 @dataclass(frozen=True)
 class ConsumerOptions:

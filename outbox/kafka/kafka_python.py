@@ -148,11 +148,7 @@ class KafkaPythonProducer:
                 compression_type=compression,
                 max_request_size=options.max_request_bytes,
                 delivery_timeout_ms=options.delivery_timeout_ms,
-                # kafka-python refuses a delivery timeout below linger + request timeout.
-                request_timeout_ms=min(
-                    options.request_timeout_ms,
-                    max(1, options.delivery_timeout_ms - options.linger_ms),
-                ),
+                request_timeout_ms=options.request_timeout_in_delivery_ms,
                 allow_auto_create_topics=False,
                 max_block_ms=options.max_block_ms,
                 partitioner=CachedKeyPartitioner(),

@@ -27,6 +27,8 @@ from tests.e2e.conftest import (
 from tests.e2e.consumer_support import ConsumerProcesses, create_effects, effects
 from tests.e2e.test_relay_publishes import _free_port, _get
 
+REFUSED = "Connection refused"  # librdkafka's line per refused connection attempt
+
 
 def make_topic(bootstrap: str, name: str, **config: str) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
@@ -140,7 +142,7 @@ def test_broker_stopped_for_20s_under_load_then_everything_arrives(
             ("consumer", consumers.logs()),
             ("relay", (relays.log_dir / "outage.log").read_text(errors="replace")),
         ):
-            refused = logged.count("Connection refused")
+            refused = logged.count(REFUSED)
             assert refused <= 30, f"the {name} logged {refused} refused connections"
 
 
@@ -236,4 +238,4 @@ def _topic_exists(bootstrap: str, topic: str) -> bool:
 
 def _without_refusals(logs: str) -> str:
     """The logs less librdkafka's line per refused connection (hundreds in an outage)."""
-    return "\n".join(line for line in logs.splitlines() if "Connection refused" not in line)
+    return "\n".join(line for line in logs.splitlines() if REFUSED not in line)

@@ -43,8 +43,9 @@ class RepeatsSkipped:
         key = (level, _ELAPSED.sub("", text))
         now = self.clock()
         with self._lock:
-            logged_at, skipped = self._last.get(key, (None, 0))
-            if logged_at is not None and now - logged_at < self.window_s:
+            # A line not seen yet counts as logged a whole window ago, nothing skipped since.
+            logged_at, skipped = self._last.get(key, (now - self.window_s, 0))
+            if now - logged_at < self.window_s:
                 self._last[key] = (logged_at, skipped + 1)
                 return
             if len(self._last) >= _MAX_KEYS:
@@ -52,7 +53,7 @@ class RepeatsSkipped:
             self._last[key] = (now, 0)
         if skipped:
             self.logger.log(level, "%s (%d more like it in the last %.0f s)", text, skipped,
-                            now - logged_at if logged_at is not None else self.window_s)
+                            now - logged_at)
         else:
             self.logger.log(level, "%s", text)
 

@@ -72,10 +72,7 @@ class ConfluentProducer:
             "compression.type": options.compression,
             "message.max.bytes": options.max_request_bytes,
             "delivery.timeout.ms": options.delivery_timeout_ms,
-            "request.timeout.ms": min(
-                options.request_timeout_ms,
-                max(1, options.delivery_timeout_ms - options.linger_ms),
-            ),
+            "request.timeout.ms": options.request_timeout_in_delivery_ms,
             # librdkafka's client-side wait for any request (60 s by default): a request to a
             # broker that hangs is given up after it, not after request.timeout.ms.
             "socket.timeout.ms": options.request_timeout_ms,
