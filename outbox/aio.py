@@ -272,17 +272,18 @@ async def retire(conn: AsyncConn, name: str, *, reason: str,
 
 
 async def emit(conn: AsyncConn, envelope: Envelope, *, lease: Lease | None = None,
-               settings: OutboxSettings | None = None) -> uuid.UUID:
+               settings: OutboxSettings | None = None, notify: bool = True) -> uuid.UUID:
     """Async :func:`outbox.emit.emit`; never commits."""
     # emit runs driver SQL, not a plan: its async body lives beside the sync one it mirrors.
-    return await _emit_async(conn, envelope, lease=lease, settings=settings)
+    return await _emit_async(conn, envelope, lease=lease, settings=settings, notify=notify)
 
 
 async def emit_many(conn: AsyncConn, envelopes: Sequence[Envelope], *,
-                    lease: Lease | None = None,
-                    settings: OutboxSettings | None = None) -> list[uuid.UUID]:
+                    lease: Lease | None = None, settings: OutboxSettings | None = None,
+                    notify: bool = True) -> list[uuid.UUID]:
     """Async :func:`outbox.emit.emit_many`; never commits."""
-    return await _emit_many_async(conn, envelopes, lease=lease, settings=settings)
+    return await _emit_many_async(conn, envelopes, lease=lease, settings=settings,
+                                  notify=notify)
 
 
 async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
@@ -391,10 +392,13 @@ class AsyncClaimedRun(RunHandle[AsyncConn]):
                                  settings=self.settings)
         return self._after_check(check, approval_id)
 
-    async def emit(self, envelope: Envelope) -> uuid.UUID:
+    async def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
         """Async :meth:`outbox.handle.ClaimedRun.emit`."""
-        return await emit(self.conn, envelope, lease=self._held(), settings=self.settings)
+        return await emit(self.conn, envelope, lease=self._held(), settings=self.settings,
+                          notify=notify)
 
-    async def emit_many(self, envelopes: Sequence[Envelope]) -> list[uuid.UUID]:
+    async def emit_many(self, envelopes: Sequence[Envelope], *,
+                        notify: bool = True) -> list[uuid.UUID]:
         """Async :meth:`outbox.handle.ClaimedRun.emit_many`."""
-        return await emit_many(self.conn, envelopes, lease=self._held(), settings=self.settings)
+        return await emit_many(self.conn, envelopes, lease=self._held(), settings=self.settings,
+                               notify=notify)

@@ -13,7 +13,9 @@ One statement does everything, so emitting costs one round trip:
   :func:`emit_many`, which takes the locks in one global order;
 * **wake** — ``pg_notify`` fires only while some relay has declared itself idle (and is
   heartbeating): a transaction that NOTIFYs takes a database-wide lock at commit, so a busy
-  system, whose relays poll anyway, never pays for it.
+  system, whose relays poll anyway, never pays for it. ``notify=False`` never fires it: for a
+  transaction that will be prepared (two-phase commit), which PostgreSQL refuses to PREPARE
+  once it has executed NOTIFY. The relay's fallback poll then finds the row: later, not lost.
 
 Emitting the same ``message_id`` twice writes one row: the second emit is a no-op.
 
@@ -50,11 +52,16 @@ def emit(
     *,
     lease: Lease | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> uuid.UUID:
     """Add *envelope* to the outbox inside the caller's transaction; return its message id.
 
     Never commits: the relay sees the row only when the caller's transaction commits,
     together with the state change that decided it; a rollback leaves no trace.
+
+    ``notify=False``: never wake an idle relay (no NOTIFY), for a transaction that will be
+    prepared (``PREPARE TRANSACTION``, which PostgreSQL refuses after a NOTIFY); the relay's
+    fallback poll picks the row up once the transaction commits.
 
     Raises:
         InvalidMessage: the envelope broke a rule; no statement was sent.
@@ -63,7 +70,7 @@ def emit(
     # The span is current while the envelope is encoded, so its traceparent is this span's:
     # the relay's publish span becomes the child of this emit, in the caller's trace.
     with tracing.start_span(_SPAN) as span:
-        sql, params = _prepare(envelope, lease, settings or default_settings())
+        sql, params = _prepare(envelope, lease, settings or default_settings(), notify)
         _describe(span, [params])
         connection = conn.connection() if isinstance(conn, Session) else conn
         try:
@@ -79,11 +86,12 @@ async def _emit_async(
     *,
     lease: Lease | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> uuid.UUID:
     """:func:`emit` on an ``AsyncConnection`` / ``AsyncSession`` (public as
     :func:`outbox.aio.emit`); never commits either."""
     with tracing.start_span(_SPAN) as span:
-        sql, params = _prepare(envelope, lease, settings or default_settings())
+        sql, params = _prepare(envelope, lease, settings or default_settings(), notify)
         _describe(span, [params])
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
         try:
@@ -99,6 +107,7 @@ def emit_many(
     *,
     lease: Lease | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> list[uuid.UUID]:
     """Emit several messages in the caller's transaction, deadlock-free; never commits.
 
@@ -109,8 +118,13 @@ def emit_many(
     from deadlocking on each other, and inserts every row. Returns the message ids in the
     order of *envelopes*.
 
+    Each distinct (topic, key) holds a lock in PostgreSQL's shared lock table until commit,
+    so a call may carry at most ``settings.emit_many_max_keys`` of them (keyless messages
+    take no lock); more is refused before anything is sent. ``notify`` as in :func:`emit`.
+
     Raises:
-        InvalidMessage: an envelope broke a rule (``index`` says which); nothing was sent.
+        InvalidMessage: an envelope broke a rule (``index`` says which), or the batch has
+            more distinct keys than the bound (no ``index``); nothing was sent.
         LeaseLost: *lease* no longer holds the run; nothing was written.
     """
     resolved = settings or default_settings()
@@ -119,7 +133,7 @@ def emit_many(
         _describe(span, messages)
         if not messages:
             return []
-        sql, params = _batch(messages, lease, resolved)
+        sql, params = _batch(messages, lease, resolved, notify)
         connection = conn.connection() if isinstance(conn, Session) else conn
         try:
             row = connection.exec_driver_sql(sql, params).one()
@@ -134,6 +148,7 @@ async def _emit_many_async(
     *,
     lease: Lease | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> list[uuid.UUID]:
     """:func:`emit_many` on an ``AsyncConnection`` / ``AsyncSession`` (public as
     :func:`outbox.aio.emit_many`); never commits either."""
@@ -143,7 +158,7 @@ async def _emit_many_async(
         _describe(span, messages)
         if not messages:
             return []
-        sql, params = _batch(messages, lease, resolved)
+        sql, params = _batch(messages, lease, resolved, notify)
         connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
         try:
             # Through SQLAlchemy (its statement events see it): its cost per statement is
@@ -201,12 +216,12 @@ def _prepare_batch(
 
 
 def _prepare(
-    envelope: Envelope, lease: Lease | None, settings: OutboxSettings
+    envelope: Envelope, lease: Lease | None, settings: OutboxSettings, notify: bool
 ) -> tuple[str, dict[str, Any]]:
     """:func:`emit`'s statement and its parameters."""
     return driver_sql("outbox", "emit", settings.schema_name), _message(
         envelope, lease, settings
-    ) | _common(lease, settings)
+    ) | _common(lease, settings, notify)
 
 
 def _message(envelope: Envelope, lease: Lease | None, settings: OutboxSettings) -> dict[str, Any]:
@@ -255,9 +270,11 @@ def _translated(exc: ProgrammingError, settings: OutboxSettings | None) -> Excep
     return missing_schema(exc, settings) or exc
 
 
-def _common(lease: Lease | None, settings: OutboxSettings) -> dict[str, Any]:
+def _common(lease: Lease | None, settings: OutboxSettings, notify: bool) -> dict[str, Any]:
     """The parameters every statement shares: the wake-up's, and the lease's fence."""
     return {
+        # False: the statement never reaches pg_notify (a transaction to be prepared).
+        "notify": notify,
         "channel": settings.notify_channel,
         "idle_seconds": settings.relay_idle_seconds,
         # No lease: a NULL run id, and the statements skip their fence.
@@ -268,7 +285,7 @@ def _common(lease: Lease | None, settings: OutboxSettings) -> dict[str, Any]:
 
 
 def _batch(
-    messages: list[dict[str, Any]], lease: Lease | None, settings: OutboxSettings
+    messages: list[dict[str, Any]], lease: Lease | None, settings: OutboxSettings, notify: bool
 ) -> tuple[str, dict[str, Any]]:
     """:func:`emit_many`'s statement and its parameters: one array per column.
 
@@ -290,11 +307,11 @@ def _batch(
       given within a key.
     * Arrays go in binary (``%(x)b``): psycopg's text format escapes every bytea and JSON
       string, which cost more than the INSERT itself.
-    * ``woken`` notifies each lane once, only while a relay is idle.
+    * ``woken`` notifies each lane once, only while a relay is idle (and *notify*).
     """
     rows = sorted(messages, key=_lock_order)
-    locks = sorted({m["lock_key"] for m in rows if m["lock_key"] is not None})
-    params = _common(lease, settings) | {
+    locks = _locks(rows, settings)
+    params = _common(lease, settings, notify) | {
         "locks": locks,
         "message_ids": [m["message_id"] for m in rows],
         "topics": [m["topic"] for m in rows],
@@ -306,6 +323,31 @@ def _batch(
         "run_ids": [m["run_id"] for m in rows],
     }
     return driver_sql("outbox", "emit_many", settings.schema_name), params
+
+
+def _locks(messages: list[dict[str, Any]], settings: OutboxSettings) -> list[int]:
+    """The batch's distinct lock keys, ascending; refused past ``emit_many_max_keys``.
+
+    Every lock stays in PostgreSQL's shared lock table until commit, and the table is sized
+    for ~64 locks per connection: a batch of tens of thousands of keys fails with "out of
+    shared memory", and while it holds them other sessions can fail to take any lock. A
+    bound, not chunking: the locks are transaction-scoped, so splitting the statement frees
+    nothing before commit, and locking fewer (coarser) keys would have to change what every
+    single emit locks too.
+    """
+    locks = sorted({m["lock_key"] for m in messages if m["lock_key"] is not None})
+    bound = settings.emit_many_max_keys
+    if len(locks) > bound:
+        raise InvalidMessage(
+            "envelopes",
+            f"{len(locks)} distinct (topic, key) pairs in one call; emit_many takes at most "
+            f"{bound} (emit_many_max_keys, OUTBOXKIT_EMIT_MANY_MAX_KEYS), since each holds a "
+            "lock in PostgreSQL's shared lock table until commit. Emit them in several "
+            f"transactions of at most {bound} keys each (several calls in one transaction hold "
+            "every lock until its commit too), or raise the setting together with the "
+            "server's max_locks_per_transaction; nothing was sent",
+        )
+    return locks
 
 
 def _batch_outcome(

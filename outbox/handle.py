@@ -153,13 +153,16 @@ class ClaimedRun(RunHandle[SyncConn]):
                                      settings=self.settings)
         return self._after_check(check, approval_id)
 
-    def emit(self, envelope: Envelope) -> uuid.UUID:
-        """:func:`outbox.emit.emit`, fenced by the lease; the message gets this run's id."""
-        return emit_one(self.conn, envelope, lease=self._held(), settings=self.settings)
+    def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
+        """:func:`outbox.emit.emit`, fenced by the lease; the message gets this run's id.
+        ``notify=False`` for a transaction that will be prepared (two-phase commit)."""
+        return emit_one(self.conn, envelope, lease=self._held(), settings=self.settings,
+                        notify=notify)
 
-    def emit_many(self, envelopes: Sequence[Envelope]) -> list[uuid.UUID]:
+    def emit_many(self, envelopes: Sequence[Envelope], *, notify: bool = True) -> list[uuid.UUID]:
         """:func:`outbox.emit.emit_many`, fenced by the lease."""
-        return emit_several(self.conn, envelopes, lease=self._held(), settings=self.settings)
+        return emit_several(self.conn, envelopes, lease=self._held(), settings=self.settings,
+                            notify=notify)
 
 
 def claim(conn: SyncConn, *, worker: str, lease_seconds: float,

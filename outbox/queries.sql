@@ -9,9 +9,10 @@
 -- per-key lock, the INSERT and the wake-up in one round trip. Without a lease fence_run_id
 -- is NULL and the fence is never read (the OR stops first); with one, the run row must
 -- still carry its token and version, and FOR SHARE holds it so until commit, so a takeover
--- waits for this transaction instead of racing it. Driver SQL (psycopg placeholders): it
--- skips SQLAlchemy's statement compilation and result adaptation, which cost more than the
--- round trip itself.
+-- waits for this transaction instead of racing it. notify false (a transaction that will be
+-- prepared: PREPARE TRANSACTION is refused after NOTIFY): the WHERE stops before pg_notify.
+-- Driver SQL (psycopg placeholders): it skips SQLAlchemy's statement compilation and result
+-- adaptation, which cost more than the round trip itself.
 WITH
 fence AS MATERIALIZED (
     SELECT 1 FROM {schema}.agent_runs
@@ -37,7 +38,7 @@ inserted AS (
 ),
 woken AS (
     SELECT pg_notify(CAST(%(channel)s AS text), CAST(inserted.lane AS text)) FROM inserted
-    WHERE EXISTS (
+    WHERE CAST(%(notify)s AS boolean) AND EXISTS (
         SELECT 1 FROM {schema}.relays
         WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
     )
@@ -85,7 +86,7 @@ inserted AS (
 woken AS (
     SELECT pg_notify(CAST(%(channel)s AS text), CAST(lanes.lane AS text))
     FROM (SELECT DISTINCT lane FROM inserted) AS lanes
-    WHERE EXISTS (
+    WHERE CAST(%(notify)s AS boolean) AND EXISTS (
         SELECT 1 FROM {schema}.relays
         WHERE idle AND heartbeat_at > now() - make_interval(secs => %(idle_seconds)s)
     )

@@ -56,6 +56,15 @@ class OutboxSettings(BaseSettings):
         description="An idle relay whose heartbeat is older than this is presumed dead: emits "
         "stop paying for NOTIFY to wake it (a live relay heartbeats more often than this).",
     )
+    emit_many_max_keys: int = Field(
+        default=1000,
+        gt=0,
+        description="Most distinct (topic, key) pairs one emit_many call takes; more is "
+        "refused before anything is written. Each holds a lock in PostgreSQL's shared lock "
+        "table until commit (sized max_locks_per_transaction x connections: ~6,400 with the "
+        "defaults, shared by every session), and a table that fills up fails this transaction "
+        "and others with 'out of shared memory'. Raise it only with max_locks_per_transaction.",
+    )
     ordered_topics: frozenset[str] = Field(
         default=frozenset(),
         description="Topics whose messages must carry a key (per-key order is the contract); "

@@ -40,6 +40,8 @@ REPLICATION_SETTINGS = {
     "hot_standby": "on",
 }
 
+MAX_PREPARED_TRANSACTIONS = 10
+
 
 @dataclass(frozen=True)
 class PostgresCluster:
@@ -151,7 +153,13 @@ def start(data_dir: Path, port: int) -> PostgresCluster:
         with (data / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# outboxkit test cluster\n{settings}\n")
     # Only loopback; the socket goes in our own folder, not the system's /run/postgresql.
-    options = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={data_dir}"
+    # Prepared transactions (0 by default: PREPARE TRANSACTION refused) for the two-phase
+    # commit tests; an option of the start, not of initdb, so an existing cluster gets it at
+    # its next start, and a standby (started here too) matches its primary, as it must.
+    options = (
+        f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={data_dir}"
+        f" -c max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}"
+    )
     log = data_dir / "postgres.log"
     result = _run_as_owner(
         [

@@ -386,3 +386,75 @@ class TestWakeUp:
             conn.execute(insert(relays).values(relay_id="relay-1", idle=False))
         self._emit(engine)
         assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+
+
+class TestKeyBound:
+    """Each distinct key holds a lock in the server's shared lock table until commit: a call
+    carries at most ``emit_many_max_keys`` of them, checked before anything is sent."""
+
+    BOUND = OutboxSettings(emit_many_max_keys=5)
+
+    def batch(self, keys: int) -> list[Envelope]:
+        """*keys* distinct keys, three messages each, and keyless ones (which lock nothing)."""
+        keyed = [make(key=f"k{i}", payload={"n": n}) for n in range(3) for i in range(keys)]
+        return keyed + [make(key=None) for _ in range(4)]
+
+    def test_a_call_over_the_bound_is_refused_before_anything_is_sent(
+        self, engine: Engine, statements: list[str]
+    ) -> None:
+        earlier = make(key="earlier")
+        with engine.connect() as conn:
+            emit(conn, earlier)  # the caller's transaction has begun, and stays usable
+            before = len(statements)
+            with pytest.raises(InvalidMessage) as caught:
+                emit_many(conn, self.batch(6), settings=self.BOUND)
+            assert len(statements) == before, "a statement reached the database"
+            conn.commit()
+        refused = caught.value
+        assert (refused.field, refused.index) == ("envelopes", None)
+        assert "6 distinct (topic, key) pairs" in str(refused)
+        assert "at most 5 (emit_many_max_keys, OUTBOXKIT_EMIT_MANY_MAX_KEYS)" in str(refused)
+        assert "several transactions" in str(refused)
+        assert "nothing was sent" in str(refused)
+        assert [r.message_id for r in rows(engine)] == [earlier.message_id]
+
+    def test_a_call_at_the_bound_writes_every_message(self, engine: Engine) -> None:
+        envelopes = self.batch(5)  # 19 messages, 5 keys
+        with engine.begin() as conn:
+            assert emit_many(conn, envelopes, settings=self.BOUND) == [
+                e.message_id for e in envelopes
+            ]
+        assert len(rows(engine)) == len(envelopes)
+
+    def test_the_async_twin_is_bounded_too(
+        self, engine: Engine, async_engine: AsyncEngine
+    ) -> None:
+        async def scenario() -> None:
+            async with async_engine.begin() as conn:
+                with pytest.raises(InvalidMessage, match="6 distinct"):
+                    await aio.emit_many(conn, self.batch(6), settings=self.BOUND)
+                await aio.emit_many(conn, self.batch(5), settings=self.BOUND)
+
+        run_async(async_engine, scenario())
+        assert len(rows(engine)) == 19
+
+    def test_the_default_bound_is_one_lock_per_key_and_a_small_share_of_the_table(
+        self, engine: Engine
+    ) -> None:
+        """At the default bound a call works and holds exactly one lock per distinct key,
+        which the bound counts. The shared lock table of a server with PostgreSQL's defaults
+        (max_locks_per_transaction 64 x max_connections 100) has room for ~6,400 locks for
+        every session together: one call at the bound takes at most a sixth of it."""
+        bound = SETTINGS.emit_many_max_keys
+        assert bound * 6 <= 64 * 100
+        envelopes = [make(key=f"key-{i}") for i in range(bound)] + [make(key="key-0")]
+        with engine.begin() as conn:
+            emit_many(conn, envelopes)
+            held = conn.execute(
+                text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                     "AND pid = pg_backend_pid()")
+            ).scalar_one()
+            assert held == bound
+            with pytest.raises(InvalidMessage, match=f"{bound + 1} distinct"):
+                emit_many(conn, [*envelopes, make(key="one-too-many")])
+        assert len(rows(engine)) == bound + 1
