@@ -127,8 +127,16 @@ def _messages(rows: Any) -> list[Message]:
     ]
 
 
+# Writes that decide a key's state in outbox_failures take turns on this transaction lock:
+# the relay's record of refused and set-aside rows, and an operator's retry. A row the relay
+# set aside as held while an operator retried its key would otherwise be held for good, with
+# nothing before it to retry. Any constant works, the same for every process of a database.
+FAILURES_LOCK = 0x6F75746661696C  # "outfail"
+
+
 def retry_plan(ids: Collection[int] | None, channel: str) -> Plan[int]:
     f = outbox_failures
+    yield select(func.pg_advisory_xact_lock(FAILURES_LOCK))
     if ids is not None:
         wanted = sorted(set(ids))
         if not wanted:

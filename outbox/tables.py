@@ -282,6 +282,20 @@ relay_lanes = Table(
     _ts("last_error_at"),
 )
 
+# The server's incarnation (migration 0010), an UNLOGGED table of one row: crash recovery and
+# a standby's promotion empty it, so a relay's in-memory cursors (snapshots of transaction
+# ids) are used only while it holds the incarnation they were read under (relay/history.py).
+relay_server = Table(
+    "relay_server",
+    metadata,
+    Column("one", Boolean, primary_key=True, server_default=text("true")),
+    Column("incarnation", UUID(as_uuid=True), nullable=False,
+           server_default=text("gen_random_uuid()")),
+    _ts("since", nullable=False, default_now=True),
+    CheckConstraint("one", name="relay_server_one_row"),
+    prefixes=["UNLOGGED"],
+)
+
 # The broker's proof, one row per lane per batch: ids with the partition and offset of each
 # (migration 0006). The view published_messages unnests them.
 deliveries = Table(

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from json import dumps, loads
 from typing import Any
 
 from sqlalchemy import Connection
 
+from outbox.messages import FAILURES_LOCK
 from outbox.queries import driver_sql, sql
 from relay.cursors import Cursor, LaneRead
+from relay.history import HistoryMoved
 
 # The claim's plan must be ordered index scans that stop at the limit. With its parameters
 # unknown the planner misjudges the sizes and prefers a bitmap scan or another index plus a
@@ -49,6 +51,11 @@ class OutboxRow:
     # From outbox_failures: an operator asked to publish it again ('retry').
     retry: bool = False
 
+    @property
+    def lane_key(self) -> tuple[int, str, bytes | None]:
+        """What order is kept within: (lane, topic, key)."""
+        return (self.lane, self.topic, self.key)
+
 
 @dataclass(frozen=True)
 class Published:
@@ -76,6 +83,10 @@ class Claimed:
     # (lane, topic, key) → 'held' while a refused row blocks the key, 'retry' while an
     # operator's retry of it is under way: later rows of the key join the queue, unsent.
     blocked: dict[tuple[int, str, bytes | None], str]
+    # The server's incarnation the rows were read under (relay/history.py), and the
+    # token of each lane claimed: the record is fenced by both.
+    incarnation: uuid.UUID | None = None
+    tokens: dict[int, int] = field(default_factory=dict)
 
 
 def claim_messages(
@@ -86,17 +97,21 @@ def claim_messages(
     cursors: Mapping[int, Cursor | int],
     limit: int,
     rotate: int = 0,
+    incarnation: uuid.UUID | None = None,
 ) -> Claimed:
     """Up to *limit* rows of the owned lanes' differences, each lane's rows in id order.
 
     *cursors* maps each owned lane to the relay's cursor for it, or to the lane's token
-    alone when the relay has none yet (the one in ``relay_lanes`` is then used). *rotate*
-    shifts which lane is read first, so a busy lane cannot starve the others. Rows that an
-    operator asked to retry come first, and rows of blocked keys are set aside (see
-    :class:`Claimed`).
+    alone when the relay has none yet (the one in ``relay_lanes`` is then used). The relay's
+    cursors are used only when *incarnation* is the server's (relay/history.py): read
+    under another, they may count re-issued transaction ids as seen, and the stored ones are
+    used instead. *rotate* shifts which lane is read first, so a busy lane cannot starve the
+    others. Rows that an operator asked to retry come first, and rows of blocked keys are set
+    aside (see :class:`Claimed`). Raises :class:`~relay.history.HistoryMoved` when a cursor
+    counts transaction ids this server never issued (a restore into another cluster).
     """
     if not cursors:
-        return Claimed([], {}, {})
+        return Claimed([], {}, {}, incarnation)
     order = sorted(cursors)
     shift = rotate % len(order)
     order = order[shift:] + order[:shift]
@@ -114,57 +129,74 @@ def claim_messages(
         "floors": [c.floor if isinstance(c, Cursor) else None for c in known],
         "ceils": [c.ceil if isinstance(c, Cursor) else None for c in known],
         "relay_id": relay_id,
+        "incarnation": incarnation,
         "more": limit + 1,
-        # One more than a lane's part a can fill: the first lane always gets some of part b.
+        # Every lane yields at least one row (an empty one when it has none): the first lane
+        # can always bring all of its limit + 1.
         "outer": limit + len(order) + 1,
     }
+    fetched = _fetch(conn, schema, params)
+    if fetched and fetched[0][7] is None:
+        # No incarnation yet (crash recovery or a promotion emptied the table): the stored
+        # cursors were used, which is right; make one and read again under it.
+        conn.exec_driver_sql(driver_sql("relay", "ensure_incarnation", schema))
+        fetched = _fetch(conn, schema, params)
+    if not fetched:
+        return Claimed([], {}, {}, incarnation, tokens)
+    current = fetched[0][7]
+    behind = sorted({r[1] for r in fetched if r[8]})
+    if behind:
+        raise HistoryMoved(behind)
+    rows, reads = _reads(fetched, tokens, limit, limit + 1, cut=len(fetched) >= params["outer"])
+    blocked: dict[tuple[int, str, bytes | None], str] = {}
+    if fetched[0][18]:
+        retried = _retries(conn, schema, order, limit // 2 + 1)
+        blocked = _blocked(conn, schema, [r.lane_key for r in retried + rows])
+        rows = retried + rows
+    return Claimed(rows, reads, blocked, current, tokens)
+
+
+def _fetch(conn: Connection, schema: str, params: dict[str, Any]) -> Sequence[Any]:
     # Executed through SQLAlchemy, so a database error is a SQLAlchemyError (the loop backs
     # off on those) and a dropped connection is invalidated; but the rows are read from the
     # driver's cursor as plain tuples: decoding a thousand Row objects cost a sixth of the
     # relay's loop.
     result = conn.exec_driver_sql(driver_sql("relay", "claim_messages", schema), params)
     try:
-        fetched = result.cursor.fetchall()
+        return result.cursor.fetchall()
     finally:
         result.close()
-    blocked: dict[tuple[int, str, bytes | None], str] = {}
-    retried: list[OutboxRow] = []
-    if fetched and fetched[0][18]:
-        blocked, retried = _failures(conn, schema, order, limit)
-    rows, reads = _reads(fetched, tokens, limit, limit + 1, cut=len(fetched) >= params["outer"])
-    return Claimed(retried + rows, reads, blocked)
 
 
-def _failures(
-    conn: Connection, schema: str, lanes: list[int], limit: int
-) -> tuple[dict[tuple[int, str, bytes | None], str], list[OutboxRow]]:
-    blocked: dict[tuple[int, str, bytes | None], str] = {}
-    retried: list[OutboxRow] = []
-    query = sql("relay", "claim_failures", schema)
-    for r in conn.execute(query, {"lanes": lanes, "limit": 10 * limit}):
-        key = (r.lane, r.topic, bytes(r.key) if r.key is not None else None)
-        if r.state == "retry":
-            if blocked.get(key) != "held" and len(retried) < limit // 2 + 1:
-                retried.append(
-                    OutboxRow(
-                        r.id,
-                        r.message_id,
-                        r.topic,
-                        key[2],
-                        r.message_type,
-                        bytes(r.payload),
-                        r.headers or {},
-                        r.created_at,
-                        r.lane,
-                        r.run_id,
-                        retry=True,
-                    )
-                )
-            blocked.setdefault(key, "retry")
-        else:  # a blocking refusal, or held behind one
-            blocked[key] = "held"
-    # A key whose retried rows are not all being sent now keeps the rest queued behind them.
-    return blocked, retried
+def _retries(conn: Connection, schema: str, lanes: list[int], limit: int) -> list[OutboxRow]:
+    """Rows an operator asked to retry, each after every row of its key still held back."""
+    query = sql("relay", "claim_retries", schema)
+    return [
+        OutboxRow(r.id, r.message_id, r.topic, bytes(r.key) if r.key is not None else None,
+                  r.message_type, bytes(r.payload), r.headers or {}, r.created_at, r.lane,
+                  r.run_id, retry=True)
+        for r in conn.execute(query, {"lanes": lanes, "limit": limit})
+    ]
+
+
+def _blocked(
+    conn: Connection, schema: str, keys: list[tuple[int, str, bytes | None]]
+) -> dict[tuple[int, str, bytes | None], str]:
+    """Which of *keys* outbox_failures holds back, and how: decided for these keys alone."""
+    distinct = sorted(set(keys), key=repr)
+    if not distinct:
+        return {}
+    found = conn.execute(
+        sql("relay", "blocked_keys", schema),
+        {
+            "lanes": [k[0] for k in distinct],
+            "topics": [k[1] for k in distinct],
+            "keys": [k[2] for k in distinct],
+        },
+    )
+    return {
+        (r.lane, r.topic, bytes(r.key) if r.key is not None else None): r.state for r in found
+    }
 
 
 def _reads(
@@ -172,43 +204,26 @@ def _reads(
 ) -> tuple[list[OutboxRow], dict[int, LaneRead]]:
     """The rows taken (at most *room*) and, per lane, the cursor used and how far they go.
 
-    Each lane's rows come in two parts (b: the id range, a: the running transactions' rows
-    outside it), each in id order and counted (got, up to *more*). A part is complete when
-    all of it came and it was not cut at *more*; a part cut short (by its limit, or by the
-    claim's limit across lanes) is known only up to the last id that came, so the lane's rows
-    are merged by id up to there. A lane is read to its end only when both parts were
-    complete and every row was taken.
-
-    *cut*: the claim's limit across lanes was reached, so the last lane that came may be cut.
-    Its part a comes first: cut inside part b, that part's count tells (as above). But cut
-    inside or right after part a, its part b is missing altogether, and a missing part looks
-    like an empty one: the lane's rows would be taken as if there were no others, and its
-    cursor would pass the rows of part b it never saw (lost). That lane is left unread.
+    Each lane's rows are the smallest ids of its difference, in id order (the statement
+    merges its two parts), at most *more*. A lane is read to its end when fewer than *more*
+    came, it was not cut by the claim's limit across lanes (*cut*: the last lane that came
+    may be), and every row was taken. Otherwise the rows taken are a prefix, and the cursor
+    remembers the last id done.
     """
     heads: dict[int, Any] = {}
-    parts: dict[int, dict[str, list[Any]]] = {}
+    found: dict[int, list[Any]] = {}
     for r in fetched:
         heads.setdefault(r[1], r)
-        if r[7] is not None:
-            parts.setdefault(r[1], {}).setdefault(r[7], []).append(r)
-    if cut and fetched and fetched[-1][7] == "a":
-        heads.pop(fetched[-1][1], None)
-        parts.pop(fetched[-1][1], None)
+        if r[9] is not None:
+            found.setdefault(r[1], []).append(r)
+    last = fetched[-1][1] if cut and fetched else None
     rows: list[OutboxRow] = []
     reads: dict[int, LaneRead] = {}
     for lane, head in sorted(heads.items(), key=lambda item: item[1][0]):
         cursor = Cursor(tokens[lane], head[2], head[3], head[4], head[5], head[6])
-        merged: list[Any] = []
-        bound: float = float("inf")
-        complete = True
-        for part in parts.get(lane, {}).values():
-            part.sort(key=lambda r: r[9])
-            if len(part) < part[0][8] or part[0][8] >= more:
-                complete = False
-                bound = min(bound, part[-1][9])
-            merged += part
-        merged.sort(key=lambda r: r[9])
-        taken = [r for r in merged if r[9] <= bound][: max(0, room - len(rows))]
+        merged = found.get(lane, [])
+        complete = len(merged) < more and lane != last
+        taken = merged[: max(0, room - len(rows))]
         exhausted = complete and len(taken) == len(merged)
         rows += [
             OutboxRow(r[9], r[10], r[11], bytes(r[12]) if r[12] is not None else None, r[13],
@@ -226,20 +241,25 @@ def record(
     relay_id: str,
     published: list[Published],
     failed: list[Failed],
-    set_aside: list[tuple[OutboxRow, str]],
+    set_aside: list[OutboxRow],
     cursors: Mapping[int, tuple[Cursor, int]],
     blocking: bool,
+    incarnation: uuid.UUID | None,
+    tokens: Mapping[int, int] | None = None,
     durable: bool = True,
 ) -> list[int]:
     """Record a batch's outcome and move the lanes' *cursors*; return the lanes moved.
 
     *published* rows get their proof in ``deliveries``; *failed* ones (permanent refusals)
-    and *set_aside* ones (state 'held' or 'retry', with the reason) are copied to
-    ``outbox_failures``; retried rows that went through leave it. *cursors* maps a lane to
-    its new cursor and how many of its rows were published. A lane whose token moved on is
-    not moved (it is another relay's now); its proof is still written, since it is true.
-    With *blocking*, a refused row without a dead-letter copy blocks the later rows of its key.
-    Without *durable*, the transaction's commit does not wait for the WAL flush.
+    and *set_aside* ones (rows of a key held back when claimed: 'held' or 'retry', decided
+    here from the key's failure rows as they are now) are copied to ``outbox_failures``;
+    retried rows that went through leave it. *cursors* maps a lane to its new cursor and how
+    many of its rows were published. Cursors move and failures are copied only for lanes
+    whose token is still this relay's (*tokens*: the claim's, for lanes without a cursor
+    move) and only while the server is the *incarnation* the batch was read under; the
+    proof is written in any case, since it is true. With *blocking*, a refused row without a
+    dead-letter copy blocks the later rows of its key. Without *durable*, the transaction's
+    commit does not wait for the WAL flush.
     """
     lanes = sorted(cursors)
     row = conn.execute(
@@ -251,6 +271,7 @@ def record(
             "partitions": [p.partition for p in published],
             "offsets": [p.offset for p in published],
             "relay_id": relay_id,
+            "incarnation": incarnation,
             "durable": durable,
             "c_lanes": lanes,
             "c_tokens": [cursors[lane][0].token for lane in lanes],
@@ -267,9 +288,14 @@ def record(
         (f.row, "failed", f.error, f.partition, f.offset, blocking and f.offset is None)
         for f in failed
     ]
-    entries += [(r, state, None, None, None, False) for r, state in set_aside]
+    entries += [(r, "aside", None, None, None, False) for r in set_aside]
     if entries:
-        _copy_failures(conn, schema, entries)
+        known = {lane: c.token for lane, (c, _) in cursors.items()}
+        known = {**(tokens or {}), **known}
+        conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
+        _copy_failures(
+            conn, schema, entries, relay_id=relay_id, incarnation=incarnation, tokens=known
+        )
     return list(row.moved or [])
 
 
@@ -278,8 +304,15 @@ def _token(cursors: Mapping[int, tuple[Cursor, int]], lane: int) -> int:
     return entry[0].token if entry is not None else -1
 
 
-def _copy_failures(conn: Connection, schema: str, entries: list[tuple[Any, ...]]) -> None:
-
+def _copy_failures(
+    conn: Connection,
+    schema: str,
+    entries: list[tuple[Any, ...]],
+    *,
+    relay_id: str,
+    incarnation: uuid.UUID | None,
+    tokens: Mapping[int, int],
+) -> None:
     rows = [e[0] for e in entries]
     conn.execute(
         sql("relay", "record_failures", schema),
@@ -299,6 +332,9 @@ def _copy_failures(conn: Connection, schema: str, entries: list[tuple[Any, ...]]
             "errors": [e[2][:2000] if e[2] else None for e in entries],
             "dlq_partitions": [e[3] for e in entries],
             "dlq_offsets": [e[4] for e in entries],
+            "tokens": [tokens.get(r.lane, -1) for r in rows],
+            "relay_id": relay_id,
+            "incarnation": incarnation,
         },
     )
 

@@ -13,22 +13,66 @@ import click
 
 from outbox.cli import EXIT_USAGE, database_url_option, one_line_errors, require_url
 from outbox.dsn import engine_for
+from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 from relay import cli
+from relay.history import REBASE_HINT
+from relay.rebase import check_history, rebase
 from relay.settings import RelaySettings
 from relay.status import read_status
 
+DAEMON_ARGS = "outboxkit.daemon_args"
 
-@click.command(
-    "relay",
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                      "help_option_names": []},
-    add_help_option=False,
-)
+
+class DaemonGroup(click.Group):
+    """``outbox relay [flags]`` runs the daemon, whose own parser reads the flags (``--help``
+    included); ``outbox relay rebase`` is a subcommand."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args[:1] and args[0] in self.commands:
+            return super().parse_args(ctx, args)
+        ctx.meta[DAEMON_ARGS] = list(args)
+        return super().parse_args(ctx, [])
+
+
+@click.group("relay", cls=DaemonGroup, invoke_without_command=True, add_help_option=False)
 @click.pass_context
 def relay_command(ctx: click.Context) -> None:
-    """Run the relay daemon (all flags as in `python -m relay --help`)."""
-    sys.exit(cli.main(ctx.args))
+    """Run the relay daemon (all flags as in `python -m relay --help`);
+    `outbox relay rebase` after moving the database to another cluster."""
+    if ctx.invoked_subcommand is None:
+        sys.exit(cli.main(ctx.meta.get(DAEMON_ARGS, [])))
+
+
+@relay_command.command("rebase")
+@database_url_option
+@click.option("--yes", is_flag=True, help="Do it without asking.")
+@click.option("--force", is_flag=True,
+              help="Rebase although the outbox's ids look like this server's (every row not "
+                   "purged yet is then sent again).")
+@one_line_errors
+def rebase_command(database_url: str | None, yes: bool, force: bool) -> None:
+    """Make a restored or moved outbox this cluster's: published rows stay published,
+    pending ones are sent once by the next relays. Stop every relay first."""
+    schema = OutboxSettings().schema_name
+    engine = engine_for(require_url(database_url))
+    try:
+        with engine.begin() as conn:
+            history = check_history(conn, schema)
+            if not history.moved and not force:
+                raise ConfigurationError(
+                    "the outbox's transaction ids are this server's: nothing to rebase (with "
+                    "--force, every row not purged yet would be sent again)")
+            if history.moved:
+                click.echo(f"lanes {compact(history.cursors_ahead + history.rows_ahead)} carry "
+                           "transaction ids this server has not issued")
+            if not yes and not click.confirm("rebase the outbox now?", default=False):
+                raise click.Abort
+            done = rebase(conn, schema)
+    finally:
+        engine.dispose()
+    click.echo(f"rebased: {done.seen} rows kept as published or refused, {done.pending} rows "
+               "pending (the relays publish them once, in id order); start the relays")
 
 
 @click.command("status")
@@ -67,6 +111,9 @@ def status_command(database_url: str | None, as_json: bool, lease_seconds: float
                    f"{compact(relay.lanes)}".rstrip())
     if status.unowned_lanes:
         click.echo(f"lanes without owner  {compact(status.unowned_lanes)}")
+    if status.history_moved:
+        click.echo(f"history moved        lanes {compact(status.history_moved)}: the database "
+                   f"was restored or moved into another cluster; {REBASE_HINT}")
 
 
 def compact(lanes: list[int]) -> str:
@@ -80,4 +127,4 @@ def compact(lanes: list[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-__all__ = ["EXIT_USAGE", "relay_command", "status_command"]
+__all__ = ["EXIT_USAGE", "rebase_command", "relay_command", "status_command"]

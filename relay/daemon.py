@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,7 +31,6 @@ from outbox.kafka import KafkaClientError
 from outbox.queries import driver_sql, sql
 from outbox.runtime import Lifecycle, required_database_url
 from outbox.settings import OutboxSettings
-from relay import timeline
 from relay.claims import (
     CLAIM_PLANNER,
     Claimed,
@@ -47,7 +47,6 @@ from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
 from relay.retention import purge_published
 from relay.settings import RelaySettings
-from relay.timeline import TimelineChanged
 from relay.wakeup import Listener, WakeUp
 
 log = logging.getLogger(__name__)
@@ -98,8 +97,6 @@ class Relay:
             isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )
-        timeline.watch(self.engine)
-        timeline.watch(self.claim_engine)
         self.metrics = RelayMetrics()
         # Capped from the first delay: an initial delay over the maximum waits the maximum.
         self.backoff = Backoff(
@@ -139,7 +136,8 @@ class Relay:
         self._marking: Future[None] | None = None
         # Each owned lane's cursor, one batch ahead of the database's (relay/cursors.py).
         self._cursors: dict[int, Cursor] = {}
-        self._timeline: int | None = None  # the one they were read on (relay/timeline.py)
+        # The server's incarnation they were read under (relay/history.py).
+        self._incarnation: uuid.UUID | None = None
         self.publisher: Publisher | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._listener: Listener | None = None
@@ -349,7 +347,7 @@ class Relay:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.lifecycle.beat()
-            self.lanes.release_pending()
+            self._give_back_excess()
             owned = self.lanes.owned()
             if not owned:
                 self._wait()
@@ -406,6 +404,14 @@ class Relay:
                     )
                 self.lifecycle.back_off(self._transient(exc, "batch"))
 
+    def _give_back_excess(self) -> None:
+        """Give back the lanes over this relay's fair share, never with a batch of theirs
+        being recorded: the new owner would read its rows from a cursor not moved yet and
+        send them again."""
+        if self.lanes.releasing():
+            self._finish_marking()
+            self.lanes.release_pending()
+
     def _wait(self) -> None:
         self.wake.wait(self.settings.poll_interval_seconds)
 
@@ -423,7 +429,6 @@ class Relay:
         of the database's while the previous batch is being recorded)."""
         self._rotate += 1
         with self.claim_engine.begin() as conn:
-            self._follow_timeline(timeline.of(conn))
             cursors: dict[int, Cursor | int] = {}
             for lane, token in owned.items():
                 known = self._cursors.get(lane)
@@ -435,24 +440,31 @@ class Relay:
                 cursors=cursors,
                 limit=self.settings.batch_size,
                 rotate=self._rotate,
+                incarnation=self._incarnation,
             )
+        self._follow_incarnation(batch.incarnation)
         for lane, read in batch.reads.items():
             # An empty difference moves the cursor here only: nothing to record.
             self._cursors[lane] = read.cursor if read.ids else read.advanced(None)
         return batch
 
-    def _follow_timeline(self, now: int | None) -> None:
-        """Drop the cursors read on another timeline than *now*'s (a failover happened)."""
-        if now != self._timeline and self._cursors:
+    def _follow_incarnation(self, now: uuid.UUID | None) -> None:
+        """Drop the cursors read under another incarnation of the server than *now*.
+
+        The claim already ignored them (it read the stored cursors); the lanes it did not
+        read this time must not use them either.
+        """
+        if now != self._incarnation and self._cursors and self._incarnation is not None:
             log.warning(
-                "the database is on timeline %s, the cursors were read on timeline %s "
-                "(a failover): reading the lanes again from the new primary",
+                "the database restarted after a crash or a standby was promoted (server "
+                "incarnation %s, the cursors were read under %s): reading the lanes again "
+                "from their stored cursors; rows sent since those are sent again",
                 now,
-                self._timeline,
-                extra={"event": "relay.timeline_changed"},
+                self._incarnation,
+                extra={"event": "relay.incarnation_changed"},
             )
             self._cursors.clear()
-        self._timeline = now
+        self._incarnation = now
 
     def _declare_idle(self, idle: bool) -> None:
         with self.engine.begin() as conn:
@@ -470,12 +482,11 @@ class Relay:
         self._batch_counted = False
         block = self.settings.on_permanent_failure == "block"
         # Rows of a blocked key join the queue behind the refused one, unsent.
-        set_aside: list[tuple[OutboxRow, str]] = []
+        set_aside: list[OutboxRow] = []
         sendable: list[OutboxRow] = []
         for row in batch.rows:
-            state = None if row.retry else batch.blocked.get((row.lane, row.topic, row.key))
-            if state is not None:
-                set_aside.append((row, state))
+            if not row.retry and row.lane_key in batch.blocked:
+                set_aside.append(row)
             else:
                 sendable.append(row)
         published, failed = self._publish(sendable) if sendable else ([], [])
@@ -487,7 +498,9 @@ class Relay:
             # Recording this one would move them past rows without proof: read them again.
             self._cursors.clear()
             return False
-        self._marking = self._marker.submit(self._mark, *outcome, block, read_on=self._timeline)
+        self._marking = self._marker.submit(
+            self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
+        )
         if failed or set_aside or any(r.retry for r in batch.rows):
             # Only clean batches are recorded beside the next claim. A refusal must be
             # recorded first: in block mode it is what holds back the later rows of its key.
@@ -513,12 +526,10 @@ class Relay:
         sent: list[OutboxRow],
         published: list[Published],
         failed: list[Failed],
-        set_aside: list[tuple[OutboxRow, str]],
+        set_aside: list[OutboxRow],
         *,
         block: bool,
-    ) -> tuple[
-        list[Published], list[Failed], list[tuple[OutboxRow, str]], dict[int, tuple[Cursor, int]]
-    ]:
+    ) -> tuple[list[Published], list[Failed], list[OutboxRow], dict[int, tuple[Cursor, int]]]:
         """What to record, and each lane's new cursor (moved here at once).
 
         A lane's cursor passes its rows up to the first one Kafka did not answer for good
@@ -528,7 +539,7 @@ class Relay:
         """
         answered = {p.row.id for p in published} | {f.row.id for f in failed if f.permanent}
         transient = {f.row.id for f in failed if not f.permanent}
-        held = [(r, "held") for r in sent if r.id not in answered and r.id not in transient]
+        held = [r for r in sent if r.id not in answered and r.id not in transient]
         if held and not block:  # cannot happen: only block mode holds rows back
             raise AssertionError(f"{len(held)} rows neither acknowledged nor refused")
         set_aside = set_aside + held
@@ -553,7 +564,7 @@ class Relay:
         return (
             recorded,
             [f for f in failed if f.permanent and passed(f.row)],
-            [(r, state) for r, state in set_aside if passed(r)],
+            [r for r in set_aside if passed(r)],
             {lane: (cursor, counts[lane]) for lane, cursor in moved.items()},
         )
 
@@ -570,14 +581,17 @@ class Relay:
         self,
         published: list[Published],
         failed: list[Failed],
-        set_aside: list[tuple[OutboxRow, str]],
+        set_aside: list[OutboxRow],
         moves: dict[int, tuple[Cursor, int]],
         block: bool,
         *,
-        read_on: int | None = None,
+        incarnation: uuid.UUID | None,
+        tokens: dict[int, int],
     ) -> None:
         """Record a batch's outcome (on the marking thread) and count it."""
-        self._record(published, failed, set_aside, moves, block, read_on=read_on)
+        self._record(
+            published, failed, set_aside, moves, block, incarnation=incarnation, tokens=tokens
+        )
         failpoint("relay.after_mark")
         now = time.time()
         for p in published:
@@ -685,15 +699,17 @@ class Relay:
         self,
         published: list[Published],
         failed: list[Failed],
-        set_aside: list[tuple[OutboxRow, str]],
+        set_aside: list[OutboxRow],
         moves: dict[int, tuple[Cursor, int]],
         blocking: bool,
         *,
-        read_on: int | None = None,
+        incarnation: uuid.UUID | None,
+        tokens: dict[int, int],
     ) -> None:
         """Record what Kafka said and move the cursors; keep trying, since giving up means
-        re-sending. Not on another timeline than the batch was read on: raises
-        TimelineChanged (its cursors are from a past the promoted node does not have)."""
+        re-sending. The statement moves no cursor of a lane taken over meanwhile, nor any
+        after the server restarted from a crash or a standby was promoted since the batch was
+        read (*incarnation*): its cursors may count re-issued transaction ids as seen."""
         attempt = 0
         while True:
             try:
@@ -704,8 +720,6 @@ class Relay:
                 # earlier lost one.) Refusals are recorded durably, in one transaction.
                 clean = not failed and not set_aside and not any(p.row.retry for p in published)
                 with self._record_connection(clean) as conn:
-                    if timeline.of(conn) != read_on:
-                        raise TimelineChanged(read_on, timeline.of(conn))
                     moved = record(
                         conn,
                         self.schema,
@@ -715,13 +729,16 @@ class Relay:
                         set_aside=set_aside,
                         cursors=moves,
                         blocking=blocking,
+                        incarnation=incarnation,
+                        tokens=tokens,
                         durable=not clean,
                     )
                 lost = sorted(set(moves) - set(moved))
                 if lost:
                     log.warning(
-                        "lanes %s were taken over before their batch was recorded: the new "
-                        "owner sends those rows again",
+                        "lanes %s were not moved: taken over, or the database restarted "
+                        "after a crash or failed over, before their batch was recorded; those "
+                        "rows are read and sent again",
                         lost,
                         extra={"event": "relay.lanes_lost"},
                     )

@@ -137,6 +137,11 @@ class LaneManager:
             usable = self._owned.usable()
             return {lane: tok for lane, tok in usable.items() if lane not in self._to_release}
 
+    def releasing(self) -> bool:
+        """Whether lanes are marked to be given back."""
+        with self._lock:
+            return bool(self._to_release)
+
     def release_pending(self) -> None:
         """Give back the lanes marked excess; call only between batches."""
         with self._lock:

@@ -353,6 +353,16 @@ class Publisher:
             self.reset()  # a refused batch can leave the idempotent producer failing
             if delivery.too_large:
                 continue
+            if not delivery.permanent:
+                # The copy was not acknowledged (a broker down, a timeout): not a reason to
+                # give up on it. The row stays where it is, as a transient failure, and is
+                # sent (and refused, and copied) again.
+                return Failed(
+                    row,
+                    f"its dead-letter copy to {topic} was not acknowledged: "
+                    f"{describe_briefly(delivery.error)}",
+                    False,
+                )
             log.warning(
                 "dead-lettering message %s failed: %s",
                 row.message_id,

@@ -5,8 +5,8 @@
 
 -- name: claim_messages
 -- Per owned lane (fenced by the join on relay_lanes: a relay whose lane was taken over reads
--- nothing there), the next rows of the lane's difference, in two parts, each through an index
--- and in id order:
+-- nothing there), the first rows of the lane's difference in id order, up to %(more)s. They
+-- come from two parts, each through an index, in id order and limited:
 --   b. a range of (lane, id) from lo to hi, the smallest and largest id of the rows of
 --      transactions that started after the cursor (xid >= its xmax), computed once per target
 --      from (lane, xid) and then passed back by the relay; the filter is the whole difference
@@ -14,28 +14,48 @@
 --      that were running at the cursor when their ids fall in the range;
 --   a. the rest of those: rows of the cursor's running transactions (its xip list, a probe
 --      on (lane, xid) each) outside the range; they may have low ids (a late commit).
--- The relay merges the two by id (relay.claims._reads). A lane the relay knows nothing about
--- (first read, or its token changed) starts from the cursor stored in relay_lanes. There is no
--- ORDER BY across lanes: the nested loop over the lanes stops as soon as the limit's rows came
--- out. Run as driver SQL on the claim's own connection (relay.claims.CLAIM_PLANNER).
-WITH c AS MATERIALIZED (
-    SELECT o.ord, o.lane, o.token,
-           CASE WHEN o.known THEN CAST(o.snap AS pg_snapshot) ELSE l.cursor_snapshot END AS snap,
-           coalesce(CASE WHEN o.known THEN CAST(o.target AS pg_snapshot) ELSE l.batch_snapshot END,
-                    pg_current_snapshot()) AS target,
-           CASE WHEN o.known THEN o.pos ELSE l.batch_pos END AS pos,
-           o.floor, o.ceil
+-- The two are merged by id here and limited again, so a lane's rows are always the smallest
+-- ids of its difference: the outer LIMIT, which cuts the last lane read, only shortens that
+-- prefix. (Merged by the relay instead, a part cut at its limit bounded the other, and a
+-- lane could advance a few rows per claim.)
+-- The relay's own cursors are used only while the server is the incarnation they were read
+-- under (relay_server, relay/history.py); otherwise, and for a lane the relay knows
+-- nothing about (first read, or its token changed), the cursor stored in relay_lanes is.
+-- `behind`: the cursor or target counts transaction ids the server has not issued yet, so
+-- this database's ids are not the history the cursors were taken in (a restore or a move
+-- into another cluster; relay/history.py). There is no ORDER BY across lanes: the nested loop
+-- over the lanes stops as soon as the limit's rows came out. Run as driver SQL on the
+-- claim's own connection (relay.claims.CLAIM_PLANNER).
+WITH s AS MATERIALIZED (
+    SELECT (SELECT incarnation FROM {schema}.relay_server) AS incarnation,
+           pg_current_snapshot() AS now
+),
+o AS MATERIALIZED (
+    SELECT o.*, o.known AND s.incarnation = CAST(%(incarnation)s AS uuid) AS ours
     FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]),
                 CAST(%(known)s AS bool[]), CAST(%(snaps)s AS text[]),
                 CAST(%(targets)s AS text[]), CAST(%(pos)s AS bigint[]),
                 CAST(%(floors)s AS bigint[]), CAST(%(ceils)s AS bigint[]))
          WITH ORDINALITY AS o(lane, token, known, snap, target, pos, floor, ceil, ord)
+    CROSS JOIN s
+),
+c AS MATERIALIZED (
+    SELECT o.ord, o.lane, o.token, s.incarnation,
+           CASE WHEN o.ours THEN CAST(o.snap AS pg_snapshot) ELSE l.cursor_snapshot END AS snap,
+           coalesce(CASE WHEN o.ours THEN CAST(o.target AS pg_snapshot) ELSE l.batch_snapshot END,
+                    s.now) AS target,
+           CASE WHEN o.ours THEN o.pos ELSE l.batch_pos END AS pos,
+           CASE WHEN o.ours THEN o.floor END AS floor, CASE WHEN o.ours THEN o.ceil END AS ceil,
+           s.now
+    FROM o CROSS JOIN s
     JOIN {schema}.relay_lanes AS l
       ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s
      AND l.expires_at > now()
 ),
 b AS (
-    SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi
+    SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi,
+           pg_snapshot_xmax(c.snap) > pg_snapshot_xmax(c.now)
+               OR pg_snapshot_xmax(c.target) > pg_snapshot_xmax(c.now) AS behind
     FROM c
     LEFT JOIN LATERAL (
         -- "+ 0": an aggregate, not the planner's min/max shortcut, which would walk the lane's
@@ -47,7 +67,8 @@ b AS (
     ) AS r ON true
 )
 SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
-       p.part, p.got, p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
+       b.incarnation, b.behind,
+       p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
        CAST(p.headers AS text), p.created_at, p.run_id,
        -- Whether to read outbox_failures too (a blocked key, a retry): almost never.
        EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
@@ -55,42 +76,68 @@ SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo,
                  AND (f.state <> 'failed' OR f.blocking)) AS failures
 FROM b
 LEFT JOIN LATERAL (
-    -- Part a first: when the outer LIMIT cuts a lane, what is missing is then its part b,
-    -- or part b and the end of part a; claims._reads knows which (see there).
-    (SELECT 'a' AS part, count(*) OVER () AS got, q.* FROM (
-        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-               m.created_at, m.run_id
-        FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
-        CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
-            SELECT * FROM {schema}.outbox_messages AS r
-            WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
-            OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
-        ) AS m
-        WHERE (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
-        ORDER BY m.id LIMIT %(more)s) AS q)
-    UNION ALL
-    (SELECT 'b' AS part, count(*) OVER () AS got, q.* FROM (
-        SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-               m.created_at, m.run_id
-        FROM {schema}.outbox_messages AS m
-        -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
-        -- order asked for, so the scan stops at the limit.
-        WHERE b.lo <= b.hi  -- no such rows: no scan at all
-          AND (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
-          AND (m.lane, m.id) <= (b.lane, b.hi)
-          AND pg_visible_in_snapshot(m.xid, b.target)
-          AND NOT pg_visible_in_snapshot(m.xid, b.snap)
-        ORDER BY m.lane, m.id LIMIT %(more)s) AS q)
+    SELECT q.* FROM (
+        (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+                m.created_at, m.run_id
+         FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
+         CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
+             SELECT * FROM {schema}.outbox_messages AS r
+             WHERE r.lane = b.lane AND r.xid = x.xid AND pg_visible_in_snapshot(r.xid, b.target)
+             OFFSET 0  -- kept a subquery: a probe per transaction, never a scan of the lane
+         ) AS m
+         WHERE NOT b.behind AND (m.id < b.lo OR m.id > b.hi) AND m.id > b.pos
+         ORDER BY m.id LIMIT %(more)s)
+        UNION ALL
+        (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
+                m.created_at, m.run_id
+         FROM {schema}.outbox_messages AS m
+         -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
+         -- order asked for, so the scan stops at the limit.
+         WHERE b.lo <= b.hi AND NOT b.behind  -- no such rows: no scan at all
+           AND (m.lane, m.id) >= (b.lane, greatest(b.pos + 1, b.lo))
+           AND (m.lane, m.id) <= (b.lane, b.hi)
+           AND pg_visible_in_snapshot(m.xid, b.target)
+           AND NOT pg_visible_in_snapshot(m.xid, b.snap)
+         ORDER BY m.lane, m.id LIMIT %(more)s)
+    ) AS q
+    ORDER BY q.id LIMIT %(more)s
 ) AS p ON true
 LIMIT %(outer)s
 
--- name: claim_failures
--- Blocked keys (a refused message holds back the later ones of its key, in block mode) and
--- rows an operator asked to retry, of the owned lanes: usually none, one index probe.
+-- name: ensure_incarnation
+-- The server's incarnation, made when crash recovery or a promotion emptied the table (or on
+-- the first claim after the migration). Unlogged: the commit writes no WAL for it.
+INSERT INTO {schema}.relay_server DEFAULT VALUES ON CONFLICT (one) DO NOTHING
+
+-- name: blocked_keys
+-- The keys of a claim's rows (and of its retried rows) that something in outbox_failures
+-- holds back (block mode): 'held' behind a refusal not retried yet, else 'retry' while an
+-- operator's retry of the key is under way. One index probe per key, whatever the number of
+-- failure rows of other keys.
+SELECT k.lane, k.topic, k.key,
+       CASE WHEN EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
+                         WHERE f.lane = k.lane AND f.topic = k.topic
+                           AND (f.key = k.key OR (k.key IS NULL AND f.key IS NULL))
+                           AND (f.state = 'held' OR (f.state = 'failed' AND f.blocking)))
+            THEN 'held' ELSE 'retry' END AS state
+FROM unnest(CAST(:lanes AS int[]), CAST(:topics AS text[]), CAST(:keys AS bytea[]))
+     AS k(lane, topic, key)
+WHERE EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
+              WHERE f.lane = k.lane AND f.topic = k.topic
+                AND (f.key = k.key OR (k.key IS NULL AND f.key IS NULL))
+                AND (f.state <> 'failed' OR f.blocking))
+
+-- name: claim_retries
+-- Rows an operator asked to retry, of the owned lanes, in id order, each only when no row of
+-- its key before it is still held back or refused; with payloads, up to :limit.
 SELECT f.id, f.message_id, f.topic, f.key, f.message_type, f.payload, f.headers, f.created_at,
-       f.run_id, f.lane, f.state, f.blocking
+       f.run_id, f.lane
 FROM {schema}.outbox_failures AS f
-WHERE f.lane = ANY(CAST(:lanes AS int[])) AND (f.state <> 'failed' OR f.blocking)
+WHERE f.lane = ANY(CAST(:lanes AS int[])) AND f.state = 'retry'
+  AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_failures AS h
+                  WHERE h.lane = f.lane AND h.topic = f.topic
+                    AND (h.key = f.key OR (f.key IS NULL AND h.key IS NULL)) AND h.id < f.id
+                    AND (h.state = 'held' OR (h.state = 'failed' AND h.blocking)))
 ORDER BY f.lane, f.id
 LIMIT :limit
 
@@ -122,6 +169,10 @@ moved AS (
                 CAST(:c_targets AS text[]), CAST(:c_pos AS bigint[]), CAST(:c_n AS bigint[]))
          AS c(lane, token, snap, target, pos, n), locked AS k
     WHERE l.lane = c.lane AND k.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
+      -- Only on the server the batch was read from (relay/history.py): a cursor from
+      -- before a crash-restart or a promotion may count re-issued transaction ids as seen.
+      AND EXISTS (SELECT 1 FROM {schema}.relay_server
+                  WHERE incarnation = CAST(:incarnation AS uuid))
     RETURNING l.lane
 )
 SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved,
@@ -130,22 +181,49 @@ SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM move
        set_config('synchronous_commit', CASE WHEN :durable THEN 'on' ELSE 'off' END, true)
            AS synchronous_commit
 
+-- name: lock_failures
+-- Writes to outbox_failures that decide a key's state (the relay's record of refused and
+-- set-aside rows, an operator's retry) take turns: a row set aside as held while an operator
+-- retried its key would otherwise be held with nothing before it, for good.
+SELECT pg_advisory_xact_lock(:k)
+
 -- name: record_failures
 -- A refused row is copied whole: retention may delete the outbox row long before an operator
--- looks at it. A retried row refused again is updated in place.
+-- looks at it. A retried row refused again is updated in place. A row set aside ('aside':
+-- its key was blocked when it was claimed) is 'held' if its key is still held back, by a row
+-- before it in the table or in this batch, and 'retry' otherwise (an operator retried the key
+-- meanwhile: it follows the retried rows). Fenced as the cursors are: only rows of lanes this
+-- relay still holds with the batch's token, on the server the batch was read from.
 INSERT INTO {schema}.outbox_failures
     (id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
      state, blocking, error, dlq_partition, dlq_offset)
 SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
-       CAST(r.headers AS jsonb), r.run_id, r.created_at, r.state, r.blocking, r.error,
-       r.dlq_partition, r.dlq_offset
+       CAST(r.headers AS jsonb), r.run_id, r.created_at,
+       CASE WHEN r.state <> 'aside' THEN r.state
+            WHEN EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
+                         WHERE f.lane = r.lane AND f.topic = r.topic
+                           AND (f.key = r.key OR (r.key IS NULL AND f.key IS NULL))
+                           AND f.id < r.id
+                           AND (f.state = 'held' OR (f.state = 'failed' AND f.blocking)))
+              OR EXISTS (SELECT 1 FROM unnest(CAST(:lanes AS int[]), CAST(:topics AS text[]),
+                                              CAST(:keys AS bytea[]), CAST(:ids AS bigint[]),
+                                              CAST(:blocking AS bool[]))
+                                       AS e(lane, topic, key, id, blocking)
+                         WHERE e.blocking AND e.lane = r.lane AND e.topic = r.topic
+                           AND e.key IS NOT DISTINCT FROM r.key AND e.id < r.id)
+            THEN 'held' ELSE 'retry' END,
+       r.blocking, r.error, r.dlq_partition, r.dlq_offset
 FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS uuid[]), CAST(:topics AS text[]),
             CAST(:keys AS bytea[]), CAST(:lanes AS int[]), CAST(:types AS text[]),
             CAST(:payloads AS bytea[]), CAST(:headers AS text[]), CAST(:run_ids AS uuid[]),
             CAST(:created AS timestamptz[]), CAST(:states AS text[]), CAST(:blocking AS bool[]),
-            CAST(:errors AS text[]), CAST(:dlq_partitions AS int[]), CAST(:dlq_offsets AS bigint[]))
+            CAST(:errors AS text[]), CAST(:dlq_partitions AS int[]), CAST(:dlq_offsets AS bigint[]),
+            CAST(:tokens AS bigint[]))
      AS r(id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
-          state, blocking, error, dlq_partition, dlq_offset)
+          state, blocking, error, dlq_partition, dlq_offset, token)
+JOIN {schema}.relay_lanes AS l
+  ON l.lane = r.lane AND l.token = r.token AND l.owner = :relay_id
+WHERE EXISTS (SELECT 1 FROM {schema}.relay_server WHERE incarnation = CAST(:incarnation AS uuid))
 ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, blocking = EXCLUDED.blocking,
     error = coalesce(EXCLUDED.error, {schema}.outbox_failures.error), failed_at = now(),
     dlq_partition = EXCLUDED.dlq_partition, dlq_offset = EXCLUDED.dlq_offset
@@ -342,4 +420,61 @@ GRANT SELECT, DELETE ON {schema}.outbox_messages TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes,
     {schema}.outbox_failures TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.deliveries TO {role};
+GRANT SELECT, INSERT ON {schema}.relay_server TO {role};
 GRANT USAGE ON SEQUENCE {schema}.deliveries_id_seq TO {role};
+
+-- name: history_check
+-- Signs that the outbox's transaction ids are not this server's history (relay/history.py):
+-- lanes whose stored cursor counts ids not issued yet, and lanes holding rows written by
+-- such ids (a probe on (lane, xid) each). Either is impossible within one history.
+SELECT coalesce(array_agg(l.lane ORDER BY l.lane) FILTER (
+           WHERE pg_snapshot_xmax(l.cursor_snapshot) > pg_snapshot_xmax(pg_current_snapshot())
+              OR pg_snapshot_xmax(l.batch_snapshot) > pg_snapshot_xmax(pg_current_snapshot())),
+           '{}') AS cursors_ahead,
+       coalesce(array_agg(l.lane ORDER BY l.lane) FILTER (WHERE f.future), '{}') AS rows_ahead
+FROM {schema}.relay_lanes AS l
+CROSS JOIN LATERAL (
+    SELECT EXISTS (SELECT 1 FROM {schema}.outbox_messages AS m
+                   WHERE m.lane = l.lane AND m.xid >= pg_snapshot_xmax(pg_current_snapshot()))
+        AS future
+) AS f
+
+-- name: rebase_live_lanes
+-- Lanes a relay still holds: a rebase waits until no relay runs.
+SELECT coalesce(array_agg(lane ORDER BY lane), '{}') FROM {schema}.relay_lanes
+WHERE owner IS NOT NULL AND expires_at > now()
+
+-- name: rebase_rows
+-- Gives the outbox this server's transaction ids (relay/rebase.py). A row the lane's stored
+-- cursor passed (published, or refused and recorded) gets xid 2, FrozenTransactionId,
+-- visible in every snapshot: seen. Every other row gets this transaction's id: pending, and
+-- published in id order once the rebase commits. A row written on this server (its tuple's
+-- xmin is its own xid, as emit writes it; a restored or replicated row's xmin is the
+-- restore's or the apply worker's) is pending whatever the old cursor says: its xid may
+-- fall below that cursor's horizon only because the counters differ. Worst case: a row sent
+-- twice, never one skipped.
+WITH changed AS (
+    UPDATE {schema}.outbox_messages AS m
+    SET xid = CASE WHEN CAST(CAST(m.xmin AS text) AS bigint)
+                            <> CAST(CAST(m.xid AS text) AS bigint) % 4294967296
+                        AND EXISTS (SELECT 1 FROM {schema}.relay_lanes AS l
+                                    WHERE l.lane = m.lane
+                                      AND {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot,
+                                                                 l.batch_snapshot, l.batch_pos))
+                   THEN CAST('2' AS xid8) ELSE pg_current_xact_id() END
+    RETURNING m.xid
+)
+SELECT count(*) FILTER (WHERE xid = CAST('2' AS xid8)) AS seen,
+       count(*) FILTER (WHERE xid <> CAST('2' AS xid8)) AS pending
+FROM changed
+
+-- name: rebase_lanes
+-- Every lane starts over from the empty cursor ('3:3:' sees only frozen rows: xid 2), its
+-- token bumped so that nothing read before the rebase can be recorded after it.
+UPDATE {schema}.relay_lanes
+SET cursor_snapshot = '3:3:', batch_snapshot = NULL, batch_pos = 0, token = token + 1,
+    owner = NULL, expires_at = NULL, last_error = NULL, last_error_at = NULL
+
+-- name: rebase_incarnation
+-- A restore may have copied the old server's incarnation: relays read the stored cursors.
+DELETE FROM {schema}.relay_server

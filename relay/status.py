@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from outbox.queries import sql
+from relay.rebase import check_history
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Status:
     oldest_pending_age_s: float
     relays: list[RelayInfo] = field(default_factory=list)
     unowned_lanes: list[int] = field(default_factory=list)
+    # Lanes whose cursors or rows carry transaction ids this server has not issued: the
+    # database was restored or moved into another cluster (relay/history.py).
+    history_moved: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -55,5 +59,7 @@ def read_status(conn: Connection, schema: str, *, lease_seconds: float) -> Statu
         for r in conn.execute(sql("relay", "status_relays", schema))
     ]
     unowned = list(conn.execute(sql("relay", "unowned_lanes", schema)).scalars())
+    history = check_history(conn, schema)
+    moved = sorted(set(history.cursors_ahead) | set(history.rows_ahead))
     return Status(counts.pending, counts.failed, counts.published, float(counts.oldest_age),
-                  relays, unowned)
+                  relays, unowned, moved)

@@ -12,62 +12,11 @@ import time
 import uuid
 from collections import defaultdict
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
 from outbox.settings import OutboxSettings
-from relay.claims import OutboxRow, Published, claim_messages, record
-from relay.cursors import Cursor
-from relay.lanes import LaneManager
-
-ONE_LANE = OutboxSettings(lanes=1)  # every row in lane 0: one cursor sees them all
-
-
-class Reader:
-    """A relay without Kafka: owns the lanes, reads differences, records them as published."""
-
-    def __init__(self, engine: Engine, *, lanes: int = 1, limit: int = 1000) -> None:
-        self.engine, self.limit = engine, limit
-        self.lanes = LaneManager(engine, schema="outboxkit", relay_id="reader", lanes=lanes,
-                                 lease_seconds=30, host="test", pid=1)
-        self.lanes.heartbeat()
-        self.cursors: dict[int, Cursor] = {}
-        self.claims = 0
-
-    def step(self) -> list[OutboxRow]:
-        owned = self.lanes.owned()
-        known: dict[int, Cursor | int] = {
-            lane: c if (c := self.cursors.get(lane)) is not None and c.token == token else token
-            for lane, token in owned.items()
-        }
-        with self.engine.begin() as conn:
-            batch = claim_messages(
-                conn, "outboxkit", relay_id="reader", cursors=known, limit=self.limit
-            )
-        self.claims += 1
-        moves: dict[int, tuple[Cursor, int]] = {}
-        for lane, read in batch.reads.items():
-            new = read.advanced(read.ids[-1] if read.ids else None)
-            self.cursors[lane] = new
-            if read.ids:
-                moves[lane] = (new, len(read.ids))
-        published = [Published(r, 0, r.id) for r in batch.rows]
-        with self.engine.begin() as conn:
-            record(conn, "outboxkit", relay_id="reader", published=published, failed=[],
-                   set_aside=[], cursors=moves, blocking=False)
-        return batch.rows
-
-    def drain(self) -> list[OutboxRow]:
-        out: list[OutboxRow] = []
-        while rows := self.step():
-            out += rows
-        return out
-
-
-def put(conn: Connection, key: str, i: int, settings: OutboxSettings = ONE_LANE) -> uuid.UUID:
-    return emit(conn, Envelope(topic="t", type="t", key=key, payload={"i": i}),
-                settings=settings)
+from relay.claims import OutboxRow
+from tests.integration.relay_support import Reader, put
 
 
 def test_a_transaction_that_commits_late_with_a_lower_id_is_still_published(

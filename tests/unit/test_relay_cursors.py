@@ -13,52 +13,41 @@ from relay.cursors import Cursor, LaneRead
 NOW = datetime.now(UTC)
 
 
-def row(ord_: int, lane: int, part: str | None, got: int, rid: int | None) -> tuple[Any, ...]:
-    """A claim result row: the lane's cursor (snap, target, pos, lo, hi), then the part it
-    came from (b: the id range, a: the running transactions' rows) with its count, then the
-    message."""
+def row(ord_: int, lane: int, rid: int | None) -> tuple[Any, ...]:
+    """A claim result row: the lane's cursor (snap, target, pos, lo, hi), the server's
+    incarnation and whether the cursor is ahead of it, then the message. The statement gives
+    each lane's rows in id order, its two parts merged (relay/queries.sql)."""
     message = (rid, uuid.uuid4(), "t", b"k", "t", b"{}", {}, NOW, None) if rid else (None,) * 9
-    return (ord_, lane, "10:10:", "10:20:12", 0, 11, 19, part, got, *message)
+    return (ord_, lane, "10:10:", "10:20:12", 0, 11, 19, None, False, *message)
 
 
 MORE = 101  # a limit of 100, plus one to know there is more
 
 
 def test_a_lane_read_to_the_end_of_its_difference_is_exhausted() -> None:
-    fetched = [row(1, 5, "b", 2, 13), row(1, 5, "a", 1, 4), row(1, 5, "b", 2, 11)]
+    fetched = [row(1, 5, 4), row(1, 5, 11), row(1, 5, 13)]
     rows, reads = _reads(fetched, {5: 7}, room=100, more=MORE)
-    assert [r.id for r in rows] == [4, 11, 13]  # both parts merged in id order
+    assert [r.id for r in rows] == [4, 11, 13]
     assert reads[5] == LaneRead(5, Cursor(7, "10:10:", "10:20:12", 0, 11, 19), (4, 11, 13), True)
 
 
-def test_a_part_cut_short_bounds_what_is_taken_and_the_lane_is_not_exhausted() -> None:
-    # part b of lane 2 has 4 rows but only 2 came (the claim's limit across lanes): rows of
-    # part a above the last b that came (25) wait, since b's missing rows may come before.
-    fetched = [row(1, 2, "b", 4, 10), row(1, 2, "b", 4, 20), row(1, 2, "a", 2, 15),
-               row(1, 2, "a", 2, 25)]
-    rows, reads = _reads(fetched, {2: 1}, room=100, more=MORE)
-    assert [r.id for r in rows] == [10, 15, 20]
-    assert not reads[2].exhausted
-
-
 def test_the_room_left_cuts_the_last_lane_which_is_then_not_exhausted() -> None:
-    fetched = [row(1, 0, "b", 1, 5), row(2, 1, "b", 3, 6), row(2, 1, "b", 3, 7),
-               row(2, 1, "b", 3, 8)]
+    fetched = [row(1, 0, 5), row(2, 1, 6), row(2, 1, 7), row(2, 1, 8)]
     rows, reads = _reads(fetched, {0: 1, 1: 1}, room=3, more=MORE)
     assert [r.id for r in rows] == [5, 6, 7]
     assert reads[0].exhausted
     assert not reads[1].exhausted
 
 
-def test_a_part_at_its_limit_is_not_exhausted() -> None:
-    fetched = [row(1, 0, "b", 3, i) for i in (5, 6, 7)]
+def test_a_lane_at_its_limit_is_not_exhausted() -> None:
+    fetched = [row(1, 0, i) for i in (5, 6, 7)]
     rows, reads = _reads(fetched, {0: 1}, room=10, more=3)  # limit 2: 3 came, so more exist
     assert [r.id for r in rows] == [5, 6, 7]
     assert not reads[0].exhausted
 
 
 def test_an_empty_difference_is_exhausted_and_moves_the_cursor_to_its_target() -> None:
-    _, reads = _reads([row(1, 4, None, 0, None)], {4: 9}, room=10, more=MORE)
+    _, reads = _reads([row(1, 4, None)], {4: 9}, room=10, more=MORE)
     assert reads[4].exhausted
     assert reads[4].ids == ()
     assert reads[4].advanced(None) == Cursor(9, "10:20:12")

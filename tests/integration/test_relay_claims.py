@@ -1,0 +1,143 @@
+"""What one claim takes and how its outcome is recorded (relay/claims.py), on the real
+PostgreSQL: a lane's rows come as a whole prefix in id order however the claim's parts are
+cut, and block mode decides a key's state from that key's own failure rows, at claim time and
+again inside the record's transaction."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, text
+
+from outbox.messages import retry_messages
+from relay.claims import OutboxRow, claim_messages, record
+from tests.integration.relay_support import Reader, put
+
+
+def test_a_bulk_transaction_running_at_the_cursor_does_not_slow_a_lane_to_a_row_per_claim(
+    engine: Engine,
+) -> None:
+    reader = Reader(engine, limit=10)
+    with engine.connect() as bulk:
+        bulk.begin()
+        put(bulk, "bulk", 0)  # running when the cursor is taken: its rows are part a
+        with engine.begin() as conn:  # a later id completes: the bulk one is in the xip list
+            put(conn, "first", 0)
+        assert len(reader.step()) == 1
+        with engine.begin() as conn:
+            for i in range(30):  # after the cursor: the id range, part b, lower ids
+                put(conn, f"k{i}", i)
+        for i in range(1, 51):  # ids above the range
+            put(bulk, "bulk", i)
+        bulk.commit()
+    rows = reader.drain()
+    assert len(rows) == 81
+    assert [r.id for r in rows] == sorted(r.id for r in rows)
+    # 81 rows, 10 a claim: 9 claims (and the empty one that ends the drain), not one a row.
+    assert reader.claims <= 1 + 9 + 1, reader.claims
+
+
+def refuse(engine: Engine, ids: list[int], state: str, *, blocking: bool = False) -> None:
+    """Copy outbox rows to outbox_failures as the relay records them."""
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO outboxkit.outbox_failures (id, message_id, topic, key, lane,"
+            " message_type, payload, headers, run_id, created_at, state, blocking, error)"
+            " SELECT id, message_id, topic, key, lane, message_type, payload, headers, run_id,"
+            " created_at, :state, :blocking, 'refused' FROM outboxkit.outbox_messages"
+            " WHERE id = ANY(:ids)"), {"ids": ids, "state": state, "blocking": blocking})
+
+
+def blocked_key_b(engine: Engine, reader: Reader) -> tuple[int, int]:
+    """Key a: refused, 25 rows held behind it; key b refused after them. Returns the id of
+    b's refused row and a bound below b's next row, emitted after the refusals, unclaimed."""
+    with engine.begin() as conn:
+        for i in range(26):
+            put(conn, "a", i)
+        put(conn, "b", 0)
+    rows = reader.drain()
+    a_ids = [r.id for r in rows if r.key == b"a"]
+    b_first = next(r.id for r in rows if r.key == b"b")
+    refuse(engine, a_ids[:1], "failed", blocking=True)
+    refuse(engine, a_ids[1:], "held")
+    refuse(engine, [b_first], "failed", blocking=True)
+    with engine.begin() as conn:
+        put(conn, "b", 1)
+    return b_first, b_first + 1
+
+
+def test_a_key_blocked_behind_many_held_rows_of_another_key_stays_blocked(
+    engine: Engine,
+) -> None:
+    reader = Reader(engine, limit=2)  # the claim used to read 10 x limit failure rows
+    _, b_next = blocked_key_b(engine, reader)
+    with engine.begin() as conn:
+        batch = claim_messages(conn, "outboxkit", relay_id="reader",
+                               cursors=reader.known(), limit=2,
+                               incarnation=reader.incarnation)
+    [row] = [r for r in batch.rows if not r.retry]
+    assert row.key == b"b"
+    assert row.id >= b_next
+    assert batch.blocked[row.lane_key] == "held"  # b's refusal still holds it back
+
+
+def state_of(engine: Engine, row_id: int) -> str | None:
+    with engine.connect() as conn:
+        found = conn.execute(text("SELECT state FROM outboxkit.outbox_failures WHERE id = :i"),
+                             {"i": row_id}).scalar()
+    return None if found is None else str(found)
+
+
+def set_aside(engine: Engine, reader: Reader, row: OutboxRow, *, token: int | None = None,
+              retry_meanwhile: bool = False) -> None:
+    """Record *row* as set aside by a batch of *reader*, as the daemon's record does."""
+    owned = reader.lanes.owned()
+    tokens = {lane: token if token is not None else t for lane, t in owned.items()}
+    with engine.begin() as conn:
+        if retry_meanwhile:  # the operator's retry commits while the batch is in flight
+            with engine.begin() as other:
+                retry_messages(other)
+        record(conn, "outboxkit", relay_id="reader", published=[], failed=[],
+               set_aside=[row], cursors={}, blocking=True,
+               incarnation=reader.incarnation, tokens=tokens)
+
+
+def test_a_row_set_aside_while_an_operator_retries_its_key_follows_the_retry(
+    engine: Engine,
+) -> None:
+    reader = Reader(engine, limit=100)
+    b_first, _ = blocked_key_b(engine, reader)
+    with engine.begin() as conn:
+        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
+                               limit=100, incarnation=reader.incarnation)
+    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    assert batch.blocked[row.lane_key] == "held"
+    set_aside(engine, reader, row, retry_meanwhile=True)
+    # Held with nothing before it, no retry would ever see it; it follows b's retried row.
+    assert state_of(engine, b_first) == "retry"
+    assert state_of(engine, row.id) == "retry"
+    with engine.begin() as conn:
+        retried = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
+                                 limit=100, incarnation=reader.incarnation)
+    b_rows = [r.id for r in retried.rows if r.retry and r.key == b"b"]
+    assert b_rows == [b_first, row.id]
+
+
+def test_a_row_set_aside_while_its_key_is_still_blocked_is_held(engine: Engine) -> None:
+    reader = Reader(engine, limit=100)
+    blocked_key_b(engine, reader)
+    with engine.begin() as conn:
+        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
+                               limit=100, incarnation=reader.incarnation)
+    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    set_aside(engine, reader, row)
+    assert state_of(engine, row.id) == "held"
+
+
+def test_failure_copies_are_fenced_by_the_lanes_token(engine: Engine) -> None:
+    reader = Reader(engine, limit=100)
+    blocked_key_b(engine, reader)
+    with engine.begin() as conn:
+        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
+                               limit=100, incarnation=reader.incarnation)
+    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    set_aside(engine, reader, row, token=-5)  # the lane was taken over meanwhile
+    assert state_of(engine, row.id) is None
