@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -147,7 +148,7 @@ def dump_and_restore(source: PostgresCluster, target: PostgresCluster) -> None:
                    input=dump.stdout, capture_output=True, check=True, timeout=120)
 
 
-def test_a_restore_into_another_cluster_is_refused_until_rebased() -> None:
+def test_a_restore_into_another_cluster_is_refused_until_rebased(kafka_bootstrap: str) -> None:
     with cluster() as old, cluster() as new:
         source = migrated(old)
         target = create_engine(sqlalchemy_url(new.dsn))
@@ -170,10 +171,16 @@ def test_a_restore_into_another_cluster_is_refused_until_rebased() -> None:
             shown = CliRunner().invoke(status_command, ["--database-url", url])
             assert "history moved" in shown.output, shown.output
             refused = CliRunner().invoke(rebase_command, ["--database-url", url, "--yes"])
-            assert refused.exit_code != 0
+            assert refused.exit_code != 0  # reader-2 still holds its lane
             assert "stop every relay" in refused.output
-            with target.begin() as conn:  # the relays are stopped: their leases end
+            with target.begin() as conn:  # reader-2 stopped: its lease ends
                 conn.execute(text("UPDATE outboxkit.relay_lanes SET expires_at = now()"))
+            daemon = subprocess.run(  # the real relay refuses to run, says why, gives lanes back
+                [sys.executable, "-m", "relay", "--database-url", url,
+                 "--kafka-bootstrap", kafka_bootstrap, "--relay-id", "restored"],
+                capture_output=True, text=True, timeout=90, check=False)
+            assert daemon.returncode == 2, daemon.stderr
+            assert "outbox relay rebase" in daemon.stderr
             done = CliRunner().invoke(rebase_command, ["--database-url", url, "--yes"])
             assert done.exit_code == 0, done.output
             assert "3 rows kept" in done.output
