@@ -17,7 +17,7 @@ from collections import Counter
 from examples.supplier_order.pipeline import PARTITIONS
 from outbox.testing.kafka_cluster import KafkaCluster
 from tests.faults.harness import Harness, ScenarioResult
-from tests.faults.scenarios import Scenario
+from tests.faults.scenarios import Scenario, seed_retrying
 
 
 def _k(h: Harness) -> KafkaCluster:
@@ -288,7 +288,7 @@ def pg_failover() -> Scenario:
         r.notes.append(
             f"{fo.old_primary} SIGKILLed, port closed {fo.closed_at - fo.killed_at:.2f} s later,"
             f" {fo.new_primary} promoted {fo.promoted_at - fo.killed_at:.2f} s after the kill")
-        run_ids += _seed_retrying(h, "pg-failover-after", 30)
+        run_ids += seed_retrying(h, "pg-failover-after", 30)
         _end(r, fo.killed_at)
         r.fault_window = (fo.killed_at, fo.promoted_at)
         return run_ids
@@ -299,18 +299,6 @@ def pg_failover() -> Scenario:
         print(f"    standby rebuilt from the promoted node in {took:.1f} s", flush=True)
 
     return Scenario("pg-failover", run, settle_s=150, after=rebuild)
-
-
-def _seed_retrying(h: Harness, scenario: str, timeout_s: float) -> list[uuid.UUID]:
-    """Seed a wave through the failover URL, retrying while no node takes writes yet."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return h.seed_orders(scenario)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def cluster_set() -> list[Scenario]:

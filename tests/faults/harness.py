@@ -113,6 +113,11 @@ class Harness:
             with admin.connect() as conn:
                 conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
                 conn.exec_driver_sql(f"CREATE DATABASE {database}")
+                # The throwaway cluster defaults to synchronous_commit = off (speed), and a
+                # PostgreSQL crash (postgres-crash) loses such commits although they returned:
+                # orders, messages, the consumers' marks. Durable, as in production; with
+                # fsync off the flush is a write, not a disk sync.
+                conn.exec_driver_sql(f"ALTER DATABASE {database} SET synchronous_commit = on")
             admin.dispose()
             url = with_database(endpoints.database_url, database)
         # connect_timeout: a failover URL's attempt on a node nobody answers is bounded.

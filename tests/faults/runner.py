@@ -35,6 +35,11 @@ def run_scenario(h: Harness, scenario: Scenario) -> ScenarioResult:
         except Exception as exc:
             r.error = r.error or f"undoing the scenario failed: {type(exc).__name__}: {exc}"
     h.check(r, run_ids)
+    if scenario.check is not None:
+        try:
+            scenario.check(h, r)
+        except Exception as exc:
+            r.error = r.error or f"the scenario's own check failed: {type(exc).__name__}: {exc}"
     r.duplicates_dropped -= dropped_before
     r.restarts = h.restarted[restarted_before:]
     if h.probe is not None:

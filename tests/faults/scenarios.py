@@ -7,14 +7,27 @@ particular runs (``expect``: run id → final state) in its result.
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 
+import psycopg
+from kafka.admin import KafkaAdminClient, NewTopic
+from psycopg.rows import TupleRow
 from sqlalchemy import text
 
+from examples.supplier_order.invariants import read_topic
+from outbox import Envelope, emit
+from outbox.dsn import libpq_url
 from outbox.failpoints import FAILPOINTS
+from outbox.settings import OutboxSettings
+from outbox.testing import postgres
 from tests.faults.harness import Harness, ScenarioResult
 
 # Which process kind of the supplier-order pipeline passes each failpoint. The durable agent's
@@ -39,6 +52,8 @@ class Scenario:
     expect: dict[uuid.UUID, str] | None = None
     # Run once the scenario's runs settled (or did not): undo what it changed.
     after: Callable[[Harness], None] | None = None
+    # Run after the invariants were checked: the scenario's own checks, into its findings.
+    check: Callable[[Harness, ScenarioResult], None] | None = None
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -131,6 +146,330 @@ def postgres_restart() -> Scenario:
         return run_ids
 
     return Scenario("postgres-restart", run, settle_s=120)
+
+
+# Transactions that take an xid and whose WAL stays in PostgreSQL's memory (nothing flushes
+# a rollback, nor a commit with synchronous_commit off: the WAL writer writes them within
+# wal_writer_delay, 200 ms, unless a durable commit flushes them first). Run in autocommit:
+# a DO block at top level may end its transactions itself.
+BURN_XIDS = """DO $$ BEGIN
+    FOR i IN 1..{rolled_back} LOOP PERFORM pg_current_xact_id(); ROLLBACK; END LOOP;
+    FOR i IN 1..{committed} LOOP
+        PERFORM set_config('synchronous_commit', 'off', true);
+        PERFORM pg_current_xact_id();
+        COMMIT;
+    END LOOP;
+END $$"""
+
+
+def _connect(url: str, timeout_s: float) -> psycopg.Connection[TupleRow]:
+    """An autocommit connection of the scenario's own, retried while the server recovers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=3)
+        except psycopg.Error:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _broken(conn: psycopg.Connection[TupleRow]) -> bool:
+    try:
+        conn.execute("SELECT 1")
+        return False
+    except psycopg.Error:
+        return True
+
+
+def seed_retrying(h: Harness, scenario: str, timeout_s: float) -> list[uuid.UUID]:
+    """Seed a wave, retrying while the database does not take writes yet (a failover, a
+    crash recovery)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return h.seed_orders(scenario)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return None
+
+
+def _tokens(conn: psycopg.Connection[TupleRow]) -> dict[int, tuple[str, int]]:
+    """Each owned lane's owner and fencing token (a lease that ran out bumps the token)."""
+    rows = conn.execute("SELECT lane, owner, token FROM outboxkit.relay_lanes "
+                        "WHERE owner IS NOT NULL").fetchall()
+    return {int(lane): (str(owner), int(token)) for lane, owner, token in rows}
+
+
+def _undecided(h: Harness, run_ids: list[uuid.UUID]) -> int:
+    """How many of *run_ids* the agents have not decided yet (no message emitted)."""
+    assert h.engine is not None
+    with h.engine.connect() as db:
+        return int(db.execute(text(
+            "SELECT count(*) FROM outboxkit.agent_runs WHERE id = ANY(:ids) "
+            "AND state IN ('queued', 'running')"), {"ids": run_ids}).scalar_one())
+
+
+def _lanes_steady(conn: psycopg.Connection[TupleRow], relays: list[str],
+                  since: datetime) -> bool:
+    """Every lane held under a running lease, each relay its fair share, and every relay
+    renewed since *since*: a crash now comes a whole heartbeat interval before the next
+    renewal (no durable commit of theirs flushes the WAL meanwhile), and its lease was
+    renewed after the previous crash (a crash now is one lease away from the last renewal,
+    not two)."""
+    lanes = OutboxSettings().lanes
+    rows = conn.execute(
+        "SELECT l.owner, count(*), min(r.heartbeat_at) > %s "
+        "FROM outboxkit.relay_lanes AS l JOIN outboxkit.relays AS r ON r.relay_id = l.owner "
+        "WHERE l.lane < %s AND l.expires_at > now() GROUP BY l.owner", (since, lanes)).fetchall()
+    held = {str(owner): int(count) for owner, count, _ in rows}
+    return (set(held) == set(relays) and sum(held.values()) == lanes
+            and max(held.values()) <= -(-lanes // len(relays)) and all(row[2] for row in rows))
+
+
+def _db_now(conn: psycopg.Connection[TupleRow]) -> datetime:
+    row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    assert isinstance(row[0], datetime)
+    return row[0]
+
+
+def _next_xid(conn: psycopg.Connection[TupleRow]) -> int:
+    """The next transaction id the server will issue (without taking one)."""
+    row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _crash_immediate(h: Harness) -> str:
+    """The postmaster stopped in immediate mode (SIGQUIT, what `pg_ctl stop -m immediate`
+    sends: every process exits at once, nothing is written), then started: crash recovery."""
+    pm = postgres.running_cluster(h.services.postgres_dir)
+    if pm is None:
+        raise RuntimeError(f"no PostgreSQL runs from {h.services.postgres_dir}")
+    os.kill(pm.pid, signal.SIGQUIT)
+    if not _wait(lambda: postgres.running_cluster(h.services.postgres_dir) is None, 15):
+        raise RuntimeError(f"the postmaster {pm.pid} did not stop in immediate mode in 15 s")
+    h.services.start_postgres()  # pg_ctl start -w: recovery, then it accepts connections
+    return f"postmaster {pm.pid} stopped in immediate mode and started again"
+
+
+def _crash_backend(h: Harness, conn: psycopg.Connection[TupleRow],
+                   draw: float) -> str:
+    """SIGKILL one client backend of the pipeline's database (one of this harness's
+    postmaster's children): the postmaster ends every other backend and reinitialises,
+    through crash recovery, without stopping itself. *conn* (a backend too) sees it end."""
+    pm = postgres.running_cluster(h.services.postgres_dir)
+    if pm is None:
+        raise RuntimeError(f"no PostgreSQL runs from {h.services.postgres_dir}")
+    rows = conn.execute(
+        "SELECT pid, coalesce(nullif(application_name, ''), left(query, 40)) "
+        "FROM pg_stat_activity WHERE backend_type = 'client backend' "
+        "AND datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid").fetchall()
+    ours = [(int(pid), str(what)) for pid, what in rows if _parent(int(pid)) == pm.pid]
+    if not ours:
+        raise RuntimeError("no client backend of the harness's PostgreSQL to kill")
+    pid, what = ours[min(int(draw * len(ours)), len(ours) - 1)]
+    os.kill(pid, signal.SIGKILL)
+    if not _wait(lambda: _broken(conn), 15):
+        raise RuntimeError(f"backend {pid} SIGKILLed, but the other backends lived on")
+    return f"backend {pid} ({what!r}) SIGKILLed, every backend ended and recovered"
+
+
+PROBES = 12  # messages emitted right after each restart, each in its own transaction
+
+
+def _probe_topic(h: Harness) -> str:
+    return f"{h.p.topic}.crash-probe"
+
+
+def _emit_probes(h: Harness, crash: int, timeout_s: float) -> list[str]:
+    """One message per transaction (one xid each) on the probe topic, keys spread over the
+    lanes: the first transactions after a restart, so they get the first xids it issues."""
+    assert h.engine is not None
+    sent: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    for k in range(PROBES):
+        envelope = Envelope(topic=_probe_topic(h), type="crash.probe", key=f"c{crash}-{k}",
+                            payload={"crash": crash, "n": k})
+        while True:
+            try:
+                with h.engine.begin() as conn:
+                    emit(conn, envelope)
+                break
+            except Exception:  # the server still recovering: the same message id again
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        sent.append(str(envelope.message_id))
+    return sent
+
+
+def _check_probes(h: Harness, r: ScenarioResult, probes: list[str]) -> None:
+    """Every committed probe message must be in Kafka (read from the topic, not from the
+    outbox's status); the missing ones are lost messages like the orders'."""
+    assert h.engine is not None
+    assert r.findings is not None
+    with h.engine.connect() as conn:
+        committed = set(conn.execute(text(
+            "SELECT message_id::text FROM outboxkit.outbox_messages "
+            "WHERE topic = :t AND message_id::text = ANY(:ids)"),
+            {"t": _probe_topic(h), "ids": probes}).scalars())
+    seen: set[str] = set()
+    deadline = time.monotonic() + 15  # the runs settled; the probes need no longer
+    while True:
+        seen = {d.message_id for d in read_topic(h.p.bootstrap, _probe_topic(h))}
+        if committed <= seen or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    lost = sorted(committed - seen)
+    r.findings.lost += lost
+    r.notes.append(f"probe messages emitted right after the restarts: {len(committed)} "
+                   f"committed, {len(committed & seen)} in Kafka, {len(lost)} lost")
+
+
+def postgres_crash(crashes: int = 3) -> Scenario:
+    """PostgreSQL crashes *crashes* times while orders flow, each time without a clean
+    shutdown: the postmaster stopped in immediate mode and started again, or one backend
+    SIGKILLed (the postmaster then restarts them all through crash recovery), the seed
+    choosing. The database is back well within the relays' lane lease (3 s here), and each
+    crash waits for the relays to renew after the previous one, so their lanes keep their
+    fencing tokens and the relays their in-memory cursors.
+
+    Right before each crash, transactions that take xids and leave their WAL in memory:
+    rolled back, or committed with synchronous_commit off. Crash recovery issues those xids
+    again. The relays are woken right after them (a NOTIFY), so their in-memory cursors are
+    snapshots taken after them; a relay that kept such a cursor through the crash would count
+    a new transaction given one of those xids as seen and never publish its row. So right
+    after each restart, before the relays' first claim, the scenario emits probe messages
+    (each in its own transaction, on a topic of their own), then seeds a wave of orders and
+    waits until the agents emitted it. Every other crash comes once everything is published
+    and settled (the relays idle, their cursors ahead of the stored ones, little flushing
+    WAL), the others in the middle of a wave. The probes are checked in Kafka after the
+    invariants: a committed probe missing there is lost.
+    """
+    probes: list[str] = []
+
+    def run(h: Harness, r: ScenarioResult) -> list[uuid.UUID]:
+        if h.cluster is not None:
+            raise RuntimeError("postgres-crash plays on the single PostgreSQL, not the cluster")
+        probes.clear()
+        _create_topic(h, _probe_topic(h))
+        run_ids = h.seed_orders("postgres-crash-first")
+        conn = _connect(h.p.database_url, 10)
+        owners: list[dict[int, tuple[str, int]]] = []  # the lanes' (owner, token) before each
+        try:
+            for i in range(crashes):
+                plan = _CrashPlan.draw(h, i)
+                run_ids += _until_due(h, r, conn, plan, run_ids)
+                owners.append(_tokens(conn))
+                conn, did, burnt = _crash(h, conn, plan)
+                r.kills += 1
+                restarted_at = _next_xid(conn)
+                probes.extend(_emit_probes(h, plan.n, 30))
+                wave = seed_retrying(h, f"postgres-crash-after-{plan.n}", 30)
+                run_ids += wave
+                # Until the agents emitted the wave (they wait a second after losing the
+                # database), before anything else takes the xids issued again.
+                if not _wait(lambda: _undecided(h, wave) == 0, 20):  # noqa: B023
+                    r.notes.append(f"crash {plan.n}: the wave after it not emitted in 20 s")
+                again = (f"xids {restarted_at}-{burnt - 1} issued again" if burnt > restarted_at
+                         else f"no xid issued again (next {restarted_at}, {burnt} before)")
+                r.notes.append(f"crash {plan.n} ({'idle' if plan.idle else 'busy'}): {did}; "
+                               f"{plan.rolled_back} rolled back and {plan.committed} "
+                               f"asynchronous commits just before: {again}")
+            r.fault_ended = time.monotonic()
+            time.sleep(2.5)  # a lease's worth of heartbeats after the last crash
+            owners.append(_tokens(conn))
+        finally:
+            conn.close()
+        moved = [sum(1 for lane, held in a.items() if b.get(lane) != held)
+                 for a, b in itertools.pairwise(owners)]
+        r.notes.append("lanes that changed owner or token across each crash: "
+                       + ", ".join(map(str, moved)) + f" (of {len(owners[0])})")
+        return run_ids
+
+    return Scenario("postgres-crash", run, settle_s=60,
+                    check=lambda h, r: _check_probes(h, r, probes))
+
+
+@dataclass(frozen=True)
+class _CrashPlan:
+    """One crash of postgres-crash, drawn from the seed."""
+
+    n: int  # 1, 2, ...
+    idle: bool  # once everything settled, or in the middle of a wave
+    how: str  # "immediate" (the postmaster) or "backend-kill"
+    rolled_back: int
+    committed: int  # with synchronous_commit off
+    victim: float  # which backend, as a fraction of those there are
+    busy_s: float  # a busy crash: how long after its wave
+    pause_s: float  # from the NOTIFY that wakes the relays to the crash
+
+    @classmethod
+    def draw(cls, h: Harness, i: int) -> _CrashPlan:
+        return cls(n=i + 1, idle=i % 2 == 0, how=h.rng.choice(["immediate", "backend-kill"]),
+                   rolled_back=h.rng.randint(20, 60), committed=h.rng.randint(5, 20),
+                   victim=h.rng.random(), busy_s=h.rng.uniform(0.3, 1.2),
+                   pause_s=h.rng.uniform(0.03, 0.12))
+
+
+def _until_due(h: Harness, r: ScenarioResult, conn: psycopg.Connection[TupleRow],
+               plan: _CrashPlan, run_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Wait for the crash's moment; return the runs seeded meanwhile."""
+    seeded: list[uuid.UUID] = []
+    if plan.idle:
+        if not h.wait_final(run_ids, 20):
+            r.notes.append(f"crash {plan.n}: the orders before it not settled")
+    else:
+        seeded = h.seed_orders(f"postgres-crash-busy-{plan.n}")
+        time.sleep(plan.busy_s)
+    since = _db_now(conn)
+    if not _wait(lambda: _lanes_steady(conn, h.names("relay"), since), 10):
+        r.notes.append(f"crash {plan.n}: the relays' lanes not steady before it")
+    return seeded
+
+
+def _crash(h: Harness, conn: psycopg.Connection[TupleRow],
+           plan: _CrashPlan) -> tuple[psycopg.Connection[TupleRow], str, int]:
+    """Take xids that a crash forgets, wake the relays, crash; return a new connection once
+    the database is back, what was done, and the next xid there was before the crash."""
+    conn.execute(BURN_XIDS.format(rolled_back=plan.rolled_back, committed=plan.committed))
+    burnt = _next_xid(conn)
+    conn.execute("SELECT pg_notify(%s, 'postgres-crash')", (OutboxSettings().notify_channel,))
+    time.sleep(plan.pause_s)  # the relays claim: their cursors count the xids above
+    crashed = time.monotonic()
+    try:
+        if plan.how == "immediate":
+            did = _crash_immediate(h)
+        else:
+            did = _crash_backend(h, conn, plan.victim)
+    finally:
+        conn.close()
+        h.services.start_postgres()  # a no-op unless the crash failed halfway
+    conn = _connect(h.p.database_url, 30)
+    return conn, f"{did}; back in {time.monotonic() - crashed:.2f} s", burnt
+
+
+def _create_topic(h: Harness, topic: str) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=h.p.bootstrap, client_id="faults-setup")
+    try:
+        if topic not in admin.list_topics():
+            admin.create_topics([NewTopic(topic, 6, 1)])
+    finally:
+        admin.close()
 
 
 def supplier_paths() -> Scenario:
@@ -259,14 +598,15 @@ def scale_out(rounds: int) -> Scenario:
 
 
 def ci_subset(outage_s: float = 20.0) -> list[Scenario]:
-    """Every failpoint once, a few random kills, one broker outage, a PostgreSQL restart,
-    and the supplier's paths: the part that runs in the normal test command."""
+    """Every failpoint once, a few random kills, one broker outage, a PostgreSQL restart
+    and crashes, and the supplier's paths: the part that runs in the normal test command."""
     return [
         supplier_paths(),
         status_down(),
         *(failpoint(name) for name in FAILPOINTS if name in FAILPOINT_KIND),
         random_kills(4),
         postgres_restart(),
+        postgres_crash(),
         broker_outage(outage_s),
         hanging_call(30.0),
     ]

@@ -1,6 +1,7 @@
 """The fault harness's CI subset: every failpoint of the agents and consumers kills its process
-at least once, a few random kills, a PostgreSQL restart, the supplier's failure paths and a
-consumer killed during a hanging call —
+at least once, a few random kills, a PostgreSQL restart, PostgreSQL crashes (crash recovery
+issuing transaction ids again), the supplier's failure paths and a consumer killed during a
+hanging call —
 and after each, nothing lost, no effect repeated, every run settled with evidence.
 
 The seed is fixed so CI is repeatable (``OUTBOXKIT_FAULTS_SEED`` picks another); the long
@@ -61,6 +62,8 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     assert paths["refuse"] == "call:rejected", shown
     assert paths["timeout"] == "call:unknown → check:confirmed", shown
     assert results["status-endpoint-down"]["runs_by_state"] == {"needs-human": 1}, shown
+    # PostgreSQL really crashed each time (its probe messages are counted in "lost" above).
+    assert results["postgres-crash"]["kills"] == 3, shown
     # Killed during a hanging call, with the consumer's default retries: settled, not stranded.
     assert results["hanging-call:30s"]["runs_by_state"] == {"done": 1}, shown
     assert report["ok"], f"seed {seed}: {report['replay']}\n{shown}"
