@@ -229,6 +229,6 @@ def publish_everything(engine: Engine, *, offset: int) -> None:
         batch = claim_messages(conn, "outboxkit", relay_id="r", cursors=lanes.owned(), limit=100)
         record(conn, "outboxkit", relay_id="r",
                published=[Published(r, 3, offset + i) for i, r in enumerate(batch.rows)],
-               failed=[], set_aside=[], blocking=False,
+               failed=[], set_aside=[], blocking=False, incarnation=batch.incarnation,
                cursors={lane: (read_.advanced(read_.ids[-1]), len(read_.ids))
                         for lane, read_ in batch.reads.items() if read_.ids})
