@@ -111,15 +111,27 @@ class Processor:
         self._traced = tracing.enabled()
 
     # --- the entry point -----------------------------------------------------------------
-    def process(self, records: Sequence[Any], retries: Collection[Position] = ()) -> Progress:
+    def process(
+        self,
+        records: Sequence[Any],
+        retries: Collection[Position] = (),
+        unsure: Sequence[Position] = (),
+    ) -> Progress:
         """Handle *records* in partition order; park failed ones instead of waiting for them.
 
         *retries*: positions of records that are retries of parked messages; each is handled
-        alone, first (it is the first record of its partition in the batch).
+        alone, first (it is the first record of its partition in the batch). *unsure*: first
+        records of partitions read from elsewhere than where this process left them (its
+        start, a rebalance, a rewind): those an earlier process parked (their failure row
+        says ``retrying``) are retries too, so that handling them marks them ``recovered``.
         """
         # Whether spans are made, looked up once per batch rather than per message: a
         # tracer provider set meanwhile is picked up from the next batch on.
         self._traced = tracing.enabled()
+        if unsure:
+            with self.engine.connect() as conn:
+                retries = {*retries, *failures.retrying_among(conn, group=self.group,
+                                                              positions=unsure)}
         parked: list[Parked] = []
         pending = list(records)
         handled = 0
@@ -359,6 +371,8 @@ class Processor:
             tx = conn.begin()
             try:
                 if not mark(conn, self.group, _mark(decoded), settings=self.app.outbox_settings):
+                    if recovering:  # handled meanwhile (by another process): recovered too
+                        self._recovered(conn, record)
                     tx.commit()
                     self._duplicate(decoded)
                     self.committed([record])
@@ -377,13 +391,7 @@ class Processor:
                     return exc
                 failpoint("consumer.after_handler")
                 if recovering:
-                    failures.mark_recovered(
-                        conn,
-                        group=self.group,
-                        topic=record.topic,
-                        partition=record.partition,
-                        offset=record.offset,
-                    )
+                    self._recovered(conn, record)
                 tx.commit()
             finally:
                 if tx.is_active:
@@ -391,6 +399,12 @@ class Processor:
         self._done([decoded])
         self.committed([record])
         return None
+
+    def _recovered(self, conn: Connection, record: Any) -> None:
+        failures.mark_recovered(
+            conn, group=self.group, topic=record.topic, partition=record.partition,
+            offset=record.offset,
+        )
 
     # --- failures --------------------------------------------------------------------------
     def _after_failure(self, record: Any, error: BaseException) -> Parked | None:

@@ -87,6 +87,9 @@ class Runner:
         self.parking = ParkingLot()
         # The batch being handled, and which of its records are retries of parked messages.
         self._in_hand: tuple[Future[Progress], list[Any], frozenset[Position]] | None = None
+        # The offset each assigned partition's next record has when it follows the last batch
+        # (what was read before it is handled, parked, or rewound and read again).
+        self._next: dict[tuple[str, int], int] = {}
 
     # --- probes ---------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -218,13 +221,16 @@ class Runner:
                         self.lifecycle.back_off(f"the Kafka client cannot read a record: {exc}")
                     continue
                 self.parking.sync(self.consumer)  # the poll may have run a rebalance
+                self._forget_revoked()
                 if not self._collect(records):
                     continue
                 # Polled before a partition of the batch in hand was parked: read again later.
                 records = self.parking.without_parked(records)
                 if records:
                     retries = self.parking.retries_in(records)
-                    future = self._handler_thread.submit(self._handle, records, retries)
+                    future = self._handler_thread.submit(
+                        self._handle, records, retries, self._unsure(records)
+                    )
                     self._in_hand = (future, records, retries)
                 self.offsets.commit_async(self.consumer)
                 self._update_lag()
@@ -239,10 +245,34 @@ class Runner:
             return self.settings.poll_timeout_ms
         return max(1, min(self.settings.poll_timeout_ms, int((due - time.monotonic()) * 1000)))
 
-    def _handle(self, records: list[Any], retries: frozenset[Position]) -> Progress:
+    def _unsure(self, records: Sequence[Any]) -> list[Position]:
+        """The first record of each partition that does not follow the last batch read (the
+        process started, a rebalance, a rewind): an earlier process may have parked it, and
+        only the failures table knows (the processor asks it)."""
+        firsts: dict[tuple[str, int], int] = {}
+        for record in records:
+            firsts.setdefault((record.topic, record.partition), record.offset)
+        unsure = [(tp[0], tp[1], offset) for tp, offset in firsts.items()
+                  if self._next.get(tp) != offset]
+        for record in records:
+            self._next[(record.topic, record.partition)] = record.offset + 1
+        return unsure
+
+    def _forget_revoked(self) -> None:
+        """A partition revoked (and maybe assigned back later) no longer follows anything:
+        another process may have parked its next record meanwhile."""
+        if not self._next:
+            return
+        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        for tp in [tp for tp in self._next if tp not in assigned]:
+            del self._next[tp]
+
+    def _handle(
+        self, records: list[Any], retries: frozenset[Position], unsure: list[Position]
+    ) -> Progress:
         """Process one batch (on the handler thread)."""
         started = time.perf_counter()
-        progress = self.processor.process(records, retries)
+        progress = self.processor.process(records, retries, unsure)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         return progress
 

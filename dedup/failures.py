@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
 from outbox.tables import consumer_failures
@@ -155,6 +155,27 @@ def mark_recovered(
         )
         .values(status="recovered")
     )
+
+
+def retrying_among(
+    conn: Connection, *, group: str, positions: Sequence[tuple[str, int, int]]
+) -> frozenset[tuple[str, int, int]]:
+    """Which of *positions* (topic, partition, offset) an earlier attempt left ``retrying``.
+
+    A process that parked a message remembers it in memory; a process that reads it after a
+    restart or a rebalance learns it here, so that handling it marks it ``recovered``.
+    """
+    if not positions:
+        return frozenset()
+    t = consumer_failures
+    found = conn.execute(
+        select(t.c.topic, t.c.kafka_partition, t.c.kafka_offset).where(
+            t.c.consumer_group == group,
+            t.c.status == "retrying",
+            tuple_(t.c.topic, t.c.kafka_partition, t.c.kafka_offset).in_(list(positions)),
+        )
+    )
+    return frozenset((r.topic, r.kafka_partition, r.kafka_offset) for r in found)
 
 
 def mark_replayed(conn: Connection, failure_id: int) -> None:

@@ -160,10 +160,18 @@ def retry_plan(ids: Collection[int] | None, channel: str) -> Plan[int]:
     rows = yield retried
     keys = {(row["lane"], row["topic"], row["key"]) for row in rows}
     if keys:
-        # The rows held back behind a retried one follow it, in id order.
-        yield (update(f).where(f.c.state == "held")
-               .where(tuple_(f.c.lane, f.c.topic, f.c.key).in_(sorted(keys, key=repr)))
-               .values(state="retry"))
+        # The rows held back behind a retried one follow it, in id order. (Keyless rows are
+        # no longer held back, but earlier versions held them: IN never matches a NULL key.)
+        keyed = sorted((k for k in keys if k[2] is not None), key=repr)
+        keyless = sorted((lane, topic) for lane, topic, key in keys if key is None)
+        if keyed:
+            yield (update(f).where(f.c.state == "held")
+                   .where(tuple_(f.c.lane, f.c.topic, f.c.key).in_(keyed))
+                   .values(state="retry"))
+        if keyless:
+            yield (update(f).where(f.c.state == "held", f.c.key.is_(None))
+                   .where(tuple_(f.c.lane, f.c.topic).in_(keyless))
+                   .values(state="retry"))
         lanes = sorted({lane for lane, _, _ in keys})
         # Wake an idle relay for each lane touched: a rare operator action may pay for NOTIFY.
         yield select(func.pg_notify(channel, cast(literal_column("lane"), Text))).select_from(

@@ -296,6 +296,18 @@ relay_server = Table(
     prefixes=["UNLOGGED"],
 )
 
+# Which cluster the outbox's transaction ids belong to (migration 0010): pg_control_system()'s
+# identifier, one logged row that moves with the data; another cluster's means a restore or a
+# move, and the relays refuse to read until `outbox relay rebase` (relay/history.py).
+relay_history = Table(
+    "relay_history",
+    metadata,
+    Column("one", Boolean, primary_key=True, server_default=text("true")),
+    Column("system_identifier", BigInteger, nullable=False),
+    _ts("since", nullable=False, default_now=True),
+    CheckConstraint("one", name="relay_history_one_row"),
+)
+
 # The broker's proof, one row per lane per batch: ids with the partition and offset of each
 # (migration 0006). The view published_messages unnests them.
 deliveries = Table(

@@ -262,6 +262,17 @@ def record(
     commit does not wait for the WAL flush.
     """
     lanes = sorted(cursors)
+    retried = [p.row.id for p in published if p.row.retry]
+    # Keyless rows have no order to keep: a refusal of one never holds anything back.
+    entries: list[tuple[OutboxRow, str, str | None, int | None, int | None, bool]] = [
+        (f.row, "failed", f.error, f.partition, f.offset,
+         blocking and f.offset is None and f.row.key is not None)
+        for f in failed
+    ]
+    entries += [(r, "aside", None, None, None, False) for r in set_aside]
+    if entries or retried:
+        # First, before any lane row is locked: an operator's retry takes this lock first too.
+        conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
     row = conn.execute(
         sql("relay", "record_batch", schema),
         {
@@ -281,18 +292,11 @@ def record(
             "c_n": [cursors[lane][1] for lane in lanes],
         },
     ).one()
-    retried = [p.row.id for p in published if p.row.retry]
     if retried:
         conn.execute(sql("relay", "forget_failures", schema), {"ids": retried})
-    entries: list[tuple[OutboxRow, str, str | None, int | None, int | None, bool]] = [
-        (f.row, "failed", f.error, f.partition, f.offset, blocking and f.offset is None)
-        for f in failed
-    ]
-    entries += [(r, "aside", None, None, None, False) for r in set_aside]
     if entries:
         known = {lane: c.token for lane, (c, _) in cursors.items()}
         known = {**(tokens or {}), **known}
-        conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
         _copy_failures(
             conn, schema, entries, relay_id=relay_id, incarnation=incarnation, tokens=known
         )

@@ -64,8 +64,7 @@ def rebase_command(database_url: str | None, yes: bool, force: bool) -> None:
                     "the outbox's transaction ids are this server's: nothing to rebase (with "
                     "--force, every row not purged yet would be sent again)")
             if history.moved:
-                click.echo(f"lanes {compact(history.cursors_ahead + history.rows_ahead)} carry "
-                           "transaction ids this server has not issued")
+                click.echo(history.describe())
             if not yes and not click.confirm("rebase the outbox now?", default=False):
                 raise click.Abort
             done = rebase(conn, schema)
@@ -112,8 +111,8 @@ def status_command(database_url: str | None, as_json: bool, lease_seconds: float
     if status.unowned_lanes:
         click.echo(f"lanes without owner  {compact(status.unowned_lanes)}")
     if status.history_moved:
-        click.echo(f"history moved        lanes {compact(status.history_moved)}: the database "
-                   f"was restored or moved into another cluster; {REBASE_HINT}")
+        click.echo(f"history moved        {status.history_moved}: the database was restored "
+                   f"or moved into another cluster; {REBASE_HINT}")
 
 
 def compact(lanes: list[int]) -> str:

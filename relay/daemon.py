@@ -74,6 +74,16 @@ def error_source(exc: BaseException) -> str | None:
     return None
 
 
+def refused_privilege(exc: SQLAlchemyError) -> None:
+    """A privilege the relay's role lacks never comes by waiting: say which, and stop."""
+    if getattr(getattr(exc, "orig", None), "sqlstate", None) == "42501":
+        raise ConfigurationError(
+            f"the relay's role may not do what a claim needs ({describe_briefly(exc)}): "
+            "grant it what relay.roles.relay_grants prints (docs/relay.md, 'Least "
+            "privilege'), or run `outbox migrate` as the schema's owner if it is behind"
+        ) from exc
+
+
 class Relay:
     """One relay process. ``run()`` blocks until ``stop()`` (e.g. from a signal handler)."""
 
@@ -373,6 +383,7 @@ class Relay:
                     self.wake.take()
                     batch = self._claim(owned)
             except SQLAlchemyError as exc:
+                refused_privilege(exc)
                 self.lifecycle.back_off(self._transient(exc, "claiming"))
                 continue
             if not batch.rows:

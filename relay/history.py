@@ -25,11 +25,14 @@ not in the connection, so a transaction-pooling proxy cannot fool them.
 The third: rows and stored cursors keep the old cluster's ids while the new one issues its
 own from its own counter. Rows emitted there can get ids below a restored cursor's xmin
 (counted as seen: never published), and rows pending at the move keep ids above every new
-snapshot (pending until the counter passes them). The sign: a stored cursor counts ids the
-server has not issued yet (its xmax is above the current snapshot's), which cannot happen
-within one history. The claim then returns nothing and the relay refuses to run;
-``outbox relay rebase`` (relay/rebase.py) makes the outbox this cluster's. ``pg_upgrade``
-keeps the counter: nothing to do there.
+snapshot (pending until the counter passes them). The signs: ``relay_history`` (a logged
+row, so it moves with the data) names another cluster than ``pg_control_system()``'s
+identifier (made by initdb, kept by streaming replication and base backups); or a stored
+cursor counts ids the server has not issued yet (its xmax is above the current snapshot's),
+which cannot happen within one history. The claim then returns nothing and the relay
+refuses to run; ``outbox relay rebase`` (relay/rebase.py) makes the outbox this cluster's.
+``pg_upgrade`` keeps the counter but makes a new cluster: the relays refuse until the
+rebase there too, which then skips nothing and re-sends nothing that has its proof.
 """
 
 from __future__ import annotations
@@ -46,11 +49,11 @@ class HistoryMoved(ConfigurationError):
     """The lanes' cursors count transaction ids this server never issued."""
 
     def __init__(self, lanes: list[int]) -> None:
-        shown = ", ".join(map(str, lanes[:10])) + (", ..." if len(lanes) > 10 else "")
         super().__init__(
-            f"the cursors of lanes {shown} count transaction ids this PostgreSQL server has "
-            "not issued yet: the database was restored or replicated into another cluster, "
-            "whose transaction ids are not the ones the cursors were taken in. Publishing "
-            f"would skip messages; the relay refuses to run. To go on: {REBASE_HINT}"
+            "the outbox's transaction ids are not this PostgreSQL server's: the database was "
+            "restored or replicated from another cluster (relay_history names another "
+            "cluster, or the lanes' cursors count ids this server has not issued yet; "
+            f"{len(lanes)} lanes read). Publishing would skip messages; the relay refuses to "
+            f"run. To go on: {REBASE_HINT}"
         )
         self.lanes = lanes

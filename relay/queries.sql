@@ -21,14 +21,18 @@
 -- The relay's own cursors are used only while the server is the incarnation they were read
 -- under (relay_server, relay/history.py); otherwise, and for a lane the relay knows
 -- nothing about (first read, or its token changed), the cursor stored in relay_lanes is.
--- `behind`: the cursor or target counts transaction ids the server has not issued yet, so
--- this database's ids are not the history the cursors were taken in (a restore or a move
--- into another cluster; relay/history.py). There is no ORDER BY across lanes: the nested loop
+-- `behind`: relay_history names another cluster than this one, or the cursor or target
+-- counts transaction ids the server has not issued yet: this database's ids are not the
+-- history the cursors were taken in (a restore or a move into another cluster;
+-- relay/history.py). There is no ORDER BY across lanes: the nested loop
 -- over the lanes stops as soon as the limit's rows came out. Run as driver SQL on the
 -- claim's own connection (relay.claims.CLAIM_PLANNER).
 WITH s AS MATERIALIZED (
     SELECT (SELECT incarnation FROM {schema}.relay_server) AS incarnation,
-           pg_current_snapshot() AS now
+           pg_current_snapshot() AS now,
+           -- Another cluster's ids (a restore, a move): nothing is read until a rebase.
+           coalesce((SELECT h.system_identifier <> c.system_identifier
+                     FROM {schema}.relay_history AS h, pg_control_system() AS c), true) AS moved
 ),
 o AS MATERIALIZED (
     SELECT o.*, o.known AND s.incarnation = CAST(%(incarnation)s AS uuid) AS ours
@@ -46,7 +50,7 @@ c AS MATERIALIZED (
                     s.now) AS target,
            CASE WHEN o.ours THEN o.pos ELSE l.batch_pos END AS pos,
            CASE WHEN o.ours THEN o.floor END AS floor, CASE WHEN o.ours THEN o.ceil END AS ceil,
-           s.now
+           s.now, s.moved
     FROM o CROSS JOIN s
     JOIN {schema}.relay_lanes AS l
       ON l.lane = o.lane AND l.token = o.token AND l.owner = %(relay_id)s
@@ -54,7 +58,7 @@ c AS MATERIALIZED (
 ),
 b AS (
     SELECT c.*, coalesce(c.floor, r.lo, 0) AS lo, coalesce(c.ceil, r.hi, -1) AS hi,
-           pg_snapshot_xmax(c.snap) > pg_snapshot_xmax(c.now)
+           c.moved OR pg_snapshot_xmax(c.snap) > pg_snapshot_xmax(c.now)
                OR pg_snapshot_xmax(c.target) > pg_snapshot_xmax(c.now) AS behind
     FROM c
     LEFT JOIN LATERAL (
@@ -116,15 +120,14 @@ INSERT INTO {schema}.relay_server DEFAULT VALUES ON CONFLICT (one) DO NOTHING
 -- failure rows of other keys.
 SELECT k.lane, k.topic, k.key,
        CASE WHEN EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
-                         WHERE f.lane = k.lane AND f.topic = k.topic
-                           AND (f.key = k.key OR (k.key IS NULL AND f.key IS NULL))
+                         WHERE f.lane = k.lane AND f.topic = k.topic AND f.key = k.key
                            AND (f.state = 'held' OR (f.state = 'failed' AND f.blocking)))
             THEN 'held' ELSE 'retry' END AS state
 FROM unnest(CAST(:lanes AS int[]), CAST(:topics AS text[]), CAST(:keys AS bytea[]))
      AS k(lane, topic, key)
+-- Keyless rows have no order to keep: never held back (k.key IS NULL matches nothing).
 WHERE EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
-              WHERE f.lane = k.lane AND f.topic = k.topic
-                AND (f.key = k.key OR (k.key IS NULL AND f.key IS NULL))
+              WHERE f.lane = k.lane AND f.topic = k.topic AND f.key = k.key
                 AND (f.state <> 'failed' OR f.blocking))
 
 -- name: claim_retries
@@ -135,8 +138,8 @@ SELECT f.id, f.message_id, f.topic, f.key, f.message_type, f.payload, f.headers,
 FROM {schema}.outbox_failures AS f
 WHERE f.lane = ANY(CAST(:lanes AS int[])) AND f.state = 'retry'
   AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_failures AS h
-                  WHERE h.lane = f.lane AND h.topic = f.topic
-                    AND (h.key = f.key OR (f.key IS NULL AND h.key IS NULL)) AND h.id < f.id
+                  WHERE h.lane = f.lane AND h.topic = f.topic AND h.key = f.key
+                    AND h.id < f.id
                     AND (h.state = 'held' OR (h.state = 'failed' AND h.blocking)))
 ORDER BY f.lane, f.id
 LIMIT :limit
@@ -201,8 +204,7 @@ SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
        CAST(r.headers AS jsonb), r.run_id, r.created_at,
        CASE WHEN r.state <> 'aside' THEN r.state
             WHEN EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
-                         WHERE f.lane = r.lane AND f.topic = r.topic
-                           AND (f.key = r.key OR (r.key IS NULL AND f.key IS NULL))
+                         WHERE f.lane = r.lane AND f.topic = r.topic AND f.key = r.key
                            AND f.id < r.id
                            AND (f.state = 'held' OR (f.state = 'failed' AND f.blocking)))
               OR EXISTS (SELECT 1 FROM unnest(CAST(:lanes AS int[]), CAST(:topics AS text[]),
@@ -210,7 +212,7 @@ SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
                                               CAST(:blocking AS bool[]))
                                        AS e(lane, topic, key, id, blocking)
                          WHERE e.blocking AND e.lane = r.lane AND e.topic = r.topic
-                           AND e.key IS NOT DISTINCT FROM r.key AND e.id < r.id)
+                           AND e.key = r.key AND e.id < r.id)
             THEN 'held' ELSE 'retry' END,
        r.blocking, r.error, r.dlq_partition, r.dlq_offset
 FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS uuid[]), CAST(:topics AS text[]),
@@ -421,13 +423,18 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.relays, {schema}.relay_lanes,
     {schema}.outbox_failures TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.deliveries TO {role};
 GRANT SELECT, INSERT ON {schema}.relay_server TO {role};
+GRANT SELECT ON {schema}.relay_history TO {role};
 GRANT USAGE ON SEQUENCE {schema}.deliveries_id_seq TO {role};
 
 -- name: history_check
 -- Signs that the outbox's transaction ids are not this server's history (relay/history.py):
--- lanes whose stored cursor counts ids not issued yet, and lanes holding rows written by
--- such ids (a probe on (lane, xid) each). Either is impossible within one history.
-SELECT coalesce(array_agg(l.lane ORDER BY l.lane) FILTER (
+-- relay_history names another cluster; lanes whose stored cursor counts ids not issued yet,
+-- and lanes holding rows written by such ids (a probe on (lane, xid) each). None of them
+-- happens within one history.
+SELECT coalesce((SELECT h.system_identifier <> c.system_identifier
+                  FROM {schema}.relay_history AS h, pg_control_system() AS c), true)
+           AS cluster_moved,
+       coalesce(array_agg(l.lane ORDER BY l.lane) FILTER (
            WHERE pg_snapshot_xmax(l.cursor_snapshot) > pg_snapshot_xmax(pg_current_snapshot())
               OR pg_snapshot_xmax(l.batch_snapshot) > pg_snapshot_xmax(pg_current_snapshot())),
            '{}') AS cursors_ahead,
@@ -445,28 +452,37 @@ SELECT coalesce(array_agg(lane ORDER BY lane), '{}') FROM {schema}.relay_lanes
 WHERE owner IS NOT NULL AND expires_at > now()
 
 -- name: rebase_rows
--- Gives the outbox this server's transaction ids (relay/rebase.py). A row the lane's stored
--- cursor passed (published, or refused and recorded) gets xid 2, FrozenTransactionId,
--- visible in every snapshot: seen. Every other row gets this transaction's id: pending, and
--- published in id order once the rebase commits. A row written on this server (its tuple's
--- xmin is its own xid, as emit writes it; a restored or replicated row's xmin is the
--- restore's or the apply worker's) is pending whatever the old cursor says: its xid may
--- fall below that cursor's horizon only because the counters differ. Worst case: a row sent
--- twice, never one skipped.
+-- Gives the outbox this server's transaction ids (relay/rebase.py). A row is seen (xid 2,
+-- FrozenTransactionId, visible in every snapshot) when the lane's stored cursor passed it
+-- *and* its outcome is on record: the broker's proof in deliveries, or its copy in
+-- outbox_failures. Every other row gets this transaction's id: pending, published in id
+-- order once the rebase commits. A row emitted on this server since the move may look passed
+-- by the old cursor (its id below that cursor's horizon only because the counters differ);
+-- having no proof, it is sent. Worst case: a row whose proof retention already deleted is
+-- sent twice; none is skipped.
 WITH changed AS (
     UPDATE {schema}.outbox_messages AS m
-    SET xid = CASE WHEN CAST(CAST(m.xmin AS text) AS bigint)
-                            <> CAST(CAST(m.xid AS text) AS bigint) % 4294967296
-                        AND EXISTS (SELECT 1 FROM {schema}.relay_lanes AS l
-                                    WHERE l.lane = m.lane
-                                      AND {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot,
-                                                                 l.batch_snapshot, l.batch_pos))
+    SET xid = CASE WHEN EXISTS (SELECT 1 FROM {schema}.relay_lanes AS l
+                                WHERE l.lane = m.lane
+                                  AND {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot,
+                                                             l.batch_snapshot, l.batch_pos))
+                        AND (EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
+                                     WHERE f.id = m.id)
+                             OR EXISTS (SELECT 1 FROM {schema}.deliveries AS d
+                                        WHERE int8range(d.first_id, d.last_id, '[]') @> m.id
+                                          AND d.lane = m.lane AND m.id = ANY(d.ids)))
                    THEN CAST('2' AS xid8) ELSE pg_current_xact_id() END
     RETURNING m.xid
 )
 SELECT count(*) FILTER (WHERE xid = CAST('2' AS xid8)) AS seen,
        count(*) FILTER (WHERE xid <> CAST('2' AS xid8)) AS pending
 FROM changed
+
+-- name: rebase_cluster
+-- The outbox is this cluster's from now on.
+INSERT INTO {schema}.relay_history (system_identifier)
+SELECT system_identifier FROM pg_control_system()
+ON CONFLICT (one) DO UPDATE SET system_identifier = EXCLUDED.system_identifier, since = now()
 
 -- name: rebase_lanes
 -- Every lane starts over from the empty cursor ('3:3:' sees only frozen rows: xid 2), its

@@ -2,11 +2,12 @@
 
 After ``pg_dump``/``pg_restore`` or logical replication into another cluster, the outbox's
 transaction ids and the lanes' cursors are the old cluster's. The rebase, one transaction,
-with every relay stopped: rows the stored cursors passed (published, or refused and
-recorded) are marked seen (xid 2, visible in every snapshot); every other row, and every row
-written on this cluster since the move, is given the rebase's own transaction id (pending:
-published once, in id order per key, by the next relays); every cursor starts over and every
-lane's token moves on. The broker's proof (``deliveries``) and the failures are kept.
+with every relay stopped: rows the stored cursors passed and whose outcome is on record (the
+broker's proof in ``deliveries``, or a copy in ``outbox_failures``) are marked seen (xid 2,
+visible in every snapshot); every other row, among them every row written on this cluster
+since the move, is given the rebase's own transaction id (pending: published once, in id
+order per key, by the next relays); every cursor starts over, every lane's token moves on,
+and ``relay_history`` names this cluster. The proof and the failures are kept.
 """
 
 from __future__ import annotations
@@ -21,14 +22,26 @@ from outbox.queries import sql
 
 @dataclass(frozen=True)
 class History:
-    """What ``history_check`` found: empty lists when the outbox is this server's."""
+    """What ``history_check`` found: nothing when the outbox is this server's."""
 
+    cluster_moved: bool  # relay_history names another cluster
     cursors_ahead: list[int]
     rows_ahead: list[int]
 
     @property
     def moved(self) -> bool:
-        return bool(self.cursors_ahead or self.rows_ahead)
+        return self.cluster_moved or bool(self.cursors_ahead or self.rows_ahead)
+
+    def describe(self) -> str:
+        """What was found, in one line."""
+        signs = []
+        if self.cluster_moved:
+            signs.append("the outbox was written on another PostgreSQL cluster than this one")
+        lanes = sorted(set(self.cursors_ahead) | set(self.rows_ahead))
+        if lanes:
+            signs.append(f"{len(lanes)} lanes carry transaction ids this server has not "
+                         "issued yet")
+        return "; ".join(signs)
 
 
 @dataclass(frozen=True)
@@ -40,7 +53,7 @@ class Rebased:
 def check_history(conn: Connection, schema: str) -> History:
     """Whether the outbox's transaction ids are this server's (see relay/history.py)."""
     row = conn.execute(sql("relay", "history_check", schema)).one()
-    return History(list(row.cursors_ahead), list(row.rows_ahead))
+    return History(bool(row.cluster_moved), list(row.cursors_ahead), list(row.rows_ahead))
 
 
 def rebase(conn: Connection, schema: str) -> Rebased:
@@ -53,5 +66,6 @@ def rebase(conn: Connection, schema: str) -> Rebased:
         )
     row = conn.execute(sql("relay", "rebase_rows", schema)).one()
     conn.execute(sql("relay", "rebase_lanes", schema))
+    conn.execute(sql("relay", "rebase_cluster", schema))
     conn.execute(sql("relay", "rebase_incarnation", schema))
     return Rebased(int(row.seen), int(row.pending))

@@ -39,9 +39,9 @@ class Status:
     oldest_pending_age_s: float
     relays: list[RelayInfo] = field(default_factory=list)
     unowned_lanes: list[int] = field(default_factory=list)
-    # Lanes whose cursors or rows carry transaction ids this server has not issued: the
+    # Why the outbox's transaction ids are not this server's, when they are not: the
     # database was restored or moved into another cluster (relay/history.py).
-    history_moved: list[int] = field(default_factory=list)
+    history_moved: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -60,6 +60,5 @@ def read_status(conn: Connection, schema: str, *, lease_seconds: float) -> Statu
     ]
     unowned = list(conn.execute(sql("relay", "unowned_lanes", schema)).scalars())
     history = check_history(conn, schema)
-    moved = sorted(set(history.cursors_ahead) | set(history.rows_ahead))
     return Status(counts.pending, counts.failed, counts.published, float(counts.oldest_age),
-                  relays, unowned, moved)
+                  relays, unowned, history.describe() if history.moved else None)

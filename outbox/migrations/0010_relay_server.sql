@@ -21,3 +21,34 @@ CREATE UNLOGGED TABLE {schema}.relay_server (
     PRIMARY KEY (one),
     CONSTRAINT relay_server_one_row CHECK (one)
 );
+
+-- Which cluster the outbox's transaction ids belong to: pg_control_system()'s identifier,
+-- made by initdb and kept by streaming replication, base backups and their recovery. A
+-- dump/restore or logical replication into another cluster copies this row, which then
+-- names the old cluster: the claim compares it with the server's and returns nothing until
+-- `outbox relay rebase` (relay/history.py). Logged, unlike relay_server, so that it moves
+-- with the data.
+CREATE TABLE {schema}.relay_history (
+    one               boolean     NOT NULL DEFAULT true,
+    system_identifier bigint      NOT NULL,
+    since             timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (one),
+    CONSTRAINT relay_history_one_row CHECK (one)
+);
+INSERT INTO {schema}.relay_history (system_identifier)
+SELECT system_identifier FROM pg_control_system();
+
+-- A relay role set up for an earlier version (relay.roles.relay_grants) keeps working: the
+-- roles that may update the lanes may read both tables and make the incarnation.
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT DISTINCT CAST(CAST(a.grantee AS regrole) AS text) AS name
+             FROM pg_class AS c, aclexplode(c.relacl) AS a
+             WHERE c.oid = CAST('{schema}.relay_lanes' AS regclass)
+               AND a.privilege_type = 'UPDATE' AND a.grantee <> 0 AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT, INSERT ON {schema}.relay_server TO %s', r.name);
+        EXECUTE format('GRANT SELECT ON {schema}.relay_history TO %s', r.name);
+    END LOOP;
+END $$;

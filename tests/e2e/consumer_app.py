@@ -3,7 +3,8 @@
 Its handler writes one row per message to ``consumer_effects`` (no unique key, so a
 repeated effect would show as a second row). Configured by environment variables:
 ``TEST_CONSUMER_TOPIC`` (the topic), ``TEST_CONSUMER_HANDLER_SLEEP`` (seconds per message,
-to make a kill land mid-batch).
+to make a kill land mid-batch), ``TEST_CONSUMER_RETRY_LATER_S`` (items with ``fail="later"``
+are parked for that long, in the processes given it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ EFFECTS_DDL = (
 
 class Item(BaseModel):
     n: int
-    fail: str | None = None  # "always" | "dead-letter" | "once"
+    fail: str | None = None  # "always" | "dead-letter" | "once" | "later"
     follow_up: str | None = None  # topic of a follow-up message to emit
 
 
@@ -47,6 +48,9 @@ def handle(ctx: HandlerContext, item: Item) -> None:
         raise RuntimeError(f"item {item.n} always fails")
     if item.fail == "dead-letter":
         raise DeadLetter(f"item {item.n} is refused")
+    later = os.environ.get("TEST_CONSUMER_RETRY_LATER_S")  # set in the first process only
+    if item.fail == "later" and later:
+        raise RetryLater("not now", delay_s=float(later))
     if item.fail == "once" and ctx.message_id not in _failed_once:
         _failed_once.add(ctx.message_id)
         raise RetryLater("first attempt fails", delay_s=0.05)

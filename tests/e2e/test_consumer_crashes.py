@@ -125,3 +125,35 @@ def test_sigterm_finishes_the_batch_commits_offsets_and_exits_0(
         wait_for_metric(metrics_port, "outboxkit_consumer_duplicates_total", lambda v: True, 5) == 0
     )
     assert effects(engine) == dict.fromkeys([*ids, *more], 1)
+
+
+def failure_status(engine: Engine, group: str) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text(
+            "SELECT status FROM outboxkit.consumer_failures WHERE consumer_group = :g"),
+            {"g": group}).scalars())
+
+
+def test_a_parked_message_handled_by_the_next_process_is_marked_recovered(
+    engine: Engine,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    consumers_for: Callable[[str], ConsumerProcesses],
+) -> None:
+    """The process that parked a message remembers it in memory only: the one that handles
+    it after a deploy's SIGTERM (or a crash) must still say 'recovered', or `outbox dlq list
+    --status retrying` lists it for ever and retention never purges its operation."""
+    topic = kafka_topic(partitions=1)
+    create_effects(engine)
+    [parked, *rest] = produce(kafka_bootstrap, topic,
+                              [{"n": 0, "fail": "later"}, {"n": 1}, {"n": 2}])
+    procs = consumers_for(topic)
+    first = procs.start(TEST_CONSUMER_RETRY_LATER_S="60")
+    wait_until(lambda: failure_status(engine, procs.group_id) == ["retrying"], 60,
+               "the first message parked")
+    assert procs.stop(first) == 0, procs.logs()
+    procs.start()
+    wait_until(lambda: len(effects(engine)) == 3, 60, "all 3 handled by the second process")
+    assert effects(engine) == dict.fromkeys([parked, *rest], 1)
+    wait_until(lambda: failure_status(engine, procs.group_id) == ["recovered"], 10,
+               "the failure row marked recovered")

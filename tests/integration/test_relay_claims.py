@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
+from outbox.emit import emit
+from outbox.envelope import Envelope
 from outbox.messages import retry_messages
-from relay.claims import OutboxRow, claim_messages, record
-from tests.integration.relay_support import Reader, put
+from relay.claims import Failed, OutboxRow, claim_messages, record
+from tests.integration.relay_support import ONE_LANE, Reader, put
 
 
 def test_a_bulk_transaction_running_at_the_cursor_does_not_slow_a_lane_to_a_row_per_claim(
@@ -141,3 +143,27 @@ def test_failure_copies_are_fenced_by_the_lanes_token(engine: Engine) -> None:
     [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
     set_aside(engine, reader, row, token=-5)  # the lane was taken over meanwhile
     assert state_of(engine, row.id) is None
+
+
+def test_a_keyless_row_refused_in_block_mode_holds_nothing_back(engine: Engine) -> None:
+    """Keyless rows have no order to keep; a held keyless row could never be released
+    (`outbox messages retry` matched held rows by key)."""
+    reader = Reader(engine, limit=100)
+    with engine.begin() as conn:
+        emit(conn, Envelope(topic="t", type="t", key=None, payload={"i": 0}), settings=ONE_LANE)
+    [refused] = reader.drain()
+    with engine.begin() as conn:
+        record(conn, "outboxkit", relay_id="reader", published=[],
+               failed=[Failed(refused, "InvalidRecord: refused", True)], set_aside=[],
+               cursors={}, blocking=True, incarnation=reader.incarnation,
+               tokens=reader.lanes.owned())
+        emit(conn, Envelope(topic="t", type="t", key=None, payload={"i": 1}), settings=ONE_LANE)
+    assert state_of(engine, refused.id) == "failed"
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT blocking FROM outboxkit.outbox_failures WHERE id = :i"),
+                            {"i": refused.id}).scalar_one() is False
+    with engine.begin() as conn:
+        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
+                               limit=100, incarnation=reader.incarnation)
+    assert [r.key for r in batch.rows] == [None]
+    assert batch.blocked == {}  # sent, not set aside

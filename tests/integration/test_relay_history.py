@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,16 +26,21 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import ProgrammingError
 
 from outbox.dsn import sqlalchemy_url
-from outbox.migrate import migrate
+from outbox.errors import ConfigurationError
+from outbox.migrate import migrate, migrations
 from outbox.testing import postgres
 from outbox.testing.postgres import PostgresCluster
 from outbox.testing.processes import free_port, pid_alive
 from outbox.testing.tools import postgres_bin_dir
 from relay.claims import Published, claim_messages, record
 from relay.commands import rebase_command, status_command
+from relay.daemon import refused_privilege
 from relay.history import HistoryMoved
+from relay.roles import relay_grants
+from tests.integration.databases import fresh_database
 from tests.integration.relay_support import Reader, put
 
 
@@ -148,12 +154,17 @@ def dump_and_restore(source: PostgresCluster, target: PostgresCluster) -> None:
                    input=dump.stdout, capture_output=True, check=True, timeout=120)
 
 
-def test_a_restore_into_another_cluster_is_refused_until_rebased(kafka_bootstrap: str) -> None:
+@pytest.mark.parametrize("new_counter", ["behind", "ahead"])
+def test_a_restore_into_another_cluster_is_refused_until_rebased(
+    kafka_bootstrap: str, new_counter: str
+) -> None:
     with cluster() as old, cluster() as new:
         source = migrated(old)
         target = create_engine(sqlalchemy_url(new.dsn))
         try:
-            burn_unflushed_xids(old, 300)  # the old counter is well ahead of the new one
+            # Behind: rows emitted on the new cluster get ids the old cursors count as seen.
+            # Ahead: nothing in the ids tells; the cluster's identifier does.
+            burn_unflushed_xids(old if new_counter == "behind" else new, 300)
             reader = Reader(source)
             with source.begin() as conn:
                 sent = [put(conn, f"k{i}", i) for i in range(3)]
@@ -161,8 +172,11 @@ def test_a_restore_into_another_cluster_is_refused_until_rebased(kafka_bootstrap
             with source.begin() as conn:
                 put(conn, "k0", 3)  # pending when the database moves
             dump_and_restore(old, new)
+            with target.begin() as conn, conn.begin_nested():
+                # Emitted on the new cluster before the relays run, in a savepoint (its
+                # tuple's xmin is the subtransaction's, not the row's xid).
+                put(conn, "k1", 4)
             with target.begin() as conn:
-                put(conn, "k1", 4)  # emitted on the new cluster before the relays run
                 conn.execute(text("UPDATE outboxkit.relay_lanes SET expires_at = now()"))
             moved = Reader(target, relay_id="reader-2")
             with pytest.raises(HistoryMoved, match="outbox relay rebase"):
@@ -195,3 +209,45 @@ def test_a_restore_into_another_cluster_is_refused_until_rebased(kafka_bootstrap
         finally:
             source.dispose()
             target.dispose()
+
+
+def test_a_relay_role_of_an_earlier_version_keeps_working_after_the_upgrade(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 0010 grants the relay's role the two new tables: a role set up before it
+    can still claim; a privilege missing stops the relay with a line naming it."""
+    role = f"relay_{uuid.uuid4().hex[:8]}"
+    everything = migrations()
+    with fresh_database(postgres_dsn) as url:
+        owner = create_engine(sqlalchemy_url(url))
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")  # type: ignore[arg-type]
+        try:
+            # outboxkit before 0010 (`outbox.migrate` is also the name of a function)
+            monkeypatch.setattr(sys.modules["outbox.migrate"], "migrations",
+                                lambda: everything[:9])
+            migrate(owner)
+            earlier = "\n".join(line for line in relay_grants("outboxkit", role).splitlines()
+                                if "relay_server" not in line and "relay_history" not in line)
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(earlier)  # type: ignore[arg-type]
+            monkeypatch.undo()
+            assert migrate(owner) == [10]
+            as_relay = create_engine(sqlalchemy_url(url.replace("postgres@", f"{role}:pw@")))
+            reader = Reader(as_relay, relay_id="relay-role")
+            with owner.begin() as conn:
+                put(conn, "k", 0)
+            assert len(reader.drain()) == 1  # it made the incarnation and read it
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(f"REVOKE SELECT ON outboxkit.relay_history FROM {role}")  # type: ignore[arg-type]
+            with pytest.raises(ProgrammingError) as refused, as_relay.begin() as conn:
+                claim_messages(conn, "outboxkit", relay_id="relay-role",
+                               cursors=reader.lanes.owned(), limit=10)
+            with pytest.raises(ConfigurationError, match="relay_grants"):
+                refused_privilege(refused.value)
+            as_relay.dispose()
+        finally:
+            owner.dispose()
+            with psycopg.connect(url, autocommit=True) as admin:
+                admin.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+                admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
