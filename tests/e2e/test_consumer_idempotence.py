@@ -141,11 +141,11 @@ class TestPipelinedLoop:
         real = processor.process
         calls = [0]
 
-        def failing_third_batch(records: Any, retries: Any = ()) -> Progress:
+        def failing_third_batch(records: Any, retries: Any = (), unsure: Any = ()) -> Progress:
             calls[0] += 1
             if calls[0] == 3:
                 raise OperationalError("SELECT 1", {}, Exception("the database went away"))
-            return real(records, retries)
+            return real(records, retries, unsure)
 
         processor.process = failing_third_batch  # type: ignore[method-assign]
         with running:
