@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 
 def run_relay(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -48,11 +49,18 @@ def test_the_database_password_never_appears_in_logs_or_errors() -> None:
          "--log-format", "json", "--shutdown-timeout-seconds", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")})
-    try:
-        output, _ = proc.communicate(timeout=6)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        output, _ = proc.communicate(timeout=30)
+    # Until it said where it connects (start-up takes ~0.5 s, more on a loaded machine: a
+    # fixed 6 s once ended it before it logged a line), then a few seconds of retries.
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (line := proc.stdout.readline()):
+        lines.append(line)
+        if "starting" in line:
+            break
+    time.sleep(3)
+    proc.terminate()
+    output = "".join(lines) + proc.communicate(timeout=30)[0]
     assert "outbox:***@127.0.0.1:9" in output  # it did log where it connects
     assert secret not in output
 
