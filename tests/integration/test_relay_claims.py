@@ -5,6 +5,9 @@ again inside the record's transaction."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from sqlalchemy import Engine, text
 
 from outbox.emit import emit
@@ -167,3 +170,43 @@ def test_a_keyless_row_refused_in_block_mode_holds_nothing_back(engine: Engine) 
                                limit=100, incarnation=reader.incarnation)
     assert [r.key for r in batch.rows] == [None]
     assert batch.blocked == {}  # sent, not set aside
+
+
+def test_a_record_waiting_for_an_operators_retry_holds_no_lane_row(engine: Engine) -> None:
+    """The record of refused or set-aside rows takes the failures lock before it locks any
+    lane row: while an operator's retry is still open (retry_messages never commits), the
+    lane heartbeat renews the leases instead of waiting behind the record."""
+    reader = Reader(engine, limit=100)
+    blocked_key_b(engine, reader)
+    with engine.begin() as conn:
+        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
+                               limit=100, incarnation=reader.incarnation)
+    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    [(lane, read)] = batch.reads.items()
+    done = threading.Event()
+    with engine.connect() as operator:
+        operator.begin()
+        retry_messages(operator)  # holds the failures lock until it commits
+
+        def record_batch() -> None:
+            with engine.begin() as conn:
+                conn.execute(text("SET LOCAL lock_timeout = '20s'"))
+                record(conn, "outboxkit", relay_id="reader", published=[], failed=[],
+                       set_aside=[row], cursors={lane: (read.advanced(row.id), 0)},
+                       blocking=True, incarnation=batch.incarnation, tokens=batch.tokens)
+            done.set()
+
+        recording = threading.Thread(target=record_batch)
+        recording.start()
+        time.sleep(0.5)
+        assert not done.is_set()  # waiting for the operator
+        with engine.begin() as conn:  # what the heartbeat's renew_lanes locks
+            conn.execute(text("SET LOCAL lock_timeout = '2s'"))
+            renewed = conn.execute(text(
+                "SELECT lane FROM outboxkit.relay_lanes WHERE owner = 'reader' FOR UPDATE"
+            )).scalars().all()
+        assert renewed == [lane]
+        operator.commit()
+    recording.join(timeout=20)
+    assert done.is_set()
+    assert state_of(engine, row.id) == "retry"  # the retry came first: it follows it
