@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -221,7 +221,8 @@ class Runner:
                         self.lifecycle.back_off(f"the Kafka client cannot read a record: {exc}")
                     continue
                 self.parking.sync(self.consumer)  # the poll may have run a rebalance
-                self._forget_revoked()
+                assigned = self.consumer.assignment()
+                self._forget_revoked(assigned)
                 if not self._collect(records):
                     continue
                 # Polled before a partition of the batch in hand was parked: read again later.
@@ -233,7 +234,7 @@ class Runner:
                     )
                     self._in_hand = (future, records, retries)
                 self.offsets.commit_async(self.consumer)
-                self._update_lag()
+                self._update_lag(assigned)
         finally:
             self._collect(())  # stopping: the batch in hand finishes (or gives up) first
             self._handler_thread.shutdown(wait=True)
@@ -249,22 +250,21 @@ class Runner:
         """The first record of each partition that does not follow the last batch read (the
         process started, a rebalance, a rewind): an earlier process may have parked it, and
         only the failures table knows (the processor asks it)."""
-        firsts: dict[tuple[str, int], int] = {}
+        unsure: list[Position] = []
+        seen: set[tuple[str, int]] = set()
         for record in records:
-            firsts.setdefault((record.topic, record.partition), record.offset)
-        unsure = [(tp[0], tp[1], offset) for tp, offset in firsts.items()
-                  if self._next.get(tp) != offset]
-        for record in records:
-            self._next[(record.topic, record.partition)] = record.offset + 1
+            tp = (record.topic, record.partition)
+            if tp not in seen:
+                seen.add(tp)
+                if self._next.get(tp) != record.offset:
+                    unsure.append((record.topic, record.partition, record.offset))
+            self._next[tp] = record.offset + 1
         return unsure
 
-    def _forget_revoked(self) -> None:
+    def _forget_revoked(self, assigned: Collection[TopicPartition]) -> None:
         """A partition revoked (and maybe assigned back later) no longer follows anything:
         another process may have parked its next record meanwhile."""
-        if not self._next:
-            return
-        assigned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        for tp in [tp for tp in self._next if tp not in assigned]:
+        for tp in [tp for tp in self._next if tp not in assigned]:  # a named tuple: same hash
             del self._next[tp]
 
     def _handle(
@@ -325,10 +325,10 @@ class Runner:
     ) -> Sent:
         return self.sender.send(topic, key=key, value=value, headers=headers)
 
-    def _update_lag(self) -> None:
+    def _update_lag(self, assigned: Collection[TopicPartition]) -> None:
         """Lag per partition: the high watermark minus where this consumer will read next."""
         total = 0
-        for tp in self.consumer.assignment():
+        for tp in assigned:
             high = self.consumer.highwater(tp)
             if high is None:
                 continue

@@ -172,9 +172,8 @@ def _retries(conn: Connection, schema: str, lanes: list[int], limit: int) -> lis
     """Rows an operator asked to retry, each after every row of its key still held back."""
     query = sql("relay", "claim_retries", schema)
     return [
-        OutboxRow(r.id, r.message_id, r.topic, bytes(r.key) if r.key is not None else None,
-                  r.message_type, bytes(r.payload), r.headers or {}, r.created_at, r.lane,
-                  r.run_id, retry=True)
+        OutboxRow(r.id, r.message_id, r.topic, _key(r.key), r.message_type, bytes(r.payload),
+                  r.headers or {}, r.created_at, r.lane, r.run_id, retry=True)
         for r in conn.execute(query, {"lanes": lanes, "limit": limit})
     ]
 
@@ -194,9 +193,12 @@ def _blocked(
             "keys": [k[2] for k in distinct],
         },
     )
-    return {
-        (r.lane, r.topic, bytes(r.key) if r.key is not None else None): r.state for r in found
-    }
+    return {(r.lane, r.topic, _key(r.key)): r.state for r in found}
+
+
+def _key(value: Any) -> bytes | None:
+    """A key as the driver returns it (bytes, memoryview, or None for a keyless row)."""
+    return bytes(value) if value is not None else None
 
 
 def _reads(
@@ -226,7 +228,7 @@ def _reads(
         taken = merged[: max(0, room - len(rows))]
         exhausted = complete and len(taken) == len(merged)
         rows += [
-            OutboxRow(r[9], r[10], r[11], bytes(r[12]) if r[12] is not None else None, r[13],
+            OutboxRow(r[9], r[10], r[11], _key(r[12]), r[13],
                       bytes(r[14]), loads(r[15]) if r[15] else {}, r[16], lane, r[17])
             for r in taken
         ]
@@ -295,8 +297,7 @@ def record(
     if retried:
         conn.execute(sql("relay", "forget_failures", schema), {"ids": retried})
     if entries:
-        known = {lane: c.token for lane, (c, _) in cursors.items()}
-        known = {**(tokens or {}), **known}
+        known = {**(tokens or {}), **{lane: c.token for lane, (c, _) in cursors.items()}}
         _copy_failures(
             conn, schema, entries, relay_id=relay_id, incarnation=incarnation, tokens=known
         )

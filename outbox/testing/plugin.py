@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from outbox.dsn import sqlalchemy_url, with_database
+from outbox.testing.postgres import MAX_PREPARED_TRANSACTIONS
 
 TEMPLATE_DB = "outboxkit_template"
 
@@ -109,7 +110,12 @@ class _Services:
     def _postgres_container(self) -> str:
         from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
 
-        container = PostgresContainer("postgres:16", driver=None).start()
+        # As the local cluster: two-phase commit allowed (emit(..., notify=False) is for it).
+        container = (
+            PostgresContainer("postgres:16", driver=None)
+            .with_command(f"postgres -c max_prepared_transactions={MAX_PREPARED_TRANSACTIONS}")
+            .start()
+        )
         self._containers.append(container)
         return str(container.get_connection_url())
 

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Engine
 from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.settings import OutboxSettings
-from relay.claims import OutboxRow, Published, claim_messages, record
+from relay.claims import Claimed, OutboxRow, Published, claim_messages, record
 from relay.cursors import Cursor
 from relay.lanes import LaneManager
 
@@ -37,11 +37,15 @@ class Reader:
             for lane, token in self.lanes.owned().items()
         }
 
-    def step(self) -> list[OutboxRow]:
-        known = self.known()
+    def claim(self, limit: int | None = None) -> Claimed:
+        """One claim from where the reader stands, nothing recorded."""
         with self.engine.begin() as conn:
-            batch = claim_messages(conn, "outboxkit", relay_id=self.relay_id, cursors=known,
-                                   limit=self.limit, incarnation=self.incarnation)
+            return claim_messages(conn, "outboxkit", relay_id=self.relay_id,
+                                  cursors=self.known(), limit=limit or self.limit,
+                                  incarnation=self.incarnation)
+
+    def step(self) -> list[OutboxRow]:
+        batch = self.claim()
         if batch.incarnation != self.incarnation:  # as the daemon does (relay/history.py)
             self.cursors.clear()
             self.incarnation = batch.incarnation

@@ -145,9 +145,12 @@ def gid(engine: Engine) -> Iterator[str]:
     test's database."""
     with engine.connect() as conn:
         allowed = int(conn.exec_driver_sql("SHOW max_prepared_transactions").scalar_one())
-    if allowed == 0:
-        pytest.skip("this server refuses PREPARE TRANSACTION (max_prepared_transactions = 0); "
-                    "outbox.testing's cluster allows it from its next start")
+    # A failure, not a skip: a skipped test proves nothing. outbox.testing's cluster starts
+    # with prepared transactions allowed; a server given from outside must allow them too.
+    assert allowed > 0, (
+        "this server refuses PREPARE TRANSACTION (max_prepared_transactions = 0): restart "
+        "outbox.testing's cluster (`python -m outbox.testing.services down`, then `up`), or "
+        "set max_prepared_transactions on the server given in OUTBOXKIT_TEST_DATABASE_URL")
     name = f"outboxkit-test-{uuid.uuid4().hex}"
     try:
         yield name

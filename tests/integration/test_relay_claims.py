@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 from outbox.emit import emit
 from outbox.envelope import Envelope
 from outbox.messages import retry_messages
-from relay.claims import Failed, OutboxRow, claim_messages, record
+from relay.claims import Claimed, Failed, OutboxRow, record
 from tests.integration.relay_support import ONE_LANE, Reader, put
 
 
@@ -74,14 +74,17 @@ def test_a_key_blocked_behind_many_held_rows_of_another_key_stays_blocked(
 ) -> None:
     reader = Reader(engine, limit=2)  # the claim used to read 10 x limit failure rows
     _, b_next = blocked_key_b(engine, reader)
-    with engine.begin() as conn:
-        batch = claim_messages(conn, "outboxkit", relay_id="reader",
-                               cursors=reader.known(), limit=2,
-                               incarnation=reader.incarnation)
+    batch = reader.claim(2)
     [row] = [r for r in batch.rows if not r.retry]
     assert row.key == b"b"
     assert row.id >= b_next
     assert batch.blocked[row.lane_key] == "held"  # b's refusal still holds it back
+
+
+def b_row(batch: Claimed) -> OutboxRow:
+    """Key b's row emitted after its refusal (not a retried one)."""
+    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    return row
 
 
 def state_of(engine: Engine, row_id: int) -> str | None:
@@ -110,18 +113,14 @@ def test_a_row_set_aside_while_an_operator_retries_its_key_follows_the_retry(
 ) -> None:
     reader = Reader(engine, limit=100)
     b_first, _ = blocked_key_b(engine, reader)
-    with engine.begin() as conn:
-        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
-                               limit=100, incarnation=reader.incarnation)
-    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    batch = reader.claim()
+    row = b_row(batch)
     assert batch.blocked[row.lane_key] == "held"
     set_aside(engine, reader, row, retry_meanwhile=True)
     # Held with nothing before it, no retry would ever see it; it follows b's retried row.
     assert state_of(engine, b_first) == "retry"
     assert state_of(engine, row.id) == "retry"
-    with engine.begin() as conn:
-        retried = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
-                                 limit=100, incarnation=reader.incarnation)
+    retried = reader.claim()
     b_rows = [r.id for r in retried.rows if r.retry and r.key == b"b"]
     assert b_rows == [b_first, row.id]
 
@@ -129,10 +128,8 @@ def test_a_row_set_aside_while_an_operator_retries_its_key_follows_the_retry(
 def test_a_row_set_aside_while_its_key_is_still_blocked_is_held(engine: Engine) -> None:
     reader = Reader(engine, limit=100)
     blocked_key_b(engine, reader)
-    with engine.begin() as conn:
-        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
-                               limit=100, incarnation=reader.incarnation)
-    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    batch = reader.claim()
+    row = b_row(batch)
     set_aside(engine, reader, row)
     assert state_of(engine, row.id) == "held"
 
@@ -140,10 +137,8 @@ def test_a_row_set_aside_while_its_key_is_still_blocked_is_held(engine: Engine) 
 def test_failure_copies_are_fenced_by_the_lanes_token(engine: Engine) -> None:
     reader = Reader(engine, limit=100)
     blocked_key_b(engine, reader)
-    with engine.begin() as conn:
-        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
-                               limit=100, incarnation=reader.incarnation)
-    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    batch = reader.claim()
+    row = b_row(batch)
     set_aside(engine, reader, row, token=-5)  # the lane was taken over meanwhile
     assert state_of(engine, row.id) is None
 
@@ -165,9 +160,7 @@ def test_a_keyless_row_refused_in_block_mode_holds_nothing_back(engine: Engine) 
     with engine.connect() as conn:
         assert conn.execute(text("SELECT blocking FROM outboxkit.outbox_failures WHERE id = :i"),
                             {"i": refused.id}).scalar_one() is False
-    with engine.begin() as conn:
-        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
-                               limit=100, incarnation=reader.incarnation)
+    batch = reader.claim()
     assert [r.key for r in batch.rows] == [None]
     assert batch.blocked == {}  # sent, not set aside
 
@@ -178,10 +171,8 @@ def test_a_record_waiting_for_an_operators_retry_holds_no_lane_row(engine: Engin
     lane heartbeat renews the leases instead of waiting behind the record."""
     reader = Reader(engine, limit=100)
     blocked_key_b(engine, reader)
-    with engine.begin() as conn:
-        batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=reader.known(),
-                               limit=100, incarnation=reader.incarnation)
-    [row] = [r for r in batch.rows if r.key == b"b" and not r.retry]
+    batch = reader.claim()
+    row = b_row(batch)
     [(lane, read)] = batch.reads.items()
     done = threading.Event()
     with engine.connect() as operator:

@@ -81,6 +81,17 @@ def migrated(node: PostgresCluster) -> Engine:
     return engine
 
 
+@contextmanager
+def crashable() -> Iterator[tuple[PostgresCluster, Engine]]:
+    """A cluster of the test's own with the outbox migrated, and an engine on it."""
+    with cluster() as node:
+        engine = migrated(node)
+        try:
+            yield node, engine
+        finally:
+            engine.dispose()
+
+
 def burn_unflushed_xids(node: PostgresCluster, n: int = 5) -> None:
     """Transactions that take an id and roll back: their abort records are not flushed."""
     with psycopg.connect(node.dsn) as conn:
@@ -96,54 +107,46 @@ def status(engine: Engine, row_id: int) -> str:
 
 
 def test_a_message_committed_after_a_crash_restart_is_published() -> None:
-    with cluster() as node:
-        engine = migrated(node)
-        try:
-            reader = Reader(engine)
-            with engine.begin() as conn:
-                put(conn, "k", 0)
-            assert len(reader.drain()) == 1
-            burn_unflushed_xids(node)
-            # An empty claim moves the relay's cursor in memory only, past those ids.
-            assert reader.step() == []
-            engine.dispose()
-            crash(node)
-            with engine.begin() as conn:
-                put(conn, "k", 1)  # its transaction re-uses an id the cursor counts as seen
-            rows = reader.drain()
-            assert [json.loads(r.payload)["i"] for r in rows] == [1]  # found, once
-            assert status(engine, rows[0].id) == "published"
-        finally:
-            engine.dispose()
+    with crashable() as (node, engine):
+        reader = Reader(engine)
+        with engine.begin() as conn:
+            put(conn, "k", 0)
+        assert len(reader.drain()) == 1
+        burn_unflushed_xids(node)
+        # An empty claim moves the relay's cursor in memory only, past those ids.
+        assert reader.step() == []
+        engine.dispose()
+        crash(node)
+        with engine.begin() as conn:
+            put(conn, "k", 1)  # its transaction re-uses an id the cursor counts as seen
+        rows = reader.drain()
+        assert [json.loads(r.payload)["i"] for r in rows] == [1]  # found, once
+        assert status(engine, rows[0].id) == "published"
 
 
 def test_a_batch_read_before_a_crash_restart_moves_no_cursor_after_it() -> None:
-    with cluster() as node:
-        engine = migrated(node)
-        try:
-            reader = Reader(engine)
-            with engine.begin() as conn:
-                conn.execute(text("SET LOCAL synchronous_commit = on"))  # survives the crash
-                put(conn, "k", 0)
-            owned = reader.lanes.owned()
-            with engine.begin() as conn:
-                batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=owned,
-                                       limit=100)
-            [(lane, read)] = batch.reads.items()
-            engine.dispose()
-            crash(node)
-            with engine.begin() as conn:
-                moved = record(conn, "outboxkit", relay_id="reader",
-                               published=[Published(r, 0, r.id) for r in batch.rows],
-                               failed=[], set_aside=[],
-                               cursors={lane: (read.advanced(read.ids[-1]), 1)},
-                               blocking=False, incarnation=batch.incarnation,
-                               tokens=batch.tokens)
-            assert moved == []  # its cursor may count re-issued ids as seen: not stored
-            assert status(engine, batch.rows[0].id) == "pending"
-            assert [r.id for r in reader.drain()] == [batch.rows[0].id]  # sent again
-        finally:
-            engine.dispose()
+    with crashable() as (node, engine):
+        reader = Reader(engine)
+        with engine.begin() as conn:
+            conn.execute(text("SET LOCAL synchronous_commit = on"))  # survives the crash
+            put(conn, "k", 0)
+        owned = reader.lanes.owned()
+        with engine.begin() as conn:
+            batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=owned,
+                                   limit=100)
+        [(lane, read)] = batch.reads.items()
+        engine.dispose()
+        crash(node)
+        with engine.begin() as conn:
+            moved = record(conn, "outboxkit", relay_id="reader",
+                           published=[Published(r, 0, r.id) for r in batch.rows],
+                           failed=[], set_aside=[],
+                           cursors={lane: (read.advanced(read.ids[-1]), 1)},
+                           blocking=False, incarnation=batch.incarnation,
+                           tokens=batch.tokens)
+        assert moved == []  # its cursor may count re-issued ids as seen: not stored
+        assert status(engine, batch.rows[0].id) == "pending"
+        assert [r.id for r in reader.drain()] == [batch.rows[0].id]  # sent again
 
 
 def dump_and_restore(source: PostgresCluster, target: PostgresCluster) -> None:
