@@ -176,11 +176,18 @@ class Publisher:
     def _check_replication(self, admin: Admin, topic: str) -> None:
         """Say so when a topic the relay created has fewer replicas than the cluster allows:
         Apache Kafka's default.replication.factor is 1, and the relay asks for the default."""
-        try:
-            replicas, brokers = admin.replication(topic)
-        except KafkaClientError as exc:  # advisory: the topic is there and works
-            log.debug("could not read the replication of %s: %s", topic, describe(exc))
-            return
+        # The node asked may learn of the new topic a moment after the one that created it:
+        # 0 replicas means "not known here yet", not "fine".
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                replicas, brokers = admin.replication(topic)
+            except KafkaClientError as exc:  # advisory: the topic is there and works
+                log.debug("could not read the replication of %s: %s", topic, describe(exc))
+                return
+            if replicas or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         if under_replicated(replicas, brokers):
             log.warning(
                 "topic %s was created with %d replica(s) on a cluster of %d brokers: one "
