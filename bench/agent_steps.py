@@ -47,9 +47,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from outbox.dsn import sqlalchemy_url, with_database
-from outbox.migrate import migrate
-from outbox.states import RunState
+from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.db.migrate import migrate
+from outbox.runs.states import RunState
 from outbox_agents import DurableAgent
 
 GOAL_MS = 3.0

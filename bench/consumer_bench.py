@@ -79,9 +79,9 @@ from pydantic import BaseModel
 from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine, insert, text
 
 from consumers import Consumer, ConsumerSettings, HandlerContext, RetryLater, Runner
-from outbox.dsn import sqlalchemy_url, with_database
-from outbox.ids import uuid7
-from outbox.migrate import migrate
+from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.db.migrate import migrate
+from outbox.messages.ids import uuid7
 
 CLIENTS = ("kafka-python", "confluent")
 # Issue 15's goals. kafka-python, against its raw consumer: the README's per-message handler

@@ -1,8 +1,8 @@
 """What an outbox message costs an agent step, on durable PostgreSQL.
 
 One step = one transaction: the fenced checkpoint write of the run row (lease token and
-version checked in the UPDATE, ``outbox.runs.save_checkpoint``) and, in the "+msg"
-variant, one message emitted with the same lease (``outbox.emit.emit``), then COMMIT.
+version checked in the UPDATE, ``outbox.runs.lifecycle.save_checkpoint``) and, in the "+msg"
+variant, one message emitted with the same lease (``outbox.messages.emit.emit``), then COMMIT.
 Measured for the sync API, the async API, and raw psycopg (the same UPDATE, and UPDATE +
 plain INSERT) in the same run, with 4 and 16 concurrent workers; each worker is its own
 process with its own connection and its own run (processes, because two cores and the GIL
@@ -50,7 +50,7 @@ TOPIC = "bench.steps"
 
 
 def _lease(url: str, run_id: uuid.UUID) -> Any:
-    from outbox.leases import Lease  # noqa: PLC0415
+    from outbox.runs.leases import Lease  # noqa: PLC0415
 
     with psycopg.connect(url) as conn:
         row = conn.execute(
@@ -61,7 +61,7 @@ def _lease(url: str, run_id: uuid.UUID) -> Any:
 
 
 def _envelope(run_id: uuid.UUID, n: int) -> Any:
-    from outbox.envelope import Envelope  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
 
     return Envelope(
         topic=TOPIC,
@@ -80,9 +80,9 @@ def _run_sync(
 ) -> int:
     from sqlalchemy import create_engine  # noqa: PLC0415
 
-    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
-    from outbox.emit import emit  # noqa: PLC0415
-    from outbox.runs import save_checkpoint  # noqa: PLC0415
+    from outbox.db.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.messages.emit import emit  # noqa: PLC0415
+    from outbox.runs.lifecycle import save_checkpoint  # noqa: PLC0415
 
     engine = create_engine(sqlalchemy_url(url), pool_size=1)
     lease = _lease(url, run_id)
@@ -114,7 +114,7 @@ def _run_async(
     from sqlalchemy.ext.asyncio import create_async_engine  # noqa: PLC0415
 
     from outbox import aio  # noqa: PLC0415
-    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.db.dsn import sqlalchemy_url  # noqa: PLC0415
 
     async def main() -> int:
         engine = create_async_engine(sqlalchemy_url(url), pool_size=1)
@@ -205,7 +205,7 @@ RUNNERS: dict[str, Runner] = {"sync": _run_sync, "async": _run_async, "raw-sql":
 def _worker(tasks: Any, results: Any) -> None:
     """A long-lived worker process: run each task it is given, report its step count."""
     import outbox.aio  # noqa: PLC0415  # pay for imports once, before any measurement
-    import outbox.emit  # noqa: F401, PLC0415
+    import outbox.messages.emit  # noqa: F401, PLC0415
 
     results.put(("up", 0))
 
@@ -300,7 +300,7 @@ def measure(
 
 
 def create_database(admin_dsn: str) -> tuple[str, str]:
-    from outbox.dsn import with_database  # noqa: PLC0415
+    from outbox.db.dsn import with_database  # noqa: PLC0415
 
     name = f"outboxkit_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -317,8 +317,8 @@ def prepare(url: str, workers: int) -> list[uuid.UUID]:
     """Migrate, and give every worker a running run it holds the lease of."""
     from sqlalchemy import create_engine  # noqa: PLC0415
 
-    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
-    from outbox.migrate import migrate  # noqa: PLC0415
+    from outbox.db.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.db.migrate import migrate  # noqa: PLC0415
 
     engine = create_engine(sqlalchemy_url(url))
     try:
@@ -354,7 +354,7 @@ EMIT_MANY_GOAL = 20_000.0
 
 def _batch_envelopes(transactions: int, size: int) -> list[list[Any]]:
     """*transactions* lists of *size* envelopes: distinct keys, ~200-byte JSON payloads."""
-    from outbox.envelope import Envelope  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
 
     return [
         [
@@ -373,9 +373,9 @@ def _batch_envelopes(transactions: int, size: int) -> list[list[Any]]:
 def _emit_one_by_one(conn: Any, envelopes: list[Any]) -> None:
     """The old emit_many, kept here only to measure against: one statement per message,
     locks in the same global order (sorted by lock key, stable)."""
-    from outbox.emit import emit  # noqa: PLC0415
-    from outbox.envelope import encode  # noqa: PLC0415
-    from outbox.lanes import ordering_lock_key  # noqa: PLC0415
+    from outbox.messages.emit import emit  # noqa: PLC0415
+    from outbox.messages.envelope import encode  # noqa: PLC0415
+    from outbox.messages.lanes import ordering_lock_key  # noqa: PLC0415
     from outbox.settings import default_settings  # noqa: PLC0415
 
     settings = default_settings()
@@ -390,15 +390,16 @@ def _emit_one_by_one(conn: Any, envelopes: list[Any]) -> None:
 
 
 def _emit_many(conn: Any, envelopes: list[Any]) -> None:
-    from outbox.emit import emit_many  # noqa: PLC0415
+    from outbox.messages.emit import emit_many  # noqa: PLC0415
 
     emit_many(conn, envelopes)
 
 
 def _encode_us_per_msg(envelopes: list[Any]) -> float:
-    """CPU microseconds per message of validating and encoding alone (outbox.envelope.encode,
-    which emit_many runs for every envelope): what no statement shape can save."""
-    from outbox.envelope import encode  # noqa: PLC0415
+    """CPU microseconds per message of validating and encoding alone
+    (outbox.messages.envelope.encode, which emit_many runs for every envelope): what no statement
+    shape can save."""
+    from outbox.messages.envelope import encode  # noqa: PLC0415
     from outbox.settings import default_settings  # noqa: PLC0415
 
     settings = default_settings()
@@ -420,7 +421,7 @@ def emit_many_rounds(
     """Rows/s of each path, once per round, in a throwaway database (one process: this one)."""
     from sqlalchemy import create_engine  # noqa: PLC0415
 
-    from outbox.dsn import sqlalchemy_url  # noqa: PLC0415
+    from outbox.db.dsn import sqlalchemy_url  # noqa: PLC0415
 
     name, url = create_database(admin_dsn)
     samples: dict[str, list[float]] = {path: [] for path in EMIT_PATHS}
@@ -496,9 +497,9 @@ def emit_many_figures(samples: dict[str, list[float]], judged: bool) -> list[Fig
             "outbox.emit_many_encode_us_per_msg",
             encode_us,
             "us",
-            note=f"CPU per message of outbox.envelope.encode alone (validation, JSON, headers, "
-            f"size), median of rounds: one process cannot pass {1e6 / encode_us:,.0f} rows/s "
-            "even with a free database",
+            note=f"CPU per message of outbox.messages.envelope.encode alone (validation, JSON, "
+            f"headers, size), median of rounds: one process cannot pass {1e6 / encode_us:,.0f} "
+            "rows/s even with a free database",
         ),
         Figure(
             "outbox.emit_many_speedup",

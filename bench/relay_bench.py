@@ -10,7 +10,7 @@ refused if that does not take effect):
 (r) read ceiling: one Python process reads the same N rows with psycopg, keyset pages of
     1,000 by id; with (a) it gives the bound 1 / (1/(a) + 1/(r)) that (b) is held to;
 (b) throughput: one ``python -m relay`` process drains a backlog of the same N rows
-    (written by ``outbox.emit.emit`` once, then copied per round, to a topic of its own per
+    (written by ``outbox.messages.emit.emit`` once, then copied per round, to a topic of its own per
     drain); timed from the spawn of the process until the topic's end offsets add up to N
     (polled every 50 ms; nothing reads PostgreSQL meanwhile), and from the first record's
     broker append time to the last (LogAppendTime topics; no start-up). Meanwhile: CPU of
@@ -75,7 +75,7 @@ from figures import (  # bench/figures.py (on sys.path)
 )
 from sqlalchemy import Engine, create_engine
 
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.settings import OutboxSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -614,8 +614,8 @@ def _emit_worker(engine_url: str, topic: str, worker: int, workers: int, n: int)
     Workers get disjoint keys (KEYS is a multiple of *workers*): emit holds each key's
     advisory lock until commit, so overlapping keys in big transactions would deadlock.
     """
-    from outbox.emit import emit  # noqa: PLC0415
-    from outbox.envelope import Envelope  # noqa: PLC0415
+    from outbox.messages.emit import emit  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
 
     settings = OutboxSettings(schema_name=SCHEMA, lanes=LANES)
     engine = create_engine(engine_url, pool_size=1)
@@ -780,8 +780,8 @@ def _latency_writer(  # noqa: PLR0917 - a multiprocessing target
     engine_url: str, topic: str, rate: float, seconds: float, index: int, go: Any, out: Any
 ) -> None:
     """Paced single-message transactions; puts [(message id, wall clock after COMMIT)]."""
-    from outbox.emit import emit  # noqa: PLC0415
-    from outbox.envelope import Envelope  # noqa: PLC0415
+    from outbox.messages.emit import emit  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
 
     settings = OutboxSettings(schema_name=SCHEMA, lanes=LANES)
     engine = create_engine(engine_url, pool_size=1)
@@ -840,8 +840,8 @@ def run_writers(
 
 def warm_up(ctx: Ctx, relay: Relay, watch: TopicWatch) -> None:
     """One message through the relay: producer connected, topic known, relay idle again."""
-    from outbox.emit import emit  # noqa: PLC0415
-    from outbox.envelope import Envelope  # noqa: PLC0415
+    from outbox.messages.emit import emit  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
 
     engine = create_engine(ctx.engine_url, pool_size=1)
     try:
@@ -1178,7 +1178,7 @@ class Results:
 
 
 def run_all(ctx: Ctx, plan: dict[str, Any], samples: dict[str, Any] | None = None) -> list[Figure]:
-    from outbox.migrate import migrate  # noqa: PLC0415
+    from outbox.db.migrate import migrate  # noqa: PLC0415
 
     engine: Engine = create_engine(ctx.engine_url)
     try:

@@ -6,7 +6,7 @@ a real deployment has and a claim must not read: 1% running with live leases, 1%
 far timers, 1% queued with a ``not_before`` in the future; and a few due in every other way
 (waiting runs whose timer passed, running runs whose lease expired). Both schemas' key
 indexes are read into memory first (see warm). Then rounds of claims,
-alternating the two schemas: each claim is ``outbox.runs.claim`` in its own transaction,
+alternating the two schemas: each claim is ``outbox.runs.lifecycle.claim`` in its own transaction,
 committed (a worker taking work); the claim call is timed, the COMMIT is not (it costs the
 same at any depth). The figure is the median over rounds of each round's median claim time
 with 1,000,000 runs against 10,000; goal <= 1.5. Before migration 0007 it was ~12 ms against
@@ -29,9 +29,9 @@ from figures import Figure, fmt
 from figures import print_table as print_figures
 from sqlalchemy import Engine, create_engine, text
 
-from outbox.dsn import sqlalchemy_url, with_database
-from outbox.migrate import migrate
-from outbox.runs import claim
+from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.db.migrate import migrate
+from outbox.runs.lifecycle import claim
 from outbox.settings import OutboxSettings
 
 GOAL = 1.5

@@ -18,8 +18,8 @@ import psycopg
 from sqlalchemy import Engine, create_engine
 
 import outbox
-from outbox.dsn import sqlalchemy_url
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.envelope import Envelope
 from tests.e2e.pg_failover_support import migrate, pg_pair
 
 

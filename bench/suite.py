@@ -43,7 +43,7 @@ from durable import make_durable, show  # bench/durable.py
 from figures import Figure, print_table  # bench/figures.py
 from relay_bench import machine_info, services  # the relay bench knows how to start services
 
-from outbox.dsn import redact
+from outbox.db.dsn import redact
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from consumers.app import Consumer
 from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
-from outbox.entrypoints import add_setting_flags, explain
+from outbox.cli.daemon import EXIT_CONFIG, EXIT_FAILED, run_daemon
+from outbox.cli.flags import add_setting_flags, explain
 from outbox.errors import ConfigurationError
-from outbox.runtime import EXIT_CONFIG, EXIT_FAILED, run_daemon
 
 __all__ = ["EXIT_CONFIG", "EXIT_FAILED", "load_app", "main", "parser"]
 # Help and errors name the command as typed; ``outbox consume`` passes its own.

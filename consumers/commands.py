@@ -17,8 +17,8 @@ from consumers.errors import ConsumerError, FailureNotFound
 from consumers.replay import rehandle, republish
 from consumers.settings import ConsumerSettings
 from dedup.failures import STATUSES, FailedMessage, get_failure, list_failures
-from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
-from outbox.entrypoints import explain
+from outbox.cli.flags import explain
+from outbox.cli.main import database_url_option, echo_json, echo_table, one_line_errors, open_engine
 from outbox.errors import ConfigurationError
 from outbox.kafka import KafkaClientError
 from outbox.settings import OutboxSettings

@@ -14,9 +14,9 @@ from dedup.perform import perform
 from dedup.policy import ReconcilePolicy
 from dedup.reconcile import DEFAULT_POLICY
 from dedup.systems import System
-from outbox.confirm import Outcome, apply_confirmation
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
+from outbox.runs.confirm import Outcome, apply_confirmation
 from outbox.settings import OutboxSettings
 
 _new = object.__new__

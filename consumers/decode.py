@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 from consumers.context import HandlerContext
 from consumers.errors import MalformedMessage
 from consumers.handlers import Registration
-from outbox.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
+from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
 from outbox.settings import OutboxSettings
 
 MAX_MESSAGE_ID_BYTES = 512

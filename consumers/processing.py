@@ -47,10 +47,10 @@ from dedup.failures import headers_json
 from dedup.inbox import Mark, Marks, insert_new, mark, mark_many, unmark
 from dedup.operations import Operation
 from dedup.outstanding import awaited_operation
-from outbox import tracing
-from outbox.envelope import HEADER_RUN_ID
-from outbox.failpoints import failpoint
 from outbox.kafka import RecordTooLarge
+from outbox.messages.envelope import HEADER_RUN_ID
+from outbox.runtime import tracing
+from outbox.runtime.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def republish(
 ) -> Sent:
     """Send failure *failure_id*'s message to its original topic again; return where it went.
 
-    *engine* must carry the schema translate map (``outbox.schema.translate``).
+    *engine* must carry the schema translate map (``outbox.db.schema.translate``).
     """
     failure = _load(engine, failure_id)
     if failure.message_id is not None:

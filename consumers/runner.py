@@ -33,14 +33,14 @@ from consumers.unreadable import skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
-from outbox.dsn import engine_for, redact
+from outbox.db.dsn import engine_for, redact
+from outbox.db.migrate import check_schema
+from outbox.db.schema import translate
 from outbox.errors import ConfigurationError
-from outbox.failpoints import failpoint
 from outbox.kafka import Consumer as KafkaConsumer
 from outbox.kafka import ConsumerOptions, TopicPartition, UnreadableRecord
-from outbox.migrate import check_schema
 from outbox.runtime import Lifecycle, required_database_url
-from outbox.schema import translate
+from outbox.runtime.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 

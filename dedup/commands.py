@@ -36,10 +36,10 @@ from dedup.retention import (
     count_purgeable_operations,
     purge_operations,
 )
-from outbox.cli import database_url_option, echo_json, echo_table, one_line_errors, open_engine
-from outbox.commands import duration
+from outbox.cli.main import database_url_option, echo_json, echo_table, one_line_errors, open_engine
+from outbox.cli.operator import duration
+from outbox.db.tables import OPERATION_STATUSES
 from outbox.settings import OutboxSettings
-from outbox.tables import OPERATION_STATUSES
 
 
 @click.group("ops")

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
-from outbox.tables import consumer_failures
+from outbox.db.tables import consumer_failures
 
 STATUSES = ("retrying", "recovered", "dead-lettered", "replayed")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine
 
-from outbox.hashing import stable_hash64
-from outbox.queries import driver_sql, sql
+from outbox.db.hashing import stable_hash64
+from outbox.db.queries import driver_sql, sql
 from outbox.settings import OutboxSettings, default_settings
 
 

@@ -42,14 +42,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from dedup.errors import OperationNotFound, RequestMismatch
 from dedup.outcomes import Applied, Evidence, Found, Refused, canonical_digest
-from outbox.checkpoints import json_value
-from outbox.confirm import confirmation_plan
+from outbox.db.execution import Plan, Rows, SyncConn, run_plan
+from outbox.db.tables import agent_runs, operation_events, operations, run_transitions
 from outbox.errors import ConfigurationError, OutboxError
-from outbox.execution import Plan, Rows, SyncConn, run_plan
-from outbox.runs import move_plan
+from outbox.runs.checkpoints import json_value
+from outbox.runs.confirm import confirmation_plan
+from outbox.runs.lifecycle import move_plan
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.tables import agent_runs, operation_events, operations, run_transitions
 
 log = logging.getLogger(__name__)
 ops, events = operations, operation_events
@@ -316,7 +316,7 @@ def settle_run_plan(operation: Operation, *, actor: str) -> Plan[str | None]:
 
     A run this operation escalated to ``needs-human`` first goes back to ``waiting`` (a
     person, or a late answer, settled what it was escalated for). Then, for a settled
-    operation, the run is confirmed (:func:`outbox.confirm.confirmation_plan`): finished or
+    operation, the run is confirmed (:func:`outbox.runs.confirm.confirmation_plan`): finished or
     resumed as ``on_settle`` says. A run that cannot move is left as it is; the note says
     why and the operation's outcome stands.
     """

@@ -13,7 +13,7 @@ import uuid
 from sqlalchemy import select
 
 from dedup.operations import OPEN, Operation, fetch, ops
-from outbox.execution import SyncConn
+from outbox.db.execution import SyncConn
 from outbox.settings import OutboxSettings
 
 _OPEN_VALUES = sorted(s.value for s in OPEN)

@@ -11,7 +11,7 @@ its process died after — or while — sending; ``not-applied`` by a human's wo
 * nobody can say (status endpoint down, timeout) → the next query is scheduled with backoff
   (``next_check_at``); after ``max_checks`` unclear answers or ``max_age_seconds`` the
   operation goes to ``needs-human`` with its events as evidence, and its agent run (if any)
-  is moved to ``needs-human`` in the same transaction (``outbox.runs.move``).
+  is moved to ``needs-human`` in the same transaction (``outbox.runs.lifecycle.move``).
 
 Evidence is bounded (``ReconcilePolicy.evidence_*``): every answer is recorded with each
 value clipped to ``evidence_max_value_bytes`` (head, size, sha256), and an escalation copies
@@ -54,12 +54,12 @@ from dedup.operations import (
 from dedup.outcomes import Evidence, Found, NotFound, Unclear, bound_events, clip, clip_detail
 from dedup.policy import ReconcilePolicy
 from dedup.systems import System, ask, send
-from outbox.checkpoints import json_value
+from outbox.db.execution import SyncConn
 from outbox.errors import OutboxError
-from outbox.execution import SyncConn
-from outbox.runs import move
+from outbox.runs.checkpoints import json_value
+from outbox.runs.lifecycle import move
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
 
 log = logging.getLogger(__name__)
 DEFAULT_POLICY = ReconcilePolicy()

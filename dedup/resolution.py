@@ -31,8 +31,8 @@ from dedup.operations import (
     with_run_note,
 )
 from dedup.outcomes import Evidence
-from outbox.checkpoints import json_value
-from outbox.execution import SyncConn, run_plan
+from outbox.db.execution import SyncConn, run_plan
+from outbox.runs.checkpoints import json_value
 from outbox.settings import OutboxSettings
 
 

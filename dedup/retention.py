@@ -34,10 +34,10 @@ from sqlalchemy import Engine, delete, exists, func, or_, select
 
 from dedup.operations import SETTLED, events, ops
 from dedup.window import human_duration
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import consumer_failures
 from outbox.errors import ConfigurationError
-from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
-from outbox.tables import consumer_failures
 
 DAY = 86_400.0
 DEFAULT_OLDER_THAN_SECONDS = 30 * DAY

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from dedup.operations import Operation, mark_unknown, record_outcome
 from dedup.outcomes import Applied, CallOutcome, Found, NotFound, Refused, StatusOutcome, Unclear
 from dedup.policy import ReconcilePolicy
-from outbox.failpoints import failpoint
+from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)

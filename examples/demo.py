@@ -44,7 +44,7 @@ from examples.supplier_client import SupplierClient  # noqa: E402
 from examples.supplier_order import agent, invariants  # noqa: E402
 from examples.supplier_order.pipeline import Pipeline  # noqa: E402
 from outbox import migrate  # noqa: E402
-from outbox.dsn import redact, sqlalchemy_url  # noqa: E402
+from outbox.db.dsn import redact, sqlalchemy_url  # noqa: E402
 from outbox.testing.services import LocalServices  # noqa: E402
 
 ORDERS = 8

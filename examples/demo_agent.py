@@ -45,7 +45,7 @@ from examples.supplier_order.pipeline import Pipeline, Proc, free_port  # noqa: 
 from examples.support_agent.agent import durable  # noqa: E402
 from examples.support_agent.config import MODEL_LOG  # noqa: E402
 from outbox import history, migrate  # noqa: E402
-from outbox.dsn import redact, sqlalchemy_url  # noqa: E402
+from outbox.db.dsn import redact, sqlalchemy_url  # noqa: E402
 
 PROMPTS = {
     "A-1001": "Where is my order A-1001? It was due last week.",

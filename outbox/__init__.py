@@ -6,11 +6,7 @@ the caller's transaction. Nothing here commits. The asyncio twin of ``outbox.X``
 ``outbox.aio.X``; ``settings=`` (keyword-only, default: the environment) binds the rest.
 """
 
-from outbox.approvals import Approval, ApprovalCheck, grant, request_approval, revalidate, revoke
-from outbox.artifacts import ArtifactRef, load_artifact, store_artifact
-from outbox.confirm import Confirmation, apply_confirmation, confirmations
-from outbox.emit import emit, emit_many
-from outbox.envelope import Envelope
+from outbox.db.migrate import check_schema, migrate, pending_sql
 from outbox.errors import (
     ApprovalInvalid,
     ArtifactNotFound,
@@ -31,12 +27,20 @@ from outbox.errors import (
     WorkflowRetired,
 )
 from outbox.handle import ClaimedRun, claim
-from outbox.leases import Lease
-from outbox.migrate import check_schema, migrate, pending_sql
-from outbox.retention import purge, purge_batch
-from outbox.retry import RetryOutcome, RetryPolicy, handle_failure
-from outbox.runlog import read_log
-from outbox.runs import (
+from outbox.messages.emit import emit, emit_many
+from outbox.messages.envelope import Envelope
+from outbox.runs.approvals import (
+    Approval,
+    ApprovalCheck,
+    grant,
+    request_approval,
+    revalidate,
+    revoke,
+)
+from outbox.runs.artifacts import ArtifactRef, load_artifact, store_artifact
+from outbox.runs.confirm import Confirmation, apply_confirmation, confirmations
+from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import (
     Run,
     Transition,
     get_run,
@@ -49,9 +53,12 @@ from outbox.runs import (
     transition,
     wake,
 )
-from outbox.states import RunState
-from outbox.steps import StepRecord, StepRun, record, recorded, run_step
-from outbox.workflows import VersionPolicy, Workflow, register, retire
+from outbox.runs.retention import purge, purge_batch
+from outbox.runs.retry import RetryOutcome, RetryPolicy, handle_failure
+from outbox.runs.runlog import read_log
+from outbox.runs.states import RunState
+from outbox.runs.steps import StepRecord, StepRun, record, recorded, run_step
+from outbox.runs.workflows import VersionPolicy, Workflow, register, retire
 
 __all__ = [
     "Approval",

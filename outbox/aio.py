@@ -4,10 +4,10 @@ One convention: the asyncio twin of ``outbox.X`` is ``outbox.aio.X``, same name,
 arguments, awaited; no other name says "async". Every function takes the caller's
 ``AsyncConnection`` or ``AsyncSession`` and **never commits** (except :func:`purge`, a
 maintenance job that commits per batch, like its sync twin); see the sync functions in
-:mod:`outbox.runs`, :mod:`outbox.steps`, :mod:`outbox.retry`, :mod:`outbox.approvals`,
-:mod:`outbox.artifacts`, :mod:`outbox.workflows`, :mod:`outbox.emit`, :mod:`outbox.confirm`
-and :mod:`outbox.retention` for what each one does.
-"""
+:mod:`outbox.runs.lifecycle`, :mod:`outbox.runs.steps`, :mod:`outbox.runs.retry`,
+:mod:`outbox.runs.approvals`, :mod:`outbox.runs.artifacts`, :mod:`outbox.runs.workflows`,
+:mod:`outbox.messages.emit`, :mod:`outbox.runs.confirm` and :mod:`outbox.runs.retention` for what
+each one does. """
 
 from __future__ import annotations
 
@@ -20,20 +20,21 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from outbox import approvals, artifacts, fencing, retry, runlog, runs, steps, workflows
-from outbox.checkpoints import KEEP, checked_json
-from outbox.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
-from outbox.emit import _emit_async, _emit_many_async
-from outbox.envelope import Envelope
-from outbox.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
-from outbox.failpoints import failpoint
+from outbox.db.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
+from outbox.db.queries import driver_sql
 from outbox.handle import RunHandle, transition_ends
-from outbox.leases import Lease
-from outbox.queries import driver_sql
-from outbox.retention import DEFAULT_STATES, Progress, purge_batch_plan, purgeable_plan
+from outbox.messages.emit import _emit_async, _emit_many_async
+from outbox.messages.envelope import Envelope
+from outbox.runs import approvals, artifacts, fencing, retry, runlog, steps, workflows
+from outbox.runs import lifecycle as runs
+from outbox.runs.checkpoints import KEEP, checked_json
+from outbox.runs.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
+from outbox.runs.leases import Lease
+from outbox.runs.retention import DEFAULT_STATES, Progress, purge_batch_plan, purgeable_plan
+from outbox.runs.states import RunState
+from outbox.runs.workflows import Workflow
+from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings, default_settings
-from outbox.states import RunState
-from outbox.workflows import Workflow
 
 T = TypeVar("T")
 
@@ -76,7 +77,7 @@ async def start_run(conn: AsyncConn, *, workflow: str, workflow_version: str,
                     idempotency_key: str, checkpoint: Any = None,
                     prompt_version: str | None = None, tool_schema_version: str | None = None,
                     settings: OutboxSettings | None = None) -> runs.Run:
-    """Async :func:`outbox.runs.start_run`."""
+    """Async :func:`outbox.runs.lifecycle.start_run`."""
     return await run_plan_async(conn, runs.start_run_plan(
         workflow=workflow, workflow_version=workflow_version, idempotency_key=idempotency_key,
         checkpoint=checkpoint, prompt_version=prompt_version,
@@ -98,7 +99,7 @@ async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
                      actor: str | None = None, checkpoint: Any = KEEP,
                      wake_at: datetime | timedelta | None = None,
                      settings: OutboxSettings | None = None) -> Lease:
-    """Async :func:`outbox.runs.transition`."""
+    """Async :func:`outbox.runs.lifecycle.transition`."""
     return await run_plan_async(conn, runs.transition_plan(
         lease, to, step=step, reason=reason, evidence=evidence, actor=actor,
         checkpoint=checkpoint, wake_at=wake_at, settings=settings), settings)
@@ -107,7 +108,7 @@ async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
 async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
                           step: str | None = None, log: runlog.Log | None = None,
                           settings: OutboxSettings | None = None) -> Lease:
-    """Async :func:`outbox.runs.save_checkpoint`: the same fenced write, as one statement
+    """Async :func:`outbox.runs.lifecycle.save_checkpoint`: the same fenced write, as one statement
     sent straight to psycopg (a durable agent saves one per model response and tool round;
     through SQLAlchemy Core the write cost ~2.7 ms of client CPU, this way ~1 ms)."""
     seqs, entries = runlog.encoded(log, settings)
@@ -118,7 +119,7 @@ async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
     try:
         row = await driver_row_async(
-            connection, driver_sql("outbox", "save_checkpoint", schema), params)
+            connection, driver_sql("outbox.db", "save_checkpoint", schema), params)
     except ProgrammingError as exc:
         if (translated := missing_schema(exc, settings)) is None:
             raise
@@ -135,19 +136,19 @@ async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
 
 async def read_log(conn: AsyncConn, run_id: uuid.UUID, *, upto: int | None = None,
                    settings: OutboxSettings | None = None) -> list[Any]:
-    """Async :func:`outbox.runlog.read_log`."""
+    """Async :func:`outbox.runs.runlog.read_log`."""
     return await run_plan_async(conn, runlog.read_plan(run_id, upto), settings)
 
 
 async def renew(conn: AsyncConn, lease: Lease, lease_seconds: float, *,
                 settings: OutboxSettings | None = None) -> Lease:
-    """Async :func:`outbox.runs.renew`."""
+    """Async :func:`outbox.runs.lifecycle.renew`."""
     return await run_plan_async(conn, runs.renew_plan(lease, lease_seconds), settings)
 
 
 async def release(conn: AsyncConn, lease: Lease, *, reason: str | None = None,
                   settings: OutboxSettings | None = None) -> None:
-    """Async :func:`outbox.runs.release`."""
+    """Async :func:`outbox.runs.lifecycle.release`."""
     await run_plan_async(conn, runs.release_plan(lease, reason), settings)
 
 
@@ -155,7 +156,7 @@ async def move(conn: AsyncConn, run_id: uuid.UUID, to: RunState | str, *, actor:
                reason: str | None = None, evidence: Any = None,
                not_before: datetime | timedelta | None = None,
                settings: OutboxSettings | None = None) -> runs.Run:
-    """Async :func:`outbox.runs.move`."""
+    """Async :func:`outbox.runs.lifecycle.move`."""
     return await run_plan_async(conn, runs.move_plan(
         run_id, to, actor=actor, reason=reason, evidence=evidence, not_before=not_before),
         settings)
@@ -163,31 +164,31 @@ async def move(conn: AsyncConn, run_id: uuid.UUID, to: RunState | str, *, actor:
 
 async def wake(conn: AsyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
                settings: OutboxSettings | None = None) -> runs.Run:
-    """Async :func:`outbox.runs.wake`."""
+    """Async :func:`outbox.runs.lifecycle.wake`."""
     return await run_plan_async(conn, runs.wake_plan(run_id, at), settings)
 
 
 async def get_run(conn: AsyncConn, run_id: uuid.UUID, *,
                   settings: OutboxSettings | None = None) -> runs.Run:
-    """Async :func:`outbox.runs.get_run`."""
+    """Async :func:`outbox.runs.lifecycle.get_run`."""
     return await run_plan_async(conn, runs.get_run_plan(run_id), settings)
 
 
 async def history(conn: AsyncConn, run_id: uuid.UUID, *,
                   settings: OutboxSettings | None = None) -> list[runs.Transition]:
-    """Async :func:`outbox.runs.history`."""
+    """Async :func:`outbox.runs.lifecycle.history`."""
     return await run_plan_async(conn, runs.history_plan(run_id), settings)
 
 
 async def recorded(conn: AsyncConn, run_id: uuid.UUID, step_key: str, *,
                    settings: OutboxSettings | None = None) -> steps.StepRecord | None:
-    """Async :func:`outbox.steps.recorded`."""
+    """Async :func:`outbox.runs.steps.recorded`."""
     return await run_plan_async(conn, steps.recorded_plan(run_id, step_key), settings)
 
 
 async def record(conn: AsyncConn, lease: Lease, step_key: str, result: Any, *,
                  checkpoint: Any = KEEP, settings: OutboxSettings | None = None) -> Lease:
-    """Async :func:`outbox.steps.record`."""
+    """Async :func:`outbox.runs.steps.record`."""
     return await run_plan_async(
         conn, steps.record_plan(lease, step_key, result, checkpoint, settings), settings)
 
@@ -196,7 +197,7 @@ async def run_step(conn: AsyncConn, lease: Lease, step_key: str,
                    fn: Callable[[], Awaitable[T]], *, regenerable: bool = False,
                    checkpoint: Any = KEEP,
                    settings: OutboxSettings | None = None) -> steps.StepRun[T]:
-    """Async :func:`outbox.steps.run_step`: *fn* is a coroutine function."""
+    """Async :func:`outbox.runs.steps.run_step`: *fn* is a coroutine function."""
     if regenerable:
         return steps.StepRun(await fn(), lease, replayed=False)
     found = await run_plan_async(conn, steps.lookup_plan(lease, step_key), settings)
@@ -212,7 +213,7 @@ async def handle_failure(conn: AsyncConn, lease: Lease, error: BaseException, *,
                          policy: retry.RetryPolicy, step: str | None = None,
                          rng: random.Random | None = None,
                          settings: OutboxSettings | None = None) -> retry.RetryOutcome:
-    """Async :func:`outbox.retry.handle_failure`."""
+    """Async :func:`outbox.runs.retry.handle_failure`."""
     return await run_plan_async(
         conn, retry.handle_failure_plan(lease, error, policy, step, rng), settings)
 
@@ -220,60 +221,60 @@ async def handle_failure(conn: AsyncConn, lease: Lease, error: BaseException, *,
 async def store_artifact(conn: AsyncConn, content: bytes, *,
                          media_type: str = "application/octet-stream",
                          settings: OutboxSettings | None = None) -> artifacts.ArtifactRef:
-    """Async :func:`outbox.artifacts.store_artifact`."""
+    """Async :func:`outbox.runs.artifacts.store_artifact`."""
     return await run_plan_async(conn, artifacts.store_plan(content, media_type), settings)
 
 
 async def load_artifact(conn: AsyncConn, ref: artifacts.ArtifactRef | str, *,
                         settings: OutboxSettings | None = None) -> bytes:
-    """Async :func:`outbox.artifacts.load_artifact`."""
+    """Async :func:`outbox.runs.artifacts.load_artifact`."""
     return await run_plan_async(conn, artifacts.load_plan(ref), settings)
 
 
 async def request_approval(conn: AsyncConn, run_id: uuid.UUID, *, scope: Mapping[str, Any],
                            expires_at: datetime | timedelta, reason: str | None = None,
                            settings: OutboxSettings | None = None) -> approvals.Approval:
-    """Async :func:`outbox.approvals.request_approval`."""
+    """Async :func:`outbox.runs.approvals.request_approval`."""
     return await run_plan_async(
         conn, approvals.request_plan(run_id, scope, expires_at, reason), settings)
 
 
 async def grant(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
                 settings: OutboxSettings | None = None) -> approvals.Approval:
-    """Async :func:`outbox.approvals.grant`."""
+    """Async :func:`outbox.runs.approvals.grant`."""
     return await run_plan_async(conn, approvals.grant_plan(approval_id, by), settings)
 
 
 async def revoke(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
                  reason: str | None = None,
                  settings: OutboxSettings | None = None) -> approvals.Approval:
-    """Async :func:`outbox.approvals.revoke`."""
+    """Async :func:`outbox.runs.approvals.revoke`."""
     return await run_plan_async(conn, approvals.revoke_plan(approval_id, by, reason), settings)
 
 
 async def revalidate(conn: AsyncConn, lease: Lease, approval_id: uuid.UUID, *,
                      scope: Mapping[str, Any],
                      settings: OutboxSettings | None = None) -> approvals.ApprovalCheck:
-    """Async :func:`outbox.approvals.revalidate`."""
+    """Async :func:`outbox.runs.approvals.revalidate`."""
     return await run_plan_async(
         conn, approvals.revalidate_plan(lease, approval_id, scope, settings), settings)
 
 
 async def register(conn: AsyncConn, workflow: Workflow, *,
                    settings: OutboxSettings | None = None) -> None:
-    """Async :func:`outbox.workflows.register`."""
+    """Async :func:`outbox.runs.workflows.register`."""
     await run_plan_async(conn, workflows.register_plan(workflow), settings)
 
 
 async def retire(conn: AsyncConn, name: str, *, reason: str,
                  settings: OutboxSettings | None = None) -> None:
-    """Async :func:`outbox.workflows.retire`."""
+    """Async :func:`outbox.runs.workflows.retire`."""
     await run_plan_async(conn, workflows.retire_plan(name, reason), settings)
 
 
 async def emit(conn: AsyncConn, envelope: Envelope, *, lease: Lease | None = None,
                settings: OutboxSettings | None = None, notify: bool = True) -> uuid.UUID:
-    """Async :func:`outbox.emit.emit`; never commits."""
+    """Async :func:`outbox.messages.emit.emit`; never commits."""
     # emit runs driver SQL, not a plan: its async body lives beside the sync one it mirrors.
     return await _emit_async(conn, envelope, lease=lease, settings=settings, notify=notify)
 
@@ -281,7 +282,7 @@ async def emit(conn: AsyncConn, envelope: Envelope, *, lease: Lease | None = Non
 async def emit_many(conn: AsyncConn, envelopes: Sequence[Envelope], *,
                     lease: Lease | None = None, settings: OutboxSettings | None = None,
                     notify: bool = True) -> list[uuid.UUID]:
-    """Async :func:`outbox.emit.emit_many`; never commits."""
+    """Async :func:`outbox.messages.emit.emit_many`; never commits."""
     return await _emit_many_async(conn, envelopes, lease=lease, settings=settings,
                                   notify=notify)
 
@@ -290,7 +291,7 @@ async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
                              confirmation_id: str | uuid.UUID, outcome: Outcome, evidence: Any,
                              actor: str, reason: str | None = None,
                              settings: OutboxSettings | None = None) -> bool:
-    """Async :func:`outbox.confirm.apply_confirmation`; never commits."""
+    """Async :func:`outbox.runs.confirm.apply_confirmation`; never commits."""
     plan = confirmation_plan(run_id, str(confirmation_id), outcome=outcome, evidence=evidence,
                              actor=actor, reason=reason)
     return await run_plan_async(conn, plan, settings)
@@ -299,14 +300,14 @@ async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
 async def confirmations(conn: AsyncConn, run_id: uuid.UUID, *,
                         ids: Collection[str | uuid.UUID] | None = None,
                         settings: OutboxSettings | None = None) -> dict[str, Confirmation]:
-    """Async :func:`outbox.confirm.confirmations`."""
+    """Async :func:`outbox.runs.confirm.confirmations`."""
     return await run_plan_async(conn, confirmations_plan(run_id, ids), settings)
 
 
 async def purge_batch(conn: AsyncConn, *, older_than: timedelta, batch_size: int = 100,
                       archive: bool = False, states: Collection[RunState | str] = DEFAULT_STATES,
                       settings: OutboxSettings | None = None) -> int:
-    """Async :func:`outbox.retention.purge_batch`; never commits."""
+    """Async :func:`outbox.runs.retention.purge_batch`; never commits."""
     return await run_plan_async(
         conn, purge_batch_plan(older_than, batch_size, archive, states), settings)
 
@@ -314,7 +315,7 @@ async def purge_batch(conn: AsyncConn, *, older_than: timedelta, batch_size: int
 async def purgeable(conn: AsyncConn, *, older_than: timedelta,
                     states: Collection[RunState | str] = DEFAULT_STATES,
                     settings: OutboxSettings | None = None) -> int:
-    """Async :func:`outbox.retention.purgeable`; reads only."""
+    """Async :func:`outbox.runs.retention.purgeable`; reads only."""
     return await run_plan_async(conn, purgeable_plan(older_than, states), settings)
 
 
@@ -323,7 +324,7 @@ async def purge(engine: AsyncEngine, *, older_than: timedelta, batch_size: int =
                 states: Collection[RunState | str] = DEFAULT_STATES,
                 settings: OutboxSettings | None = None,
                 on_batch: Callable[[int], object] | None = None) -> int:
-    """Async :func:`outbox.retention.purge`: commits one transaction per batch."""
+    """Async :func:`outbox.runs.retention.purge`: commits one transaction per batch."""
     progress = Progress(batch_size, on_batch)
     for _ in range(max_batches):
         async with engine.begin() as conn:

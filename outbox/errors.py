@@ -62,9 +62,9 @@ class SchemaError(OutboxError):
 class InvalidMessage(OutboxError):
     """An envelope failed validation before anything was written; fix *field* and emit again.
 
-    Raised both when an :class:`~outbox.envelope.Envelope` is built with a value of the wrong
-    type (pydantic's ``ValidationError`` is then its ``__cause__``) and when ``emit`` checks
-    its content. *index* is the envelope's position in an ``emit_many`` batch.
+    Raised both when an :class:`~outbox.messages.envelope.Envelope` is built with a value of
+    the wrong type (pydantic's ``ValidationError`` is then its ``__cause__``) and when ``emit``
+    checks its content. *index* is the envelope's position in an ``emit_many`` batch.
     """
 
     def __init__(self, field: str, reason: str, *, index: int | None = None) -> None:
@@ -140,7 +140,7 @@ class IllegalTransition(RunError):
         super().__init__(
             f"{where} cannot move from {from_state!r} to {to_state!r}"
             + (f": {detail}" if detail else "")
-            + "; nothing was written (see outbox.states.ALLOWED for the moves that are)"
+            + "; nothing was written (see outbox.runs.states.ALLOWED for the moves that are)"
         )
         self.run_id, self.from_state, self.to_state, self.detail = (
             run_id, from_state, to_state, detail)
@@ -218,8 +218,8 @@ class KafkaClientIncompatible(ConfigurationError):
     def __init__(self, version: str, problems: list[str], supported: str) -> None:
         super().__init__(
             f"kafka-python {version} is installed, and outboxkit cannot apply its fixes for "
-            f"kafka-python bugs (outbox/kafka_fix.py): {'; '.join(problems)}. Nothing was "
-            f"patched. outboxkit supports {supported} (pyproject.toml); install that, or use "
-            "OUTBOXKIT_KAFKA_CLIENT=confluent"
+            f"kafka-python bugs (outbox/kafka/kafka_python_fixes.py): {'; '.join(problems)}. "
+            f"Nothing was patched. outboxkit supports {supported} (pyproject.toml); install that, "
+            "or use OUTBOXKIT_KAFKA_CLIENT=confluent"
         )
         self.version, self.problems, self.supported = version, problems, supported

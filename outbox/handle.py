@@ -1,9 +1,9 @@
 """A claimed run as one handle: its connection, its settings and its current lease.
 
 :func:`claim` returns a :class:`ClaimedRun`. Each write through it calls the lease function
-of the same name (:mod:`outbox.runs`, :mod:`outbox.steps`, :mod:`outbox.retry`,
-:mod:`outbox.approvals`, :mod:`outbox.emit`) with the handle's lease and keeps the lease that
-write returned, so nobody threads a :class:`~outbox.leases.Lease` by hand. Like those
+of the same name (:mod:`outbox.runs.lifecycle`, :mod:`outbox.runs.steps`, :mod:`outbox.runs.retry`,
+:mod:`outbox.runs.approvals`, :mod:`outbox.emit`) with the handle's lease and keeps the lease that
+write returned, so nobody threads a :class:`~outbox.runs.leases.Lease` by hand. Like those
 functions, the handle never commits. The asyncio twin is :class:`outbox.aio.AsyncClaimedRun`.
 
 A handle belongs to one transaction. Workers often claim in one transaction and work in the
@@ -25,17 +25,18 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, Self, TypeVar
 
-from outbox import approvals, retry, runlog, runs, steps
-from outbox.checkpoints import KEEP
-from outbox.emit import emit as emit_one
-from outbox.emit import emit_many as emit_several
-from outbox.envelope import Envelope
+from outbox.db.execution import SyncConn
 from outbox.errors import LeaseSpent
-from outbox.execution import SyncConn
-from outbox.leases import Lease
+from outbox.messages.emit import emit as emit_one
+from outbox.messages.emit import emit_many as emit_several
+from outbox.messages.envelope import Envelope
+from outbox.runs import approvals, retry, runlog, steps
+from outbox.runs import lifecycle as runs
+from outbox.runs.checkpoints import KEEP
+from outbox.runs.leases import Lease
+from outbox.runs.states import RunState
+from outbox.runs.workflows import Workflow
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.workflows import Workflow
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -102,7 +103,7 @@ class ClaimedRun(RunHandle[SyncConn]):
     def transition(self, to: RunState | str, *, step: str | None = None,
                    reason: str | None = None, evidence: Any = None, actor: str | None = None,
                    checkpoint: Any = KEEP, wake_at: datetime | timedelta | None = None) -> None:
-        """:func:`outbox.runs.transition`; it ends the lease (the run leaves ``running``)."""
+        """Move the run (:func:`outbox.runs.lifecycle.transition`); it ends the lease."""
         lease = runs.transition(self.conn, self._held(), to, step=step, reason=reason,
                                 evidence=evidence, actor=actor, checkpoint=checkpoint,
                                 wake_at=wake_at, settings=self.settings)
@@ -110,27 +111,27 @@ class ClaimedRun(RunHandle[SyncConn]):
 
     def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,
                         log: runlog.Log | None = None) -> None:
-        """:func:`outbox.runs.save_checkpoint`."""
+        """:func:`outbox.runs.lifecycle.save_checkpoint`."""
         self._kept(runs.save_checkpoint(self.conn, self._held(), checkpoint, step=step,
                                         log=log, settings=self.settings))
 
     def renew(self, lease_seconds: float) -> None:
-        """:func:`outbox.runs.renew`: extend the lease to ``now() + lease_seconds``."""
+        """:func:`outbox.runs.lifecycle.renew`: extend the lease to ``now() + lease_seconds``."""
         self._kept(runs.renew(self.conn, self._held(), lease_seconds, settings=self.settings))
 
     def release(self, *, reason: str | None = None) -> None:
-        """:func:`outbox.runs.release`: give the run back; it ends the lease."""
+        """:func:`outbox.runs.lifecycle.release`: give the run back; it ends the lease."""
         runs.release(self.conn, self._held(), reason=reason, settings=self.settings)
         self._ended_by = "release()"
 
     def record(self, step_key: str, result: Any, *, checkpoint: Any = KEEP) -> None:
-        """:func:`outbox.steps.record`."""
+        """:func:`outbox.runs.steps.record`."""
         self._kept(steps.record(self.conn, self._held(), step_key, result,
                                 checkpoint=checkpoint, settings=self.settings))
 
     def run_step(self, step_key: str, fn: Callable[[], T], *, regenerable: bool = False,
                  checkpoint: Any = KEEP) -> steps.StepRun[T]:
-        """:func:`outbox.steps.run_step`: the recorded result, or *fn*'s, recorded once."""
+        """:func:`outbox.runs.steps.run_step`: the recorded result, or *fn*'s, recorded once."""
         done = steps.run_step(self.conn, self._held(), step_key, fn, regenerable=regenerable,
                               checkpoint=checkpoint, settings=self.settings)
         self._kept(done.lease)
@@ -139,7 +140,7 @@ class ClaimedRun(RunHandle[SyncConn]):
     def handle_failure(self, error: BaseException, *, policy: retry.RetryPolicy,
                        step: str | None = None,
                        rng: random.Random | None = None) -> retry.RetryOutcome:
-        """:func:`outbox.retry.handle_failure`; it ends the lease (requeued or given up)."""
+        """:func:`outbox.runs.retry.handle_failure`; it ends the lease (requeued or given up)."""
         outcome = retry.handle_failure(self.conn, self._held(), error, policy=policy, step=step,
                                        rng=rng, settings=self.settings)
         self._kept(outcome.lease, ends=f"handle_failure(), which moved the run to "
@@ -148,19 +149,19 @@ class ClaimedRun(RunHandle[SyncConn]):
 
     def revalidate(self, approval_id: uuid.UUID, *,
                    scope: Mapping[str, Any]) -> approvals.ApprovalCheck:
-        """:func:`outbox.approvals.revalidate`; an approval that does not hold ends the lease."""
+        """:func:`outbox.runs.approvals.revalidate`; an approval that fails ends the lease."""
         check = approvals.revalidate(self.conn, self._held(), approval_id, scope=scope,
                                      settings=self.settings)
         return self._after_check(check, approval_id)
 
     def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
-        """:func:`outbox.emit.emit`, fenced by the lease; the message gets this run's id.
+        """:func:`outbox.messages.emit.emit`, fenced by the lease; the message gets this run's id.
         ``notify=False`` for a transaction that will be prepared (two-phase commit)."""
         return emit_one(self.conn, envelope, lease=self._held(), settings=self.settings,
                         notify=notify)
 
     def emit_many(self, envelopes: Sequence[Envelope], *, notify: bool = True) -> list[uuid.UUID]:
-        """:func:`outbox.emit.emit_many`, fenced by the lease."""
+        """:func:`outbox.messages.emit.emit_many`, fenced by the lease."""
         return emit_several(self.conn, envelopes, lease=self._held(), settings=self.settings,
                             notify=notify)
 
@@ -170,7 +171,7 @@ def claim(conn: SyncConn, *, worker: str, lease_seconds: float,
           settings: OutboxSettings | None = None) -> ClaimedRun | None:
     """Lease one runnable run to *worker* and return its handle, or ``None``; never commits.
 
-    :func:`outbox.runs.claim` says which runs are runnable; it returns the bare run and
+    :func:`outbox.runs.lifecycle.claim` says which runs are runnable; it returns the bare run and
     lease, for callers who thread the lease themselves. The handle carries *settings* to
     every write. Commit promptly: the run's row stays locked until then.
     """

@@ -30,9 +30,9 @@ class OutboxSettings(BaseSettings):
         description="Largest message emit accepts, counted as the Kafka record the relay "
         "sends: key + payload + headers (with room for a tracing relay's traceparent) + the "
         "record's and its batch's framing + room for compression to grow incompressible data "
-        "(outbox.envelope.record_size). Keep it at most the relay's max_request_bytes and the "
-        "topics' max.message.bytes (1 MiB by default, like this): then whatever emit accepts "
-        "is publishable.",
+        "(outbox.messages.envelope.record_size). Keep it at most the relay's max_request_bytes "
+        "and the topics' max.message.bytes (1 MiB by default, like this): then whatever emit "
+        "accepts is publishable.",
     )
     max_checkpoint_bytes: int = Field(
         default=65_536,

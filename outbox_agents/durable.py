@@ -52,15 +52,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import aio
 from outbox.aio import AsyncClaimedRun
-from outbox.envelope import Envelope
+from outbox.db.execution import AsyncConn
 from outbox.errors import ConfigurationError, InvalidMessage, LeaseLost, LeaseSpent
-from outbox.execution import AsyncConn
-from outbox.failpoints import failpoint
-from outbox.retry import RetryPolicy
-from outbox.runs import Run
+from outbox.messages.envelope import Envelope
+from outbox.runs.lifecycle import Run
+from outbox.runs.retry import RetryPolicy
+from outbox.runs.states import RunState
+from outbox.runs.workflows import Migration, VersionPolicy, Workflow
+from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.workflows import Migration, VersionPolicy, Workflow
 from outbox_agents.effects import EFFECT, Effects
 from outbox_agents.state import AgentState, History, Pending, effect_message_id, messages_from
 from outbox_agents.version import agent_version

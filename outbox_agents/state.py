@@ -42,7 +42,7 @@ class Pending(BaseModel):
 class AgentState(BaseModel):
     """The checkpoint of a durable agent run (``format`` guards against other layouts).
 
-    The message history is not in it: it is the run's log (:mod:`outbox.runlog`), one entry
+    The message history is not in it: it is the run's log (:mod:`outbox.runs.runlog`), one entry
     per message, of which the first ``logged`` are this state's.
     """
 

@@ -2,7 +2,7 @@
 
 A run started under one version and resumed by a worker whose agent differs (another model,
 new instructions, a changed tool schema) is a version change: the workflow's
-:class:`~outbox.workflows.VersionPolicy` decides (go on, migrate the checkpoint, or send the
+:class:`~outbox.runs.workflows.VersionPolicy` decides (go on, migrate the checkpoint, or send the
 run to ``needs-human`` for review, the default).
 """
 

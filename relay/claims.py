@@ -18,8 +18,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox.messages import FAILURES_LOCK
-from outbox.queries import driver_sql, sql
+from outbox.db.queries import driver_sql, sql
+from outbox.messages.backlog import FAILURES_LOCK
 from relay.cursors import Cursor, LaneRead
 from relay.history import HistoryMoved
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from outbox.entrypoints import add_setting_flags, explain
-from outbox.runtime import EXIT_CONFIG, run_daemon
+from outbox.cli.daemon import EXIT_CONFIG, run_daemon
+from outbox.cli.flags import add_setting_flags, explain
 from outbox.settings import OutboxSettings
 from relay.daemon import Relay
 from relay.settings import RelaySettings

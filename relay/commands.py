@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from outbox.cli import EXIT_USAGE, database_url_option, one_line_errors, require_url
-from outbox.dsn import engine_for
+from outbox.cli.main import EXIT_USAGE, database_url_option, one_line_errors, require_url
+from outbox.db.dsn import engine_for
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 from relay import cli

@@ -24,12 +24,12 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.backoff import Backoff
-from outbox.dsn import engine_for, libpq_url, redact
+from outbox.db.dsn import engine_for, libpq_url, redact
+from outbox.db.queries import driver_sql, sql
 from outbox.errors import ConfigurationError
-from outbox.failpoints import failpoint
 from outbox.kafka import KafkaClientError
-from outbox.queries import driver_sql, sql
 from outbox.runtime import Lifecycle, required_database_url
+from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings
 from relay.claims import (
     CLAIM_PLANNER,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, TextClause
 
-from outbox.queries import sql
+from outbox.db.queries import sql
 
 log = logging.getLogger(__name__)
 

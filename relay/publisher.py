@@ -11,9 +11,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from outbox import tracing
-from outbox.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID, HEADER_TYPE
-from outbox.failpoints import failpoint
 from outbox.kafka import (
     Admin,
     Delivery,
@@ -25,6 +22,9 @@ from outbox.kafka import (
     TopicInvalid,
     TopicPartition,
 )
+from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID, HEADER_TYPE
+from outbox.runtime import tracing
+from outbox.runtime.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
 from relay.settings import RelaySettings
 
@@ -46,8 +46,8 @@ def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
 def publish_span(row: OutboxRow) -> Any:
     """A started PRODUCER span for sending *row*: the child of the context its emit recorded.
 
-    Only call it when tracing is on (:func:`outbox.tracing.enabled`); end it with
-    :func:`outbox.tracing.finish` once Kafka answered.
+    Only call it when tracing is on (:func:`outbox.runtime.tracing.enabled`); end it with
+    :func:`outbox.runtime.tracing.finish` once Kafka answered.
     """
     span = tracing.start_detached("outbox.publish", kind="producer", parent=row.headers)
     tracing.set_attributes(

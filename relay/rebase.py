@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
+from outbox.db.queries import sql
 from outbox.errors import ConfigurationError
-from outbox.queries import sql
 
 
 @dataclass(frozen=True)

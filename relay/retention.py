@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from outbox.queries import sql
+from outbox.db.queries import sql
 
 # Any constant works; it only has to be the same for every relay of one database.
 RETENTION_LOCK = 0x6F7574626F78  # "outbox"

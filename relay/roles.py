@@ -8,7 +8,7 @@ their checkpoints, approvals or artifacts, so its role cannot read them.
 
 from __future__ import annotations
 
-from outbox.queries import driver_sql, quote_identifier
+from outbox.db.queries import driver_sql, quote_identifier
 
 
 def relay_grants(schema: str, role: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from outbox.queries import sql
+from outbox.db.queries import sql
 from relay.rebase import check_history
 
 

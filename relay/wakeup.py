@@ -26,8 +26,8 @@ import threading
 import psycopg
 
 from outbox.backoff import Backoff
-from outbox.dsn import connect_args
-from outbox.queries import quote_identifier
+from outbox.db.dsn import connect_args
+from outbox.db.queries import quote_identifier
 
 log = logging.getLogger(__name__)
 

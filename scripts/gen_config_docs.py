@@ -7,11 +7,14 @@ Lives outside the packages because it imports all of them, which ``outbox`` itse
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ of this checkout
+
 from consumers.settings import ConsumerSettings
-from outbox.settings_docs import configuration_reference
 from relay.settings import RelaySettings
+from tools.settings_docs import configuration_reference
 
 TARGET = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

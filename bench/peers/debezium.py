@@ -58,8 +58,8 @@ import measure  # noqa: E402
 import topics  # noqa: E402
 from relay_bench import Ctx, pct, run_writers  # noqa: E402
 
-from outbox.dsn import with_database  # noqa: E402
-from outbox.lanes import lane_for  # noqa: E402
+from outbox.db.dsn import with_database  # noqa: E402
+from outbox.messages.lanes import lane_for  # noqa: E402
 from outbox.testing import postgres  # noqa: E402
 from outbox.testing.services import LocalServices  # noqa: E402
 

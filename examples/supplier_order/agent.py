@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from examples.supplier_order import config
 from outbox import Envelope, claim, start_run
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 
 LEASE_SECONDS = 3.0  # short, so a killed worker's run is resumed within seconds
 

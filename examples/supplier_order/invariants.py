@@ -21,7 +21,7 @@ from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import Engine, text
 
 from examples.supplier_client import SupplierClient
-from outbox.envelope import HEADER_MESSAGE_ID
+from outbox.messages.envelope import HEADER_MESSAGE_ID
 
 FINAL = {"done", "failed", "needs-human"}
 

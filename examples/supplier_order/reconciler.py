@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 
 from dedup import add_reconcile_job
 from examples.supplier_order import config
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from pydantic_ai.exceptions import UserError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from examples.support_agent.agent import support_agent
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox_agents import DurableAgent
 
 MODEL = "OUTBOXKIT_AGENT_MODEL"

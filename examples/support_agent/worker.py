@@ -18,7 +18,7 @@ import signal
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox_agents import DurableAgent
 
 

@@ -1,8 +1,8 @@
 """The kafka-python backend of :mod:`outbox.kafka.api` (the default client).
 
 Pure Python, no compiled dependency. outboxkit patches five bugs of kafka-python 3.0 in
-every process that makes one of these clients (:mod:`outbox.kafka_fix`), and refuses to
-start when a kafka-python release moved what it patches.
+every process that makes one of these clients (:mod:`outbox.kafka.kafka_python_fixes`), and
+refuses to start when a kafka-python release moved what it patches.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from kafka import TopicPartition as KafkaTopicPartition
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
-from outbox import kafka_fix
+from outbox.kafka import kafka_python_fixes as kafka_fix
 from outbox.kafka.api import (
     ClientName,
     CommitCallback,

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.testing.postgres import MAX_PREPARED_TRANSACTIONS
 
 TEMPLATE_DB = "outboxkit_template"
@@ -176,7 +176,7 @@ def outboxkit_template(postgres_dsn: str) -> Iterator[str]:
     _admin_execute(postgres_dsn, f'CREATE DATABASE "{name}"')
     engine = create_engine(sqlalchemy_url(with_database(postgres_dsn, name)))
     try:
-        from outbox.migrate import migrate  # noqa: PLC0415
+        from outbox.db.migrate import migrate  # noqa: PLC0415
 
         migrate(engine)
     finally:

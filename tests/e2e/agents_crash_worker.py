@@ -41,8 +41,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from outbox.dsn import sqlalchemy_url
-from outbox.states import RunState
+from outbox.db.dsn import sqlalchemy_url
+from outbox.runs.states import RunState
 from outbox_agents import DurableAgent, Effects
 from tests.e2e.agents_crash_consumer import Reorder, reference
 

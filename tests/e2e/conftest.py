@@ -18,9 +18,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import Engine, text
 
-from outbox.dsn import sqlalchemy_url
-from outbox.emit import emit_many
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.emit import emit_many
+from outbox.messages.envelope import Envelope
 
 # A broker's "record too large", as each Kafka client words it (kafka-python's exception,
 # librdkafka's error name).

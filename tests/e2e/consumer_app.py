@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from consumers import Consumer, DeadLetter, HandlerContext, RetryLater
-from outbox.envelope import Envelope
+from outbox.messages.envelope import Envelope
 
 EFFECTS_DDL = (
     "CREATE TABLE IF NOT EXISTS public.consumer_effects ("

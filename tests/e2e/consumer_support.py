@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 
 from consumers import Consumer, ConsumerSettings, Runner
 from consumers.metrics import ConsumerMetrics
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox.testing.processes import free_port
 from tests.e2e.conftest import wait_until
 from tests.e2e.consumer_app import EFFECTS_DDL

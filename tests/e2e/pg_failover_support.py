@@ -25,8 +25,8 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 import outbox
-from outbox.dsn import sqlalchemy_url, with_database
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.messages.envelope import Envelope
 from outbox.testing import postgres
 from outbox.testing.pg_standby import failover_url, start_standby
 from outbox.testing.postgres import PostgresCluster
@@ -76,7 +76,7 @@ def pg_pair(*, synchronous: bool) -> Iterator[Pair]:
 def migrate(url: str) -> None:
     """outbox migrate through the failover URL (as a deploy would), then the effects table."""
     done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "migrate", "--database-url", url],
+        [sys.executable, "-m", "outbox.cli.main", "migrate", "--database-url", url],
         capture_output=True, text=True, timeout=60, check=False,
         env={**os.environ, "OUTBOXKIT_DATABASE_URL": url},
     )

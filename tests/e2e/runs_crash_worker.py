@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import create_engine
 
 from outbox import claim
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 
 
 def tool(calls: Path, name: str) -> dict[str, str]:

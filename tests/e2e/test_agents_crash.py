@@ -27,9 +27,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outbox import aio
-from outbox.confirm import apply_confirmation
-from outbox.dsn import sqlalchemy_url
-from outbox.states import RunState
+from outbox.db.dsn import sqlalchemy_url
+from outbox.runs.confirm import apply_confirmation
+from outbox.runs.states import RunState
 from outbox.testing.processes import free_port
 from outbox_agents import effect_message_id
 from tests.e2e.agents_crash_consumer import EFFECTS_DDL, reference

@@ -1,4 +1,4 @@
-"""The benchmark suite runs end to end at smoke sizes, and ``outbox bench`` finds and runs it."""
+"""The benchmark suite runs end to end at smoke sizes."""
 
 from __future__ import annotations
 
@@ -11,10 +11,6 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from outbox import bench_command
-from outbox.cli import main as outbox_main
 
 ROOT = Path(__file__).resolve().parents[2]
 SVG = "{http://www.w3.org/2000/svg}"
@@ -73,27 +69,3 @@ def test_quick_suite_writes_every_figure_and_both_plots(
         root = ET.parse(tmp_path / plot).getroot()  # noqa: S314 - the suite's own SVG
         assert root.tag == f"{SVG}svg"
         assert [r for r in root.iter(f"{SVG}rect") if r.get("class") == "bar"], plot
-
-
-def test_outbox_bench_without_a_checkout_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_command, "find_suite", lambda: None)
-    result = CliRunner().invoke(outbox_main, ["bench", "--quick"])
-    assert result.exit_code == 1
-    assert result.output.strip() == (
-        "outbox bench runs from a source checkout: bench/suite.py not found"
-    )
-
-
-def test_outbox_bench_runs_the_suite_of_this_directory_with_its_flags(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "suite.py").write_text(
-        "import json, sys\n"
-        "open('argv.json', 'w').write(json.dumps(sys.argv[1:]))\n"
-        "raise SystemExit(3)\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(outbox_main, ["bench", "--quick", "--json", "x.json"])
-    assert result.exit_code == 3  # the suite's own exit code
-    assert json.loads((tmp_path / "argv.json").read_text()) == ["--quick", "--json", "x.json"]

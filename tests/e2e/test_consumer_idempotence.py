@@ -16,7 +16,7 @@ from consumers import Consumer, HandlerContext, RetryLater, rehandle, republish
 from consumers.deadletter import KafkaSender
 from consumers.processing import Progress
 from dedup import list_failures
-from outbox.schema import translate
+from outbox.db.schema import translate
 from outbox.settings import OutboxSettings
 from tests.e2e.conftest import read_topic, wait_until
 from tests.e2e.consumer_app import Item, handle

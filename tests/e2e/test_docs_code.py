@@ -33,8 +33,8 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from outbox.cli import main as outbox_cli
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.cli.main import main as outbox_cli
+from outbox.db.dsn import sqlalchemy_url, with_database
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -340,7 +340,7 @@ def _resolves(name: str) -> bool:
 
 def test_the_architecture_lists_every_table_and_view() -> None:
     created = set()
-    for migration in (ROOT / "outbox" / "migrations").glob("*.sql"):
+    for migration in (ROOT / "outbox" / "db" / "migrations").glob("*.sql"):
         created |= set(re.findall(r"CREATE (?:UNLOGGED )?(?:TABLE|VIEW) \{schema\}\.(\w+)",
                                   migration.read_text()))
     architecture = (ROOT / "docs" / "architecture.md").read_text()

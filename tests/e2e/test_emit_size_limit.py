@@ -15,9 +15,9 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope, encode
 from outbox.errors import InvalidMessage
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope, encode
 from outbox.settings import OutboxSettings
 from tests.e2e.conftest import RelayProcesses, count_status, read_topic, wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 
 ROOT = Path(__file__).resolve().parents[2]
 

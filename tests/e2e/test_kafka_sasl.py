@@ -19,7 +19,7 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from sqlalchemy import Engine
 
-from outbox.envelope import Envelope
+from outbox.messages.envelope import Envelope
 from outbox.testing import kafka
 from outbox.testing.processes import free_port
 from outbox.testing.tools import java_executable

@@ -35,8 +35,8 @@ import pytest
 from sqlalchemy import create_engine
 
 import outbox
-from outbox.dsn import sqlalchemy_url, with_database
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.messages.envelope import Envelope
 from outbox.testing.pg_standby import promote
 from outbox.testing.processes import free_port, port_open
 from tests.e2e.conftest import RelayProcesses, read_topic

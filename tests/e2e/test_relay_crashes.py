@@ -11,8 +11,8 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
 
 pytestmark = pytest.mark.usefixtures("kafka_client")

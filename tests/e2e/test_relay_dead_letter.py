@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.envelope import Envelope
+from outbox.messages.envelope import Envelope
 from tests.e2e.conftest import (
     TOO_LARGE,
     RelayProcesses,

@@ -13,8 +13,8 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from sqlalchemy import Engine, text
 
-from outbox.envelope import Envelope
-from outbox.messages import retry_messages
+from outbox.messages.backlog import retry_messages
+from outbox.messages.envelope import Envelope
 from outbox.testing.services import LocalServices
 from tests.e2e.conftest import (
     TOO_LARGE,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.envelope import Envelope
+from outbox.messages.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, wait_until
 
 LEASE = 6.0

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from outbox.envelope import Envelope
+from outbox.messages.envelope import Envelope
 from relay.roles import relay_grants
 from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, wait_until
 

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, count_status, read_topic, wait_until
 
 

@@ -21,8 +21,8 @@ from kafka import errors as kafka_errors
 from kafka.admin import NewTopic
 from sqlalchemy import Engine
 
-from outbox.dsn import sqlalchemy_url
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.envelope import Envelope
 from relay import Relay, RelaySettings
 from tests.e2e.conftest import count_status, emit_batch, wait_until
 

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from outbox.dsn import sqlalchemy_url
-from outbox.emit import emit
-from outbox.envelope import Envelope
-from outbox.migrate import _literal, _record, migrations
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.migrate import _literal, _record, migrations
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from tests.e2e.conftest import RelayProcesses, read_topic, wait_until
 from tests.integration.databases import fresh_database
 
@@ -57,7 +57,7 @@ def test_a_backlog_from_schema_0004_is_published_once_in_order_after_outbox_migr
                 " failed_at = now()"
                 " WHERE id = (SELECT min(id) + 10 FROM outboxkit.outbox_messages)"))
         migrated = subprocess.run(
-            [sys.executable, "-m", "outbox.cli", "migrate", "--database-url", old_database],
+            [sys.executable, "-m", "outbox.cli.main", "migrate", "--database-url", old_database],
             capture_output=True, text=True, timeout=120, check=False)
         assert migrated.returncode == 0, migrated.stderr
         with engine.connect() as conn:

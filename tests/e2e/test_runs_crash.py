@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, select
 
-from outbox import runs, steps
-from outbox.dsn import sqlalchemy_url
-from outbox.tables import step_results
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.tables import step_results
+from outbox.runs import lifecycle as runs
+from outbox.runs import steps
 
 WORKER = Path(__file__).with_name("runs_crash_worker.py")
 

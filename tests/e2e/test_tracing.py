@@ -20,9 +20,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy import Engine, text
 
 from consumers import Consumer, HandlerContext
-from outbox.dsn import sqlalchemy_url
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from relay import Relay, RelaySettings
 from tests.e2e.conftest import read_topic, wait_until
 from tests.e2e.consumer_app import Item

@@ -29,7 +29,7 @@ from examples.supplier_client import SupplierClient
 from examples.supplier_order import agent, invariants
 from examples.supplier_order.pipeline import PARTITIONS, Pipeline
 from outbox import migrate
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.testing.services import LocalServices
 from tests.faults.probe import PARTITIONS as PROBE_PARTITIONS
 from tests.faults.probe import TOPIC_CONFIGS, Probe, probe_topic

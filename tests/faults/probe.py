@@ -25,8 +25,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 import outbox
-from outbox.dsn import sqlalchemy_url
-from outbox.envelope import HEADER_MESSAGE_ID, Envelope
+from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.envelope import HEADER_MESSAGE_ID, Envelope
 
 PARTITIONS = 1  # one leader: killing it stops the whole probe, as the relay sees it
 TOPIC_CONFIGS = {"message.timestamp.type": "LogAppendTime"}

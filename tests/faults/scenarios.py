@@ -24,8 +24,8 @@ from sqlalchemy import text
 
 from examples.supplier_order.invariants import read_topic
 from outbox import Envelope, emit
-from outbox.dsn import libpq_url
-from outbox.failpoints import FAILPOINTS
+from outbox.db.dsn import libpq_url
+from outbox.runtime.failpoints import FAILPOINTS
 from outbox.settings import OutboxSettings
 from outbox.testing import postgres
 from tests.faults.harness import Harness, ScenarioResult

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.failpoints import FAILPOINTS
+from outbox.runtime.failpoints import FAILPOINTS
 from tests.faults import __main__ as faults
 from tests.faults.runner import table
 from tests.faults.scenarios import FAILPOINT_KIND, ci_subset

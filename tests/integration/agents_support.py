@@ -25,7 +25,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox_agents import DurableAgent, Effects
 
 T = TypeVar("T")

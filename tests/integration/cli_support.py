@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from click.testing import CliRunner
 from sqlalchemy import Connection, text
 
-from outbox.cli import main
+from outbox.cli.main import main
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from outbox.tables import metadata
+from outbox.db.tables import metadata
 
 
 @pytest.fixture

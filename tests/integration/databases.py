@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from outbox.dsn import with_database
+from outbox.db.dsn import with_database
 
 
 @contextmanager

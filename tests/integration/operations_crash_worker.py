@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from dedup import CallOutcome, Operation, System, perform
 from dedup.policy import ReconcilePolicy
 from examples.supplier_client import SupplierClient
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ import uuid
 
 from sqlalchemy import Connection, Engine
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from outbox.settings import OutboxSettings
 from relay.claims import Claimed, OutboxRow, Published, claim_messages, record
 from relay.cursors import Cursor

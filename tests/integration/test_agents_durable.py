@@ -15,10 +15,10 @@ from pydantic_ai.toolsets import FunctionToolset
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import aio
-from outbox.retry import RetryPolicy
+from outbox.runs.retry import RetryPolicy
+from outbox.runs.states import RunState
+from outbox.runs.workflows import VersionPolicy
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.workflows import VersionPolicy
 from outbox_agents import DurableAgent, effect_message_id
 from tests.integration.agents_support import Script, drive, outbox_rows, support_agent
 

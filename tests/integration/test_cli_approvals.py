@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import Engine
 
 from outbox import claim, get_run, request_approval, start_run, transition
-from outbox.states import RunState
+from outbox.runs.states import RunState
 from tests.integration.cli_support import one_line, outbox
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from tests.integration.cli_support import one_line, outbox, refuse
 
 

@@ -10,8 +10,8 @@ from sqlalchemy import Engine
 
 from dedup import begin
 from outbox import claim, start_run, transition
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from relay.claims import Published, claim_messages, record
 from relay.lanes import LaneManager
 from tests.integration.cli_support import one_line, outbox

@@ -12,10 +12,10 @@ from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import aio
-from outbox.confirm import apply_confirmation
+from outbox.db.tables import agent_runs, confirmations, run_transitions
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition, RunNotFound
-from outbox.runs import claim
-from outbox.tables import agent_runs, confirmations, run_transitions
+from outbox.runs.confirm import apply_confirmation
+from outbox.runs.lifecycle import claim
 
 EVIDENCE = {"order": "o-1", "status": "accepted"}
 

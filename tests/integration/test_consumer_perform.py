@@ -11,9 +11,9 @@ from consumers import HandlerContext
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor
 from dedup import Applied, Evidence, NotFound, Operation, OperationStatus, System
-from outbox.schema import translate
+from outbox.db.schema import translate
+from outbox.db.tables import operations
 from outbox.settings import OutboxSettings
-from outbox.tables import operations
 from tests.integration.test_dedup_processing import FakeSender, app_for, drain, record
 
 

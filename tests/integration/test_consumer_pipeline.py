@@ -17,7 +17,7 @@ from consumers.metrics import ConsumerMetrics
 from consumers.pipeline import deferrable
 from consumers.processing import Processor
 from dedup.failures import list_failures
-from outbox.schema import translate
+from outbox.db.schema import translate
 from outbox.settings import OutboxSettings
 from tests.integration.test_dedup_processing import (
     TOPIC,

@@ -102,7 +102,7 @@ class TestRetention:
             conn.execute(
                 text("UPDATE outboxkit.consumer_inbox SET processed_at = now() - interval '1 day'")
             )
-        from outbox.hashing import stable_hash64  # noqa: PLC0415
+        from outbox.db.hashing import stable_hash64  # noqa: PLC0415
 
         key = stable_hash64(b"outboxkit.dedup.retention", SETTINGS.schema_name.encode(), b"g")
         with engine.connect() as holder, holder.begin():

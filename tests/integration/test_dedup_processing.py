@@ -20,8 +20,8 @@ from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor, Progress
 from dedup import Applied, Evidence, begin, get_operation, record_outcome
 from dedup.failures import list_failures
-from outbox.envelope import Envelope
-from outbox.schema import translate
+from outbox.db.schema import translate
+from outbox.messages.envelope import Envelope
 from outbox.settings import OutboxSettings
 from tests.e2e.consumer_support import settings
 

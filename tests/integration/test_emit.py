@@ -14,12 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import aio
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.db.tables import agent_runs, outbox_messages
 from outbox.errors import InvalidMessage, LeaseLost
-from outbox.leases import Lease
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
+from outbox.runs.leases import Lease
 from outbox.settings import OutboxSettings
-from outbox.tables import agent_runs, outbox_messages
 
 
 def make(**fields: Any) -> Envelope:
@@ -102,7 +102,7 @@ class TestTransaction:
         assert count_messages(engine) == 1
 
     def test_schema_name_comes_from_settings(self, engine: Engine) -> None:
-        from outbox.migrate import migrate  # noqa: PLC0415
+        from outbox.db.migrate import migrate  # noqa: PLC0415
 
         custom = OutboxSettings(schema_name="agents_b")
         migrate(engine, settings=custom)
@@ -261,7 +261,7 @@ class TestEmitMany:
         import random  # noqa: PLC0415
         import threading  # noqa: PLC0415
 
-        from outbox.emit import emit_many  # noqa: PLC0415
+        from outbox.messages.emit import emit_many  # noqa: PLC0415
 
         errors: list[BaseException] = []
 
@@ -289,7 +289,7 @@ class TestEmitMany:
     def test_one_invalid_envelope_writes_nothing_and_ids_keep_the_given_order(
         self, engine: Engine
     ) -> None:
-        from outbox.emit import emit_many  # noqa: PLC0415
+        from outbox.messages.emit import emit_many  # noqa: PLC0415
 
         good = [Envelope(topic="many", type="t", key=f"k{i}", payload={"i": i}) for i in range(3)]
         bad = Envelope(topic="bad topic!", type="t", key="k", payload={})
@@ -303,7 +303,7 @@ class TestEmitMany:
 
     def test_the_refusal_says_which_envelope_was_bad(self, engine: Engine) -> None:
         """Issue #13: emit_many named the field, not which of the envelopes it was in."""
-        from outbox.emit import emit_many  # noqa: PLC0415
+        from outbox.messages.emit import emit_many  # noqa: PLC0415
 
         good = [make(key=f"k{i}", payload={"i": i}) for i in range(4)]
         bad = make(key="k", payload={"items": [{"name": "nul\x00"}]})
@@ -319,7 +319,7 @@ class TestEmitMany:
         assert count_messages(engine) == 0
 
     def test_the_cause_of_a_refusal_stays_attached_in_a_batch(self, engine: Engine) -> None:
-        from outbox.emit import emit_many  # noqa: PLC0415
+        from outbox.messages.emit import emit_many  # noqa: PLC0415
 
         with engine.begin() as conn, pytest.raises(InvalidMessage) as caught:
             emit_many(conn, [make(), make(key="\udc80")])
@@ -337,7 +337,7 @@ class TestEmitMany:
     def test_something_that_is_not_an_envelope_is_refused_by_name(
         self, engine: Engine, given: Any, field: str, index: int | None
     ) -> None:
-        from outbox.emit import emit_many  # noqa: PLC0415
+        from outbox.messages.emit import emit_many  # noqa: PLC0415
 
         with engine.begin() as conn, pytest.raises(InvalidMessage) as caught:
             emit_many(conn, given)

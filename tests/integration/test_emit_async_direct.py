@@ -1,5 +1,5 @@
 """aio.emit inside a transaction SQLAlchemy began goes straight to psycopg
-(outbox.execution.driver_row_async): the caller's transaction still owns it, and errors are
+(outbox.db.execution.driver_row_async): the caller's transaction still owns it, and errors are
 SQLAlchemy's (real PostgreSQL)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import aio
-from outbox.envelope import Envelope
+from outbox.db.tables import outbox_messages
 from outbox.errors import SchemaError
+from outbox.messages.envelope import Envelope
 from outbox.settings import OutboxSettings
-from outbox.tables import outbox_messages
 
 
 def _envelope(payload: str) -> Envelope:

@@ -23,13 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from outbox import aio
-from outbox.emit import emit, emit_many
-from outbox.envelope import Envelope
+from outbox.db.tables import agent_runs, relays
 from outbox.errors import InvalidMessage, LeaseLost
-from outbox.lanes import lane_for, ordering_lock_key
-from outbox.leases import Lease
+from outbox.messages.emit import emit, emit_many
+from outbox.messages.envelope import Envelope
+from outbox.messages.lanes import lane_for, ordering_lock_key
+from outbox.runs.leases import Lease
 from outbox.settings import OutboxSettings
-from outbox.tables import agent_runs, relays
 
 SETTINGS = OutboxSettings()
 

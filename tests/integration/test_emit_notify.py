@@ -17,12 +17,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import aio, claim
-from outbox.emit import emit, emit_many
-from outbox.envelope import Envelope
-from outbox.lanes import lane_for
-from outbox.runs import start_run
+from outbox.db.tables import relays
+from outbox.messages.emit import emit, emit_many
+from outbox.messages.envelope import Envelope
+from outbox.messages.lanes import lane_for
+from outbox.runs.lifecycle import start_run
 from outbox.settings import OutboxSettings
-from outbox.tables import relays
 
 CHANNEL = OutboxSettings().notify_channel
 

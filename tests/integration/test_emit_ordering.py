@@ -21,11 +21,11 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 
 # Not `from outbox import emit`: the package re-exports the function under that name.
-emit_module = importlib.import_module("outbox.emit")
+emit_module = importlib.import_module("outbox.messages.emit")
 
 WRITERS = 8
 PER_WRITER = 30

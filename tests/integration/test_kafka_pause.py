@@ -1,9 +1,9 @@
 """kafka-python hands back what it fetched for a partition once that partition is resumed.
 
 The sequence behind a partition that stopped for good after a retry parked it
-(outbox/kafka_fix.py): records of several partitions are fetched, one partition is paused
-and sought back while its fetched data is kept, other partitions' records are taken in
-full, and the partition is resumed. kafka-python 3.0 gives the kept data back only when no
+(outbox/kafka/kafka_python_fixes.py): records of several partitions are fetched, one
+partition is paused and sought back while its fetched data is kept, other partitions' records are
+taken in full, and the partition is resumed. kafka-python 3.0 gives the kept data back only when no
 records are "next in line", and emptied records of another partition stay next in line,
 so the partition was never fetched again. Real broker, one consumer.
 """
@@ -18,7 +18,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import Fetcher
 
-from outbox import kafka_fix
+from outbox.kafka import kafka_python_fixes as kafka_fix
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
 """kafka-python finishes a group join that one poll started and the next poll finds done.
 
-The sequence behind a consumer that silently stopped consuming (outbox/kafka_fix.py): the
-leader's metadata changed since its last assignment, so it rejoins; the poll that started
-the join returns before the join completes; inside the join, the leader computes the new
-assignment, and from then on kafka-python 3.0 no longer thinks a rejoin is needed, so no
-later poll applies the assignment. Real broker, one member (it is the leader).
+The sequence behind a consumer that silently stopped consuming
+(outbox/kafka/kafka_python_fixes.py): the leader's metadata changed since its last assignment, so
+it rejoins; the poll that started the join returns before the join completes; inside the join, the
+leader computes the new assignment, and from then on kafka-python 3.0 no longer thinks a rejoin is
+needed, so no later poll applies the assignment. Real broker, one member (it is the leader).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.coordinator.consumer import ConsumerCoordinator
 
-from outbox import kafka_fix
+from outbox.kafka import kafka_python_fixes as kafka_fix
 
 
 class Assignments(ConsumerRebalanceListener):  # type: ignore[misc]

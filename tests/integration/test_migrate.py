@@ -11,12 +11,12 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.db.migrate import check_schema, latest_version, migrate, pending_sql
+from outbox.db.schema import translate
+from outbox.db.tables import metadata
 from outbox.errors import SchemaError
-from outbox.migrate import check_schema, latest_version, migrate, pending_sql
-from outbox.schema import translate
 from outbox.settings import OutboxSettings
-from outbox.tables import metadata
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ class TestMigrationsMatchMetadata:
         self, postgres_dsn: str, empty_database: str, empty_engine: Engine, schema: str
     ) -> None:
         """Tables, columns, types, nullability, defaults, keys, checks, partial indexes and
-        storage options agree between migrations/*.sql and outbox/tables.py."""
+        storage options agree between migrations/*.sql and outbox/db/tables.py."""
         settings = OutboxSettings(schema_name=schema)
         migrate(empty_engine, settings=settings)
 

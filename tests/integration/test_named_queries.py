@@ -1,4 +1,4 @@
-"""Every named query (outbox.queries) is parsed, analysed and planned by PostgreSQL on a freshly
+"""Every named query (outbox.db.queries) is parsed, analysed and planned by PostgreSQL on a freshly
 migrated schema: a query naming a column, table or function the migrations do not create, or
 one that does not type-check, fails here by name, not in a relay at run time.
 
@@ -16,9 +16,9 @@ import re
 import psycopg
 import pytest
 
-from outbox.queries import DIALECT, queries, sql
+from outbox.db.queries import DIALECT, queries, sql
 
-PACKAGES = ("outbox", "relay", "dedup")
+PACKAGES = ("outbox.db", "relay", "dedup")
 SCHEMA = "outboxkit"
 # Parameters as the driver sees them: %(name)s, or %(name)b (sent in binary).
 _PARAMETER = re.compile(r"%\((\w+)\)[sb]")
@@ -63,7 +63,7 @@ def test_the_packages_name_their_queries() -> None:
     """The probe below sees every query file (an empty list would prove nothing)."""
     found = named()
     assert ("relay", "claim_messages") in found
-    assert ("outbox", "emit_many") in found
+    assert ("outbox.db", "emit_many") in found
     assert ("dedup", "insert_marks") in found
 
 

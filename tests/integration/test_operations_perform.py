@@ -21,7 +21,7 @@ from dedup import (
 )
 from examples.supplier import Supplier
 from examples.supplier_client import SupplierClient
-from outbox.tables import operation_events, operations
+from outbox.db.tables import operation_events, operations
 from tests.integration.operations_support import (
     fast_policy,
     reload,

@@ -26,8 +26,8 @@ from dedup import (
 from examples.supplier import Supplier
 from examples.supplier_client import SupplierClient
 from outbox import claim, get_run, history, move
+from outbox.db.tables import agent_runs, operations
 from outbox.errors import ConfigurationError
-from outbox.tables import agent_runs, operations
 from tests.integration.operations_support import (
     fast_policy,
     supplier_and_client,

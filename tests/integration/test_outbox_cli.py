@@ -11,16 +11,16 @@ import sys
 import psycopg
 from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
-from outbox.migrate import latest_version
+from outbox.db.migrate import latest_version
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from tests.integration.cli_support import outbox, refuse
 from tests.integration.databases import fresh_database
 
 
 def outbox_process(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
-    return subprocess.run([sys.executable, "-m", "outbox.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "outbox.cli.main", *args], capture_output=True,
                           text=True, timeout=60, env={**clean, **env}, check=False)
 
 

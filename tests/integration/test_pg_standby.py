@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.testing import pg_standby, postgres
 from outbox.testing.pg_standby import failover_url, promote, start_standby, stop_standby
 from outbox.testing.postgres import PostgresCluster
@@ -74,7 +74,7 @@ def wait_rows(cluster: PostgresCluster, dbname: str, want: list[int], timeout_s:
 
 def outbox_migrate(url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "migrate", "--database-url", url],
+        [sys.executable, "-m", "outbox.cli.main", "migrate", "--database-url", url],
         capture_output=True, text=True, timeout=60, check=False,
         env={**os.environ, "OUTBOXKIT_DATABASE_URL": url},
     )

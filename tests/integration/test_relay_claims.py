@@ -10,9 +10,9 @@ import time
 
 from sqlalchemy import Engine, text
 
-from outbox.emit import emit
-from outbox.envelope import Envelope
-from outbox.messages import retry_messages
+from outbox.messages.backlog import retry_messages
+from outbox.messages.emit import emit
+from outbox.messages.envelope import Envelope
 from relay.claims import Claimed, Failed, OutboxRow, record
 from tests.integration.relay_support import ONE_LANE, Reader, put
 

@@ -28,9 +28,9 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import ProgrammingError
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.migrate import migrate, migrations
 from outbox.errors import ConfigurationError
-from outbox.migrate import migrate, migrations
 from outbox.testing import postgres
 from outbox.testing.postgres import PostgresCluster
 from outbox.testing.processes import free_port, pid_alive
@@ -227,7 +227,7 @@ def test_a_relay_role_of_an_earlier_version_keeps_working_after_the_upgrade(
             admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")  # type: ignore[arg-type]
         try:
             # outboxkit before 0010 (`outbox.migrate` is also the name of a function)
-            monkeypatch.setattr(sys.modules["outbox.migrate"], "migrations",
+            monkeypatch.setattr(sys.modules["outbox.db.migrate"], "migrations",
                                 lambda: everything[:9])
             migrate(owner)
             earlier = "\n".join(line for line in relay_grants("outboxkit", role).splitlines()

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, event, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from outbox.queries import sql
+from outbox.db.queries import sql
 from relay.claims import claim_messages
 from relay.lanes import LaneManager
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from relay.daemon import Relay
 from relay.roles import relay_grants
 from relay.settings import RelaySettings

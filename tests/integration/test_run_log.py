@@ -12,7 +12,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outbox import aio, claim, get_run, purge_batch, read_log, save_checkpoint, start_run
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox.errors import CheckpointTooLarge, ConfigurationError, LeaseLost
 from outbox.settings import OutboxSettings
 

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox import approvals, runs
 from outbox.errors import ApprovalInvalid, RunNotFound
-from outbox.states import RunState
+from outbox.runs import approvals
+from outbox.runs import lifecycle as runs
+from outbox.runs.states import RunState
 
 
 def _waiting_for_approval(engine: Engine, expires: timedelta) -> approvals.Approval:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine, func, select
 
-from outbox import artifacts, runs
+from outbox.db.tables import artifacts as artifacts_table
 from outbox.errors import ArtifactNotFound, CheckpointTooLarge
+from outbox.runs import artifacts
+from outbox.runs import lifecycle as runs
 from outbox.settings import OutboxSettings
-from outbox.tables import artifacts as artifacts_table
 
 SMALL = OutboxSettings(max_checkpoint_bytes=64)
 

@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from outbox import aio
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox.errors import LeaseLost
-from outbox.retry import RetryPolicy
-from outbox.states import RunState
-from outbox.workflows import Workflow
+from outbox.runs.retry import RetryPolicy
+from outbox.runs.states import RunState
+from outbox.runs.workflows import Workflow
 
 
 def test_async_run_claims_records_a_step_once_and_finishes(database_url: str,

@@ -10,8 +10,9 @@ from typing import Any
 
 from sqlalchemy import Engine, event, insert, text
 
-from outbox import runs, workflows
-from outbox.tables import agent_runs
+from outbox.db.tables import agent_runs
+from outbox.runs import lifecycle as runs
+from outbox.runs import workflows
 
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 _PAST = datetime(2000, 1, 1, tzinfo=UTC)

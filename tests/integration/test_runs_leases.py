@@ -11,10 +11,11 @@ from collections import Counter
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from outbox import runs, steps
+from outbox.db.tables import agent_runs, run_transitions
 from outbox.errors import LeaseLost
-from outbox.states import RunState
-from outbox.tables import agent_runs, run_transitions
+from outbox.runs import lifecycle as runs
+from outbox.runs import steps
+from outbox.runs.states import RunState
 
 
 def test_two_worker_threads_racing_for_200_runs_claim_each_exactly_once(

@@ -8,9 +8,11 @@ from datetime import timedelta
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox import aio, retention, runs, steps
-from outbox.dsn import sqlalchemy_url
-from outbox.tables import agent_runs, run_archive, run_transitions, step_results
+from outbox import aio
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.tables import agent_runs, run_archive, run_transitions, step_results
+from outbox.runs import lifecycle as runs
+from outbox.runs import retention, steps
 
 
 def _finished(engine: Engine, key: str, *, days_ago: int) -> runs.Run:

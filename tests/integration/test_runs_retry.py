@@ -6,9 +6,10 @@ import random
 
 from sqlalchemy import Engine, func, select
 
-from outbox import retry, runs
-from outbox.states import RunState
-from outbox.tables import agent_runs
+from outbox.db.tables import agent_runs
+from outbox.runs import lifecycle as runs
+from outbox.runs import retry
+from outbox.runs.states import RunState
 
 
 class Timeout(Exception):

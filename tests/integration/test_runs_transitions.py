@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
-from outbox import runs
+from outbox.db.tables import agent_runs, run_transitions
 from outbox.errors import EvidenceRequired, IllegalTransition, LeaseLost, RunError, RunNotFound
-from outbox.leases import Lease
-from outbox.states import ALLOWED, RunState
-from outbox.tables import agent_runs, run_transitions
+from outbox.runs import lifecycle as runs
+from outbox.runs.leases import Lease
+from outbox.runs.states import ALLOWED, RunState
 
 
 def _start(engine: Engine, workflow: str = "wf") -> runs.Run:

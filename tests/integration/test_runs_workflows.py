@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from outbox import runs
 from outbox.errors import WorkflowRetired
-from outbox.states import RunState
-from outbox.workflows import VersionPolicy, Workflow, register, retire
+from outbox.runs import lifecycle as runs
+from outbox.runs.states import RunState
+from outbox.runs.workflows import VersionPolicy, Workflow, register, retire
 
 
 def _queued_v1(engine: Engine) -> runs.Run:

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from outbox import aio
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox.errors import CheckpointTooLarge, IllegalTransition, LeaseLost, SchemaError
 from outbox.settings import OutboxSettings
 

@@ -23,9 +23,9 @@ from kafka import KafkaProducer
 from sqlalchemy import Engine, create_engine
 
 from outbox import Envelope, emit
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.migrate import migrate
 from outbox.kafka import Admin, Connection, TopicPartition, backend
-from outbox.migrate import migrate
 from outbox.testing.kafka_cluster import KafkaCluster
 from outbox.testing.processes import pid_alive, stop_pid
 from outbox.testing.services import LocalServices, main

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from outbox.testing import pg_standby
 from outbox.testing.processes import pid_alive
 from outbox.testing.services import LocalServices, main

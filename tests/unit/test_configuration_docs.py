@@ -13,9 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from consumers import cli as consumer_cli
 from consumers.settings import ConsumerSettings
 from outbox.settings import OutboxSettings
-from outbox.settings_docs import REGENERATE, settings_table
 from relay import cli as relay_cli
 from relay.settings import RelaySettings
+from tools.settings_docs import REGENERATE, settings_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from consumers import cli
-from outbox.cli import main as outbox_main
+from outbox.cli.main import main as outbox_main
 
 
 @dataclass

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from outbox.cli import main as outbox_cli
+from outbox.cli.main import main as outbox_cli
 from relay.settings import RelaySettings
 
 ROOT = Path(__file__).resolve().parents[2]

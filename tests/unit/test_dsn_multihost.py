@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine
 
-from outbox import dsn
-from outbox.dsn import CONNECT_DEFAULTS, libpq_url, redact, sqlalchemy_url, with_database
+from outbox.db import dsn
+from outbox.db.dsn import CONNECT_DEFAULTS, libpq_url, redact, sqlalchemy_url, with_database
 
 FAILOVER = (
     "postgresql://app:s3cret@10.0.0.1:5432,10.0.0.2:5433/shop?target_session_attrs=read-write"

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import ValidationError
 
-from outbox import envelope as envelope_module
-from outbox.envelope import (
+from outbox.errors import InvalidMessage, OutboxError
+from outbox.messages import envelope as envelope_module
+from outbox.messages.envelope import (
     COMPRESSION_ROOM_FIXED,
     COMPRESSION_ROOM_PER_16_KIB,
     MAX_PAYLOAD_DEPTH,
@@ -25,8 +26,7 @@ from outbox.envelope import (
     Envelope,
     encode,
 )
-from outbox.errors import InvalidMessage, OutboxError
-from outbox.lanes import lane_for, ordering_lock_key
+from outbox.messages.lanes import lane_for, ordering_lock_key
 from outbox.settings import OutboxSettings
 from relay.claims import OutboxRow
 from relay.publisher import kafka_headers

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.failpoints import FAILPOINTS, parse
+from outbox.runtime.failpoints import FAILPOINTS, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def _run(spec: str, code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_kill_on_the_nth_hit_kills_the_process_there() -> None:
-    code = ("from outbox.failpoints import failpoint\n"
+    code = ("from outbox.runtime.failpoints import failpoint\n"
             "for i in range(1, 6):\n    print(i, flush=True)\n    failpoint('relay.after_ack')\n")
     result = _run("relay.after_ack=kill@3", code)
     assert result.returncode == -9
@@ -56,7 +56,7 @@ def test_kill_on_the_nth_hit_kills_the_process_there() -> None:
 
 
 def test_raise_with_a_probability_is_repeatable_with_a_seed() -> None:
-    code = ("from outbox.failpoints import failpoint, FailpointTriggered\nhits = []\n"
+    code = ("from outbox.runtime.failpoints import failpoint, FailpointTriggered\nhits = []\n"
             "for i in range(200):\n    try:\n        failpoint('relay.after_send')\n"
             "    except FailpointTriggered:\n        hits.append(i)\nprint(hits)\n")
     first = _run("relay.after_send=raise%0.1;seed=4", code)
@@ -66,6 +66,6 @@ def test_raise_with_a_probability_is_repeatable_with_a_seed() -> None:
 
 
 def test_off_by_default_a_failpoint_does_nothing() -> None:
-    result = _run("", "from outbox.failpoints import failpoint\nfailpoint('relay.after_ack')\n"
-                      "print('ok')")
+    result = _run("", "from outbox.runtime.failpoints import failpoint\n"
+                      "failpoint('relay.after_ack')\nprint('ok')")
     assert result.stdout.strip() == "ok"

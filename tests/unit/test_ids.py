@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from outbox.envelope import Envelope
-from outbox.ids import uuid7
+from outbox.messages.envelope import Envelope
+from outbox.messages.ids import uuid7
 
 
 def test_a_uuid7_has_version_7_the_rfc_variant_and_the_time_in_its_first_48_bits() -> None:

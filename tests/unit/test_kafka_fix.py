@@ -21,8 +21,8 @@ from kafka.net.inet import KafkaNetSocket
 from kafka.net.manager import KafkaConnectionManager
 from kafka.net.transport import KafkaSSLTransport, KafkaTCPTransport
 
-from outbox import kafka_fix
 from outbox.errors import ConfigurationError, KafkaClientIncompatible
+from outbox.kafka import kafka_python_fixes as kafka_fix
 from outbox.kafka.api import Connection
 from outbox.kafka.kafka_python import client_config
 

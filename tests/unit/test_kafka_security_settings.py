@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from consumers import cli as consumer_cli
 from consumers.settings import ConsumerSettings
-from outbox.entrypoints import explain
+from outbox.cli.flags import explain
 from outbox.settings import ConnectionSettings
 from relay import cli as relay_cli
 from relay.settings import RelaySettings

@@ -6,10 +6,11 @@ import importlib
 import inspect
 
 import outbox
-from outbox import aio, confirm
+from outbox import aio
+from outbox.runs import confirm
 
 # outbox.emit is the function once the package re-exports it; the module is in sys.modules.
-emit = importlib.import_module("outbox.emit")
+emit = importlib.import_module("outbox.messages.emit")
 
 OUTBOX_API = {
     "Envelope",

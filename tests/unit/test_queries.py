@@ -1,4 +1,4 @@
-"""The named-query loader (outbox.queries): its refusals, and its one quoting rule."""
+"""The named-query loader (outbox.db.queries): its refusals, and its one quoting rule."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import pytest
 from sqlalchemy import select
 
-from outbox.queries import DIALECT, driver_sql, parse, queries, quote_identifier, sql
-from outbox.tables import SCHEMA, agent_runs
+from outbox.db.queries import DIALECT, driver_sql, parse, queries, quote_identifier, sql
+from outbox.db.tables import SCHEMA, agent_runs
 
 SOURCE = """-- A file's header comment.
 
@@ -51,13 +51,13 @@ class TestLookup:
             driver_sql("relay", "claim", "outboxkit")
 
     def test_each_package_file_loads(self) -> None:
-        for package in ("outbox", "relay", "dedup"):
+        for package in ("outbox.db", "relay", "dedup"):
             assert queries(package), package
 
     def test_the_schema_is_the_only_placeholder_a_query_keeps(self) -> None:
         """Any other {word} would reach PostgreSQL as written (relay_role_grants' {role} is
         filled by relay.roles)."""
-        for package in ("outbox", "relay", "dedup"):
+        for package in ("outbox.db", "relay", "dedup"):
             for name in queries(package):
                 rendered = driver_sql(package, name, "outboxkit")
                 left = set(re.findall(r"\{[a-z_]+\}", rendered)) - {"{role}"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from outbox.entrypoints import explain
+from outbox.cli.flags import explain
 from relay.publisher import under_replicated
 from relay.settings import RelaySettings
 

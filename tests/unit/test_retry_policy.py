@@ -7,8 +7,8 @@ import random
 import pytest
 
 from outbox.errors import CheckpointTooLarge, ConfigurationError
-from outbox.retry import RetryPolicy
-from outbox.states import RunState
+from outbox.runs.retry import RetryPolicy
+from outbox.runs.states import RunState
 
 
 class Flaky(Exception):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 
 import outbox
-from outbox import aio, runs
+from outbox import aio
+from outbox.runs import lifecycle as runs
 
 RUN_API = {
     "Approval", "ApprovalCheck", "ApprovalInvalid", "ArtifactNotFound", "ArtifactRef",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.approvals import covers
-from outbox.artifacts import ArtifactRef, digest_of
-from outbox.checkpoints import bounded, encoded_size
 from outbox.errors import CheckpointTooLarge, ConfigurationError
-from outbox.retry import RetryPolicy
+from outbox.runs.approvals import covers
+from outbox.runs.artifacts import ArtifactRef, digest_of
+from outbox.runs.checkpoints import bounded, encoded_size
+from outbox.runs.retry import RetryPolicy
+from outbox.runs.workflows import VersionPolicy, Workflow
 from outbox.settings import OutboxSettings
-from outbox.workflows import VersionPolicy, Workflow
 
 
 def test_checkpoint_over_the_limit_names_size_limit_and_artifacts() -> None:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from outbox.errors import IllegalTransition
-from outbox.states import ALLOWED, RunState, check, is_allowed, sources
+from outbox.runs.states import ALLOWED, RunState, check, is_allowed, sources
 
 SPECIFIED = {
     ("queued", "running"),
@@ -48,6 +48,6 @@ def test_sources_inverts_the_table() -> None:
 
 
 def test_state_values_match_the_database_check_constraint() -> None:
-    from outbox.tables import RUN_STATES  # noqa: PLC0415
+    from outbox.db.tables import RUN_STATES  # noqa: PLC0415
 
     assert tuple(s.value for s in RunState) == RUN_STATES

@@ -17,15 +17,9 @@ from prometheus_client import CollectorRegistry
 from consumers import Consumer, Runner
 from consumers.settings import ConsumerSettings
 from outbox.backoff import Backoff
+from outbox.cli.daemon import EXIT_CONFIG, EXIT_FAILED, run_daemon
 from outbox.errors import ConfigurationError, OutboxError
-from outbox.runtime import (
-    EXIT_CONFIG,
-    EXIT_FAILED,
-    HealthServer,
-    Lifecycle,
-    MetricFamilies,
-    run_daemon,
-)
+from outbox.runtime import HealthServer, Lifecycle, MetricFamilies
 from relay.daemon import Relay
 from relay.settings import RelaySettings
 

@@ -1,4 +1,4 @@
-"""outbox.tracing: no-ops without OpenTelemetry or a provider; real spans with one."""
+"""outbox.runtime.tracing: no-ops without OpenTelemetry or a provider; real spans with one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from outbox import tracing
+from outbox.runtime import tracing
 from tests.tracing_support import installed_provider
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine
 
-from outbox.dsn import sqlalchemy_url, with_database
+from outbox.db.dsn import sqlalchemy_url, with_database
 
 
 def _admin(dsn: str, statement: str) -> None:

@@ -3,7 +3,7 @@
 Each case knows its expected outcome, decided by construction (not by re-running the
 library's own checks): ``expect`` is ``None`` for a valid envelope, the field
 :class:`~outbox.errors.InvalidMessage` must name, or ``"validation:<field>"`` when building
-the :class:`~outbox.envelope.Envelope` itself must fail (wrong types are "checked when
+the :class:`~outbox.messages.envelope.Envelope` itself must fail (wrong types are "checked when
 built": InvalidMessage too, with pydantic's ``ValidationError`` as its cause).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from outbox.envelope import MAX_PAYLOAD_DEPTH
+from outbox.messages.envelope import MAX_PAYLOAD_DEPTH
 from outbox.settings import OutboxSettings
 
 ORDERED = "orders"

@@ -3,9 +3,9 @@
 Only what a test can observe is modelled: the state, the fencing token and version, who
 holds the lease and whether it is live, when a run may wake, its checkpoint, how many
 history rows it has, its confirmations and approvals. The legal moves come from
-:data:`outbox.states.ALLOWED` (tests/unit/test_runs_states.py holds that table to the spec);
-every other rule is written out here from the documentation of :mod:`outbox.runs`,
-:mod:`outbox.confirm` and :mod:`outbox.approvals`, not from their code.
+:data:`outbox.runs.states.ALLOWED` (tests/unit/test_runs_states.py holds that table to the spec);
+every other rule is written out here from the documentation of :mod:`outbox.runs.lifecycle`,
+:mod:`outbox.runs.confirm` and :mod:`outbox.runs.approvals`, not from their code.
 
 Times are three-valued, because every example runs inside one transaction, where
 ``now()`` stands still: ``none`` (NULL), ``due`` (at or before now) and ``later`` (after).
@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from outbox.states import ALLOWED, RunState
+from outbox.runs.states import ALLOWED, RunState
 
 RUNNING = RunState.RUNNING.value
 

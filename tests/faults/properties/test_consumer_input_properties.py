@@ -34,7 +34,7 @@ from hypothesis import given, settings
 from kafka import KafkaAdminClient, KafkaProducer
 from sqlalchemy import Engine, text
 
-from outbox.dsn import sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
 from tests.e2e.conftest import read_topic, wait_until
 from tests.faults.properties.consumer_app import EFFECTS_DDL
 from tests.faults.properties.consumer_cases import (

@@ -20,8 +20,8 @@ from consumers import Consumer, DeadLetter, HandlerContext
 from consumers.deadletter import DROPPED_HEADER, Sent
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor
+from outbox.db.schema import translate
 from outbox.kafka import RecordTooLarge
-from outbox.schema import translate
 from outbox.settings import OutboxSettings
 from tests.e2e.consumer_support import settings
 from tests.faults.properties.consumer_app import EFFECTS_DDL, handle

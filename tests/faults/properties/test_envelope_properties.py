@@ -24,13 +24,13 @@ from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from outbox import aio
-from outbox.dsn import sqlalchemy_url
-from outbox.emit import emit, emit_many
-from outbox.envelope import Envelope
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.tables import outbox_messages
 from outbox.errors import InvalidMessage
-from outbox.leases import Lease
-from outbox.runs import claim, start_run
-from outbox.tables import outbox_messages
+from outbox.messages.emit import emit, emit_many
+from outbox.messages.envelope import Envelope
+from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import claim, start_run
 from tests.faults.properties.envelope_cases import FAULTS, SETTINGS, Case, batches, emits
 from tests.faults.properties.profiles import share
 

@@ -35,9 +35,6 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Connection, Engine, text
 
-from outbox.approvals import grant, request_approval, revalidate, revoke
-from outbox.checkpoints import KEEP
-from outbox.confirm import apply_confirmation
 from outbox.errors import (
     ApprovalInvalid,
     CheckpointTooLarge,
@@ -47,10 +44,22 @@ from outbox.errors import (
     LeaseLost,
     RunNotFound,
 )
-from outbox.leases import Lease
-from outbox.runs import claim, move, release, renew, save_checkpoint, start_run, transition, wake
+from outbox.runs.approvals import grant, request_approval, revalidate, revoke
+from outbox.runs.checkpoints import KEEP
+from outbox.runs.confirm import apply_confirmation
+from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import (
+    claim,
+    move,
+    release,
+    renew,
+    save_checkpoint,
+    start_run,
+    transition,
+    wake,
+)
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
 from tests.faults.properties.profiles import EXAMPLES, PROFILE
 from tests.faults.properties.run_model import (
     RUNNING,

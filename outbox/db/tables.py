@@ -1,8 +1,8 @@
 """The outboxkit tables as SQLAlchemy Core ``Table`` objects: one source of truth.
 
 Tables are declared in the placeholder schema ``outboxkit``; the real schema name comes
-from settings and is applied with ``schema_translate_map`` (see :func:`outbox.schema.translate`).
-The DDL that creates them lives in ``outbox/migrations/*.sql``; a test proves the two agree.
+from settings and is applied with ``schema_translate_map`` (see :func:`outbox.db.schema.translate`).
+The DDL that creates them lives in ``outbox/db/migrations/*.sql``; a test proves the two agree.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An :class:`Envelope` is checked for types when built; its content (topic name, NUL
 characters, encodability, size, required keys) is checked by :func:`encode`, which
-:func:`outbox.emit.emit` calls before it sends any statement, so a rejected message leaves
+:func:`outbox.messages.emit.emit` calls before it sends any statement, so a rejected message leaves
 the caller's transaction untouched. Either refusal is an :class:`~outbox.errors.InvalidMessage`
 naming the field.
 
@@ -30,9 +30,9 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from outbox import tracing
 from outbox.errors import InvalidMessage
-from outbox.ids import uuid7
+from outbox.messages.ids import uuid7
+from outbox.runtime import tracing
 from outbox.settings import OutboxSettings
 
 # Kafka's own rule (kafka.common.internals.Topic): 1-249 of these, and not "." or "..".
@@ -78,7 +78,7 @@ stops near 1,000 levels, less when its stack is already deep) can read what emit
 
 
 class Envelope(BaseModel):
-    """A message for Kafka, written to the outbox by :func:`outbox.emit.emit`.
+    """A message for Kafka, written to the outbox by :func:`outbox.messages.emit.emit`.
 
     ``message_id`` is the consumers' dedup key: keep the same id when the same logical
     message is emitted again (a retried step), never mint a new one.
@@ -95,7 +95,7 @@ class Envelope(BaseModel):
     key: str | bytes | None = Field(
         default=None, description="Kafka key: one key, one partition, in commit order."
     )
-    # Time-ordered (version 7): cheap to index in every consumer's dedup marks (outbox.ids).
+    # Time-ordered (version 7, outbox.messages.ids): cheap to index in every consumer's dedup marks.
     message_id: uuid.UUID = Field(default_factory=uuid7)
     correlation_id: str | None = None
     causation_id: str | None = None
@@ -335,7 +335,7 @@ def current_trace_headers() -> dict[str, str]:
     """W3C ``traceparent``/``tracestate`` of the active OpenTelemetry span, if any.
 
     OpenTelemetry is optional: without it installed, or without an active span, this is empty.
-    Inside :func:`outbox.emit.emit` the active span is its ``outbox.emit`` span.
+    Inside :func:`outbox.messages.emit.emit` the active span is its ``outbox.emit`` span.
     """
     return tracing.trace_headers()
 

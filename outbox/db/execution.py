@@ -19,8 +19,8 @@ from sqlalchemy.exc import DBAPIError, NoResultFound, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
+from outbox.db.schema import translate
 from outbox.errors import SchemaError
-from outbox.schema import translate
 from outbox.settings import OutboxSettings, default_settings
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ def missing_schema(exc: ProgrammingError, settings: OutboxSettings | None) -> Sc
     schema = (settings or default_settings()).schema_name
     return SchemaError(
         f"outboxkit tables are missing from schema {schema!r}: run `outbox migrate` "
-        "(outbox.migrate.migrate(engine)) against this database first"
+        "(outbox.db.migrate.migrate(engine)) against this database first"
     )
 
 

@@ -3,7 +3,7 @@
 ``outbox migrate`` lives here, with the helpers every command shares (``--database-url``,
 one-line errors, tables, JSON). All other commands come through the ``outboxkit.commands``
 entry-point group: the write side's operator commands (``outbox runs``, ``outbox messages``,
-``outbox purge``) from :mod:`outbox.commands`, ``outbox relay`` / ``outbox status`` from the
+``outbox purge``) from :mod:`outbox.cli.operator`, ``outbox relay`` / ``outbox status`` from the
 relay package, ``outbox dlq`` / ``outbox consume`` from consumers, ``outbox ops`` from dedup.
 So this module never imports them: the layering stays ``outbox`` ← ``relay`` ← ``consumers``.
 
@@ -25,10 +25,10 @@ import click
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from outbox.dsn import engine_for, redact, sqlalchemy_url
+from outbox.db.dsn import engine_for, redact, sqlalchemy_url
+from outbox.db.migrate import migrate, pending_sql
+from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError
-from outbox.migrate import migrate, pending_sql
-from outbox.schema import translate
 from outbox.settings import OutboxSettings
 
 EXIT_FAILED, EXIT_USAGE = 1, 2

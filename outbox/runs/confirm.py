@@ -5,9 +5,9 @@ and holds no lease; it calls :func:`apply_confirmation` inside the transaction i
 handles the message. The move is fenced by the run's state instead (it must be ``waiting``)
 and is idempotent by ``confirmation_id``: a redelivered confirmation changes nothing.
 
-Outcomes and the moves they make (see :data:`outbox.states.ALLOWED`):
+Outcomes and the moves they make (see :data:`outbox.runs.states.ALLOWED`):
 
-* ``running`` — waiting → running, without a lease: the next :func:`outbox.runs.claim`
+* ``running`` — waiting → running, without a lease: the next :func:`outbox.runs.lifecycle.claim`
   picks the run up at once;
 * ``done`` — waiting → running → done (done is reachable only from running), two history
   rows, one statement; needs evidence;
@@ -28,13 +28,13 @@ from typing import Any, Literal
 
 from sqlalchemy import CTE, Insert, exists, func, insert, literal, select
 
-from outbox import fencing
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import agent_runs
+from outbox.db.tables import confirmations as applied
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition
-from outbox.execution import Plan, SyncConn, run_plan
+from outbox.runs import fencing
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.tables import agent_runs
-from outbox.tables import confirmations as applied
 
 Outcome = Literal["running", "done", "failed"]
 

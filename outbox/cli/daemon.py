@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from outbox.dsn import redact
+from outbox.db.dsn import redact
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.runtime.logs import configure_logging
 

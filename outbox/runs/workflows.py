@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import workflows as workflows_table
 from outbox.errors import ConfigurationError
-from outbox.execution import Plan, SyncConn, run_plan
-from outbox.retry import RetryPolicy
+from outbox.runs.retry import RetryPolicy
 from outbox.settings import OutboxSettings
-from outbox.tables import workflows as workflows_table
 
 Migration = Callable[[Any, str], Any]
 """``migrate(checkpoint, from_version) -> new checkpoint``."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from outbox.db.tables import SCHEMA
 from outbox.settings import OutboxSettings
-from outbox.tables import SCHEMA
 
 
 def translate(settings: OutboxSettings) -> dict[str | None, str | None]:
-    """The ``schema_translate_map`` execution option that puts :mod:`outbox.tables` in
+    """The ``schema_translate_map`` execution option that puts :mod:`outbox.db.tables` in
     ``settings.schema_name``: ``conn.execution_options(schema_translate_map=translate(s))``.
 
     Empty for the default schema: SQLAlchemy then skips rewriting every statement's text

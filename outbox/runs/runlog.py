@@ -18,11 +18,11 @@ from sqlalchemy import CTE, Insert, Integer, Text, cast, func, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from outbox.checkpoints import checked_json
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import run_log
 from outbox.errors import ConfigurationError
-from outbox.execution import Plan, SyncConn, run_plan
+from outbox.runs.checkpoints import checked_json
 from outbox.settings import OutboxSettings
-from outbox.tables import run_log
 
 Log = Mapping[int, Any]
 """Entries by sequence number (0-based, the order they are read back in)."""

@@ -2,7 +2,7 @@
 
 What stays: the run row (state, evidence, the idempotency key as a tombstone with
 ``purged_at`` set) and its whole history. A purged run is never claimed or requeued, and
-:func:`outbox.runs.start_run` with its key returns it (purged) instead of starting again.
+:func:`outbox.runs.lifecycle.start_run` with its key returns it (purged) instead of starting again.
 Each batch is one short statement over at most *batch_size* rows locked with
 ``FOR UPDATE SKIP LOCKED``, so retention never waits on, or blocks, live workers for long.
 """
@@ -16,12 +16,12 @@ from datetime import timedelta
 from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import agent_runs, run_archive, step_results
+from outbox.db.tables import run_log as log
 from outbox.errors import ConfigurationError
-from outbox.execution import Plan, SyncConn, run_plan
+from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
-from outbox.states import FINISHED, RunState
-from outbox.tables import agent_runs, run_archive, step_results
-from outbox.tables import run_log as log
 
 DEFAULT_STATES = frozenset(FINISHED)
 

@@ -35,14 +35,14 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox import tracing
-from outbox.envelope import Envelope, encode
+from outbox.db.execution import AsyncConn, SyncConn, driver_row_async, missing_schema
+from outbox.db.queries import driver_sql
 from outbox.errors import InvalidMessage, LeaseLost
-from outbox.execution import AsyncConn, SyncConn, driver_row_async, missing_schema
-from outbox.failpoints import failpoint
-from outbox.lanes import lane_for, ordering_lock_key
-from outbox.leases import Lease
-from outbox.queries import driver_sql
+from outbox.messages.envelope import Envelope, encode
+from outbox.messages.lanes import lane_for, ordering_lock_key
+from outbox.runs.leases import Lease
+from outbox.runtime import tracing
+from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings, default_settings
 
 
@@ -219,7 +219,7 @@ def _prepare(
     envelope: Envelope, lease: Lease | None, settings: OutboxSettings, notify: bool
 ) -> tuple[str, dict[str, Any]]:
     """:func:`emit`'s statement and its parameters."""
-    return driver_sql("outbox", "emit", settings.schema_name), _message(
+    return driver_sql("outbox.db", "emit", settings.schema_name), _message(
         envelope, lease, settings
     ) | _common(lease, settings, notify)
 
@@ -291,7 +291,7 @@ def _batch(
 
     The rows go in lock order (a stable sort, so one key's messages keep the order given),
     and the locks are the distinct lock keys, ascending: the one global order. What the
-    statement (outbox/queries.sql: ``emit_many``) does with them:
+    statement (outbox/db/queries.sql: ``emit_many``) does with them:
 
     * ``locked`` takes one lock per distinct key, in the order of the ``locks`` array
       (ascending, sorted in Python). Why that order is guaranteed: a ``WITH ORDINALITY``
@@ -322,7 +322,7 @@ def _batch(
         "headers": [m["headers"] for m in rows],
         "run_ids": [m["run_id"] for m in rows],
     }
-    return driver_sql("outbox", "emit_many", settings.schema_name), params
+    return driver_sql("outbox.db", "emit_many", settings.schema_name), params
 
 
 def _locks(messages: list[dict[str, Any]], settings: OutboxSettings) -> list[int]:

@@ -1,7 +1,7 @@
 """The write side's operator commands: ``outbox runs``, ``outbox messages``, ``outbox purge``.
 
 Registered in the ``outboxkit.commands`` entry-point group like every other package's
-commands (so ``python -m outbox.cli`` and the ``outbox`` script find them the same way).
+commands (so ``python -m outbox.cli.main`` and the ``outbox`` script find them the same way).
 Each reads ``--database-url`` / ``OUTBOXKIT_DATABASE_URL``, prints data as a table or, with
 ``--json``, as JSON, and reports a failure as one line (exit 1; bad usage: exit 2).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import click
 from sqlalchemy import select
 
-from outbox.cli import (
+from outbox.cli.main import (
     compact_json,
     database_url_option,
     echo_json,
@@ -26,13 +26,13 @@ from outbox.cli import (
     one_line_errors,
     open_engine,
 )
+from outbox.db.tables import RUN_STATES, operations
 from outbox.errors import IllegalTransition
-from outbox.messages import Listed, list_messages, retry_messages, run_messages
-from outbox.retention import DEFAULT_STATES, purge, purgeable
-from outbox.runs import RunView, get_run, history, list_runs, move, view_run
+from outbox.messages.backlog import Listed, list_messages, retry_messages, run_messages
+from outbox.runs.lifecycle import RunView, get_run, history, list_runs, move, view_run
+from outbox.runs.retention import DEFAULT_STATES, purge, purgeable
+from outbox.runs.states import RunState, sources
 from outbox.settings import OutboxSettings
-from outbox.states import RunState, sources
-from outbox.tables import RUN_STATES, operations
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the data as JSON.")
 limit_option = click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,

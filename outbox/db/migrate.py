@@ -1,4 +1,4 @@
-"""Apply the numbered SQL files in ``outbox/migrations`` to a database, once each, in order.
+"""Apply the numbered SQL files in ``outbox/db/migrations`` to a database, once each, in order.
 
 Each file runs in its own transaction together with its ``schema_versions`` row, under a
 transaction-level advisory lock: two migrators started together apply each file once (the
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, TextClause
 
-from outbox.dsn import engine_for
+from outbox.db.dsn import engine_for
+from outbox.db.hashing import stable_hash64
+from outbox.db.queries import DIALECT, quote_identifier, sql
 from outbox.errors import ConfigurationError, SchemaError
-from outbox.hashing import stable_hash64
-from outbox.queries import DIALECT, quote_identifier, sql
 from outbox.settings import OutboxSettings, default_settings
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
@@ -33,7 +33,7 @@ _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 @dataclass(frozen=True)
 class Migration:
     """One numbered SQL file; ``{schema}`` in it stands for the configured schema name
-    (quoted as every statement quotes it: :func:`outbox.queries.quote_identifier`)."""
+    (quoted as every statement quotes it: :func:`outbox.db.queries.quote_identifier`)."""
 
     version: int
     name: str
@@ -48,7 +48,7 @@ class Migration:
 def migrations() -> tuple[Migration, ...]:
     """Every migration shipped with this outboxkit, in version order."""
     found = []
-    for entry in importlib.resources.files("outbox").joinpath("migrations").iterdir():
+    for entry in importlib.resources.files("outbox.db").joinpath("migrations").iterdir():
         match = _FILE_NAME.match(entry.name)
         if match:
             found.append(Migration(int(match["version"]), match["name"], entry.read_text("utf-8")))
@@ -98,12 +98,12 @@ def pending_sql(bind: Engine | Connection, *, settings: OutboxSettings | None = 
 def applied_versions(conn: Connection, schema: str) -> set[int]:
     """Versions recorded in ``schema_versions``; empty when the schema does not exist yet."""
     exists = conn.execute(
-        sql("outbox", "schema_versions_exists", schema),
+        sql("outbox.db", "schema_versions_exists", schema),
         {"name": f"{quote_identifier(schema)}.schema_versions"},
     ).scalar()
     if exists is None:
         return set()
-    return set(conn.execute(sql("outbox", "applied_versions", schema)).scalars())
+    return set(conn.execute(sql("outbox.db", "applied_versions", schema)).scalars())
 
 
 def check_schema(conn: Connection, *, settings: OutboxSettings | None = None) -> None:
@@ -156,11 +156,11 @@ def _transaction(conn: Connection) -> Iterator[None]:
 def _lock(schema: str) -> TextClause:
     """The migrators' lock, held until the migration's transaction ends."""
     key = stable_hash64(b"outboxkit.migrate", schema.encode())
-    return sql("outbox", "migration_lock", schema).bindparams(key=key)
+    return sql("outbox.db", "migration_lock", schema).bindparams(key=key)
 
 
 def _record(schema: str, migration: Migration) -> TextClause:
-    return sql("outbox", "record_migration", schema).bindparams(
+    return sql("outbox.db", "record_migration", schema).bindparams(
         version=migration.version, name=migration.name
     )
 

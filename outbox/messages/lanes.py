@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from outbox.hashing import stable_hash64
+from outbox.db.hashing import stable_hash64
 
 
 def lane_for(key: bytes | None, message_id: uuid.UUID, lanes: int) -> int:

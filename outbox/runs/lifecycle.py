@@ -3,11 +3,12 @@
 Every function takes the caller's ``Connection`` or ``Session`` and **never commits**: the
 run's change becomes visible, together with whatever else the caller wrote (an outbox
 message, a step result), only when the caller commits. Writes by a lease holder are fenced
-(see :mod:`outbox.fencing`): after another worker claimed the run they raise
+(see :mod:`outbox.runs.fencing`): after another worker claimed the run they raise
 :class:`~outbox.errors.LeaseLost` and write nothing. The async twins live in :mod:`outbox.aio`.
 
 History rows whose ``from_state`` equals ``to_state`` are annotations (a lease taken over, a
-release, a version policy applied), not moves: the moves are exactly :data:`outbox.states.ALLOWED`.
+release, a version policy applied), not moves: the moves are exactly
+:data:`outbox.runs.states.ALLOWED`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from outbox import fencing, runlog
-from outbox.checkpoints import KEEP, Keep, bounded, checkpoint_value
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import agent_runs, run_transitions, workflows
 from outbox.errors import (
     ConfigurationError,
     EvidenceRequired,
@@ -49,13 +50,13 @@ from outbox.errors import (
     RunNotFound,
     WorkflowRetired,
 )
-from outbox.execution import Plan, SyncConn, run_plan
-from outbox.failpoints import failpoint
-from outbox.leases import Lease
+from outbox.runs import fencing, runlog
+from outbox.runs.checkpoints import KEEP, Keep, bounded, checkpoint_value
+from outbox.runs.leases import Lease
+from outbox.runs.states import ALLOWED, FINISHED, RunState, sources
+from outbox.runs.workflows import VersionPolicy, Workflow
+from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings
-from outbox.states import ALLOWED, FINISHED, RunState, sources
-from outbox.tables import agent_runs, run_transitions, workflows
-from outbox.workflows import VersionPolicy, Workflow
 
 runs = agent_runs
 MAX_POLICY_SKIPS = 16
@@ -596,7 +597,7 @@ def save_checkpoint(conn: SyncConn, lease: Lease, checkpoint: Any, *, step: str 
                     log: runlog.Log | None = None,
                     settings: OutboxSettings | None = None) -> Lease:
     """Store *checkpoint* (and *step*) for the leased run; never commits. *log*: entries of
-    the run's log (:mod:`outbox.runlog`) written in the same fenced statement."""
+    the run's log (:mod:`outbox.runs.runlog`) written in the same fenced statement."""
     bounded(checkpoint, settings)
     return run_plan(conn, save_checkpoint_plan(lease, checkpoint, step, settings, log), settings)
 

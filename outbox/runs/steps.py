@@ -17,8 +17,8 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import CTE, Insert, exists, insert, literal, select
 
-from outbox import fencing
-from outbox.checkpoints import KEEP, Keep, bounded, checkpoint_value, json_value
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import agent_runs, step_results
 from outbox.errors import (
     ConfigurationError,
     IllegalTransition,
@@ -26,11 +26,11 @@ from outbox.errors import (
     RunNotFound,
     StepAlreadyRecorded,
 )
-from outbox.execution import Plan, SyncConn, run_plan
-from outbox.leases import Lease
+from outbox.runs import fencing
+from outbox.runs.checkpoints import KEEP, Keep, bounded, checkpoint_value, json_value
+from outbox.runs.leases import Lease
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.tables import agent_runs, step_results
 
 T = TypeVar("T")
 

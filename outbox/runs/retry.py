@@ -17,15 +17,15 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from outbox import fencing
 from outbox.backoff import POLICY_NAMES, Backoff
 from outbox.backoff import check as check_backoff
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import agent_runs
 from outbox.errors import ConfigurationError, LeaseLost, RunError, RunNotFound
-from outbox.execution import Plan, SyncConn, run_plan
-from outbox.leases import Lease
+from outbox.runs import fencing
+from outbox.runs.leases import Lease
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.tables import agent_runs
 
 _TERMINAL = (RunState.FAILED, RunState.NEEDS_HUMAN)
 

@@ -40,12 +40,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from outbox.checkpoints import json_value
+from outbox.db.execution import Plan
+from outbox.db.tables import agent_runs, run_transitions, workflows
 from outbox.errors import IllegalTransition, LeaseLost, RunNotFound, WorkflowRetired
-from outbox.execution import Plan
-from outbox.leases import Lease
-from outbox.states import RunState
-from outbox.tables import agent_runs, run_transitions, workflows
+from outbox.runs.checkpoints import json_value
+from outbox.runs.leases import Lease
+from outbox.runs.states import RunState
 
 runs = agent_runs
 

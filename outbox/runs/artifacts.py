@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import artifacts
 from outbox.errors import ArtifactNotFound, ConfigurationError
-from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings
-from outbox.tables import artifacts
 
 _PREFIX = "sha256:"
 REF_KEY = "$artifact"

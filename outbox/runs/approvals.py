@@ -16,14 +16,14 @@ from typing import Any
 
 from sqlalchemy import func, literal, select, update
 
-from outbox.checkpoints import KEEP
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import agent_runs, approvals
 from outbox.errors import ApprovalInvalid, ConfigurationError, RunNotFound
-from outbox.execution import Plan, SyncConn, run_plan
-from outbox.leases import Lease
-from outbox.runs import transition_plan
+from outbox.runs.checkpoints import KEEP
+from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import transition_plan
+from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
-from outbox.states import RunState
-from outbox.tables import agent_runs, approvals
 
 
 @dataclass(frozen=True)

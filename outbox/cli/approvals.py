@@ -12,8 +12,7 @@ import uuid
 
 import click
 
-from outbox.approvals import Approval, grant, list_approvals, revoke
-from outbox.cli import (
+from outbox.cli.main import (
     compact_json,
     database_url_option,
     echo_json,
@@ -21,7 +20,8 @@ from outbox.cli import (
     one_line_errors,
     open_engine,
 )
-from outbox.commands import json_option, limit_option
+from outbox.cli.operator import json_option, limit_option
+from outbox.runs.approvals import Approval, grant, list_approvals, revoke
 
 by_option = click.option("--by", default=lambda: os.environ.get("USER", ""),
                          show_default="$USER", help="Who decides; recorded on the approval.")

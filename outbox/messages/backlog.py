@@ -32,10 +32,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import TIMESTAMP as TIMESTAMPTZ
 
+from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.tables import SCHEMA, outbox_failures
 from outbox.errors import ConfigurationError, RetryRefused
-from outbox.execution import Plan, SyncConn, run_plan
 from outbox.settings import OutboxSettings, default_settings
-from outbox.tables import SCHEMA, outbox_failures
 
 Listed = Literal["pending", "failed", "published"]
 

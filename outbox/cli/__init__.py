@@ -1,0 +1,1 @@
+"""The ``outbox`` command line: ``main`` is the entry point; each concern adds its group."""

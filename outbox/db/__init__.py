@@ -1,0 +1,1 @@
+"""Database plumbing: Core tables, named queries, migrations, DSNs, running plans."""
