@@ -12,8 +12,11 @@ is missing is skipped with a note), side by side in the same run:
     nothing with them;
 (n) batch mode with a handler that does nothing: the toolkit's own share (decoding, the
     dedup marks, the transaction, offsets);
-(b) batch mode: ``consumers.Runner`` with a per-message handler that inserts one row (the
-    README's shape; the marks in one statement, the handlers' INSERTs sent together);
+(b) batch mode: ``consumers.Runner`` with a per-message handler that inserts one row with
+    ``ctx.conn.execute`` (the README's shape; the marks in one statement, a round trip per
+    INSERT);
+(f) batch mode, the same handler deferring its row with ``ctx.defer_insert`` (the README's
+    fast way: the batch's rows in one statement before the commit);
 (c) batch mode with a batch handler that inserts the batch's rows in one statement;
 (d) per-message mode (a transaction per message) on the first ``--n-per-message`` messages;
 (e) kafka-python only: retry isolation: two 4-partition topics with the same
@@ -26,7 +29,7 @@ is missing is skipped with a note), side by side in the same run:
     (so the one call timeout is always inside).
 
 Each is a fresh consumer group reading the same topic; rates are measured from the first
-processed message to the last (start-up and group join excluded). (a) to (c) and (e) run in
+processed message to the last (start-up and group join excluded). (a) to (c), (f) and (e) run in
 ``--rounds`` alternating rounds (default 3) and their medians are reported, the ratios as
 the median of each round's ratio (the ceiling and the consumer measured side by side). Each
 phase also records how many cores this process used and how busy the whole machine was: on a
@@ -269,7 +272,8 @@ def consumer_rate(
     max_poll_records: int,
 ) -> Rate:
     """The toolkit's consumer with *client*; *handler*: "noop", "one" (an INSERT per
-    message, the README's shape) or "batch" (one INSERT per poll batch)."""
+    message, the README's shape), "deferred" (the same row through ``ctx.defer_insert``)
+    or "batch" (one INSERT per poll batch)."""
     with create_engine(sqlalchemy_url(url)).begin() as conn:
         conn.execute(text("TRUNCATE public.bench_effects, outboxkit.consumer_inbox"))
     settings = ConsumerSettings(
@@ -297,6 +301,12 @@ def consumer_rate(
             )
 
         app.register_batch(topic, write_batch)
+    elif handler == "deferred":
+
+        def defer_one(ctx: HandlerContext, order: Order) -> None:
+            ctx.defer_insert(effects, {"message_id": ctx.message_id, "n": order.n})
+
+        app.register(topic, defer_one)
     else:
 
         def write_one(ctx: HandlerContext, order: Order) -> None:
@@ -496,6 +506,7 @@ class ClientResults:
     raw: list[Rate] = field(default_factory=list)
     noop: list[Rate] = field(default_factory=list)
     batch: list[Rate] = field(default_factory=list)
+    deferred: list[Rate] = field(default_factory=list)
     batch_handler: list[Rate] = field(default_factory=list)
     per_message: Rate = field(default_factory=lambda: Rate(math.nan, math.nan, math.nan))
 
@@ -593,6 +604,9 @@ def measure(
                 mine.noop.append(rate("noop"))
                 log(f"round {round_}/{rounds}: (b) {client}, batch mode, per-message handler")
                 mine.batch.append(rate("one"))
+                log(f"round {round_}/{rounds}: (f) {client}, batch mode, per-message handler, "
+                    "ctx.defer_insert")
+                mine.deferred.append(rate("deferred"))
                 log(f"round {round_}/{rounds}: (c) {client}, batch mode, batch handler")
                 mine.batch_handler.append(rate("batch"))
             if isolation:
@@ -640,19 +654,23 @@ def client_figures(client: str, mine: ClientResults, n_pm: int, cpus: int) -> li
     raw = median([r.per_s for r in mine.raw])
     noop = median([r.per_s for r in mine.noop])
     batch = median([r.per_s for r in mine.batch])
+    deferred = median([r.per_s for r in mine.deferred])
     batch_handler = median([r.per_s for r in mine.batch_handler])
     per_message = mine.per_message.per_s
     noop_ratio = ratio_of(mine.raw, mine.noop)
     batch_ratio = ratio_of(mine.raw, mine.batch)
+    deferred_ratio = ratio_of(mine.raw, mine.deferred)
     handler_ratio = ratio_of(mine.raw, mine.batch_handler)
     batch_goal: tuple[str | None, bool | None]
     handler_goal: tuple[str | None, bool | None]
     if client == "kafka-python":
         batch_goal = (f">= {GOAL_BATCH_RATIO} x raw", batch_ratio >= GOAL_BATCH_RATIO)
+        deferred_goal: tuple[str | None, bool | None] = (
+            f">= {GOAL_BATCH_RATIO} x raw", deferred_ratio >= GOAL_BATCH_RATIO)
         handler_goal = (f">= {GOAL_HANDLER_RATIO} x raw", handler_ratio >= GOAL_HANDLER_RATIO)
         batch_rate_goal: tuple[str | None, bool | None] = (None, None)
     else:
-        batch_goal = (None, None)
+        batch_goal = deferred_goal = (None, None)
         handler_goal = (f">= {GOAL_CONFLUENT_HANDLER:,.0f} msg/s",
                         batch_handler >= GOAL_CONFLUENT_HANDLER)
         batch_rate_goal = (f">= {GOAL_CONFLUENT_BATCH:,.0f} msg/s",
@@ -665,9 +683,14 @@ def client_figures(client: str, mine: ClientResults, n_pm: int, cpus: int) -> li
                     f"(decode, dedup marks, transaction, offsets); {spent(mine.noop)}"),
         Figure(f"{prefix}.batch_msgs_per_s", batch, "msg/s", raw, batch_ratio,
                *batch_rate_goal,
-               note=f"per-message handler, one INSERT each (the README's shape); "
-                    f"{spent(mine.batch)}"),
+               note=f"per-message handler, one INSERT each through ctx.conn (the README's "
+                    f"shape); {spent(mine.batch)}"),
         Figure(f"{prefix}.batch_ratio", batch_ratio, "x", 1.0, batch_ratio, *batch_goal),
+        Figure(f"{prefix}.deferred_msgs_per_s", deferred, "msg/s", raw, deferred_ratio,
+               note=f"the same per-message handler, its row through ctx.defer_insert (the "
+                    f"README's fast way); {spent(mine.deferred)}"),
+        Figure(f"{prefix}.deferred_ratio", deferred_ratio, "x", 1.0, deferred_ratio,
+               *deferred_goal),
         Figure(f"{prefix}.batch_handler_msgs_per_s", batch_handler, "msg/s", raw,
                handler_ratio, *handler_goal,
                note=f"batch handler, one INSERT ... unnest per poll batch; "
@@ -678,7 +701,7 @@ def client_figures(client: str, mine: ClientResults, n_pm: int, cpus: int) -> li
                     f"{spent([mine.per_message])}"),
     ]
     for phase, rates in (("raw", mine.raw), ("noop", mine.noop), ("batch", mine.batch),
-                         ("batch_handler", mine.batch_handler)):
+                         ("deferred", mine.deferred), ("batch_handler", mine.batch_handler)):
         figures += cpu_budget(f"{prefix}.{phase}",
                               [Spent(r.per_s, r.cores, r.busy) for r in rates], raw, cpus)
     return figures

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, TableClause, insert
 
+from consumers.deferred import DeferredInserts
 from dedup.operations import OnSettle, Operation
 from dedup.perform import perform
 from dedup.policy import ReconcilePolicy
@@ -56,10 +57,15 @@ class HandlerContext:
         headers: Mapping[str, bytes],
         run_id: uuid.UUID | None,
         outbox_settings: OutboxSettings | None,
+        deferred: DeferredInserts | None = None,
     ) -> HandlerContext:
         """The consumer's constructor, one call per message: every field given, so the
         frozen dataclass's ``__init__`` (a guarded ``object.__setattr__`` per field, most of
-        the cost) is skipped. The result is the same frozen object."""
+        the cost) is skipped. The result is the same frozen object.
+
+        *deferred*: where :meth:`defer_insert` keeps rows until the consumer writes them
+        (batch mode); without it they are inserted at the call.
+        """
         self = _new(cls)
         self.__dict__.update(
             conn=conn,
@@ -72,8 +78,33 @@ class HandlerContext:
             headers=headers,
             run_id=run_id,
             outbox_settings=outbox_settings,
+            _deferred=deferred,  # not a field: not compared, not shown
         )
         return self
+
+    def defer_insert(self, table: TableClause, row: Mapping[str, Any]) -> None:
+        """Insert *row* into *table* later, with the batch's other rows, before the commit.
+
+        The fast way to write one row per message: in batch mode the batch's rows of a
+        table are sent in one multi-row ``INSERT`` after its handlers ran, instead of one
+        round trip per message. What you give up: no result or row count, a later
+        statement of this batch does not see the row, and an error in it (a unique
+        violation) is raised when the rows are written, not here. The consumer then rolls
+        the batch back and handles it again, each message in a savepoint with its own rows
+        written at its end, so the error is charged to the right message and nothing of the
+        failed attempt is committed. Outside batch mode (per-message mode, ``rehandle``)
+        the row is inserted now. Use ``ctx.conn.execute`` when you need the answer.
+
+        Args:
+            table: a SQLAlchemy ``Table`` (or ``sqlalchemy.table(...)``).
+            row: column name to value; rows of one table with the same columns are
+                written in one statement, in the order deferred.
+        """
+        deferred: DeferredInserts | None = self.__dict__.get("_deferred")
+        if deferred is None:
+            self.conn.execute(insert(table), row)
+        else:
+            deferred.add(table, row)
 
     def emit(self, envelope: Envelope) -> uuid.UUID:
         """Emit a follow-up message through the outbox in this message's transaction.

@@ -21,8 +21,10 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 
 from consumers.context import HandlerContext
+from consumers.deferred import DeferredInserts
 from consumers.errors import MalformedMessage
 from consumers.handlers import Registration
+from outbox.kafka import Record
 from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
 from outbox.settings import OutboxSettings
 
@@ -38,12 +40,18 @@ class Decoded(NamedTuple):
     times faster (immutable and compared by value all the same).
     """
 
-    record: Any
+    record: Record
     message_id: str
     headers: dict[str, bytes]
     payload: Any
 
-    def context(self, conn: Connection, group_id: str, settings: OutboxSettings) -> HandlerContext:
+    def context(
+        self,
+        conn: Connection,
+        group_id: str,
+        settings: OutboxSettings,
+        deferred: DeferredInserts | None = None,
+    ) -> HandlerContext:
         record = self.record
         return HandlerContext.of(
             conn=conn,
@@ -56,16 +64,17 @@ class Decoded(NamedTuple):
             headers=self.headers,
             run_id=_run_id(self.headers.get(HEADER_RUN_ID)),
             outbox_settings=settings,
+            deferred=deferred,
         )
 
 
-def message_id_of(record: Any) -> str | None:
+def message_id_of(record: Record) -> str | None:
     """The ``message-id`` header (what the relay sends), or None when it is not usable."""
     message_id, _ = _message_id(record)
     return message_id
 
 
-def _message_id(record: Any) -> tuple[str | None, str]:
+def _message_id(record: Record) -> tuple[str | None, str]:
     """The usable message id, or None and why not (absent, empty, not UTF-8, NUL, too long).
 
     The id is the dedup key, stored as PostgreSQL text in a unique index: one that cannot
@@ -87,7 +96,7 @@ def _message_id(record: Any) -> tuple[str | None, str]:
     return None, f"no {HEADER_MESSAGE_ID!r} header (the dedup key)"
 
 
-def decode(record: Any, registration: Registration | None) -> Decoded:
+def decode(record: Record, registration: Registration | None) -> Decoded:
     """Validate *record* for its topic's handler.
 
     Raises:

@@ -6,59 +6,51 @@ on that same transaction, so its writes and the mark commit together. The caller
 Kafka offsets only after the processor reported the commit (``committed``), so a crash in
 between redelivers messages whose marks are there: dropped.
 
-Batch mode puts a poll batch in one transaction: the marks in one statement, a savepoint
-per message (per-message handlers) or per bisected chunk (batch handlers), so a failing
-message is rolled back alone. The batch then commits what came before it; its attempt is
-counted in the failures table (so restarts do not reset the count) and the message is
-*parked*: nothing after it in its partition is handled, and its partition waits (paused by
-the runner, :mod:`consumers.parking`) until the retry is due, while the batch goes on with
-the other partitions. A retry is handled alone, before the rest of its batch. Messages with
-no message id, a payload that is not JSON or does not fit the model, or whose handler raises
-``DeadLetter`` go to the dead-letter topic at once; others after ``max_attempts`` attempts,
-unless an operation they started is still open in the ledger (its outcome will still be
-learnt: the message waits for it, :mod:`dedup.outstanding`).
+Batch mode puts a poll batch in one transaction: the marks in one statement, then the
+handlers without savepoints, then the rows they deferred (``ctx.defer_insert``,
+:mod:`consumers.deferred`), then the commit. If anything fails, that transaction is rolled
+back and the batch is handled again with a savepoint per message (per-message handlers) or
+per bisected chunk (batch handlers), each writing its deferred rows before its savepoint
+ends, so a failing message is rolled back alone and its error is its own. The batch then
+commits what came before it and the failing message is settled by :mod:`consumers.retries`:
+counted, then *parked* (nothing after it in its partition is handled, its partition waits
+until the retry is due, while the batch goes on with the other partitions) or dead-lettered.
+A retry is handled alone, before the rest of its batch.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Collection, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from consumers.app import Consumer
-from consumers.control import DeadLetter, RetryLater, SkipMessage
-from consumers.deadletter import Sent, dead_letter_headers, slim_copy
-from consumers.decode import Decoded, decode, message_id_of
+from consumers.control import SkipMessage
+from consumers.decode import Decoded, decode
+from consumers.deferred import DeferredInserts
 from consumers.errors import MalformedMessage
 from consumers.handlers import Registration
 from consumers.metrics import ConsumerMetrics
 from consumers.parking import Parked
-from consumers.pipeline import kept_inserts
+from consumers.retries import Committed, Retries, SendDeadLetter
 from dedup import failures
-from dedup.failures import headers_json
 from dedup.inbox import Mark, Marks, insert_new, mark, mark_many, unmark
-from dedup.operations import Operation
-from dedup.outstanding import awaited_operation
-from outbox.kafka import RecordTooLarge
+from outbox.kafka import Record
 from outbox.messages.envelope import HEADER_RUN_ID
 from outbox.runtime import tracing
 from outbox.runtime.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
-SendDeadLetter = Callable[[str, bytes | None, bytes | None, list[tuple[str, bytes]]], Sent]
-
 
 class _HandlerFailed(Exception):
-    """A handler raised inside the plain (savepoint-free) batch; carries where."""
+    """A handler raised inside the unguarded (savepoint-free) batch; carries where."""
 
     def __init__(self, index: int, error: BaseException) -> None:
         super().__init__(str(error))
@@ -87,6 +79,10 @@ class Progress:
 Position = tuple[str, int, int]  # (topic, partition, offset)
 
 
+def _no_commit(records: Sequence[Record]) -> None:
+    pass
+
+
 class Processor:
     """Processes records in order; ``committed`` is called after each database commit."""
 
@@ -98,22 +94,22 @@ class Processor:
         send_dead_letter: SendDeadLetter,
         *,
         stop: threading.Event | None = None,
-        committed: Callable[[Sequence[Any]], None] = lambda records: None,
+        committed: Committed = _no_commit,
     ) -> None:
         self.app = app
         self.settings = app.settings
         self.group = app.group_id
         self.engine = engine
         self.metrics = metrics
-        self.send_dead_letter = send_dead_letter
         self.stop = stop or threading.Event()
         self.committed = committed
+        self.retries = Retries(app, engine, metrics, send_dead_letter, committed)
         self._traced = tracing.enabled()
 
     # --- the entry point -----------------------------------------------------------------
     def process(
         self,
-        records: Sequence[Any],
+        records: Sequence[Record],
         retries: Collection[Position] = (),
         unsure: Sequence[Position] = (),
     ) -> Progress:
@@ -141,7 +137,7 @@ class Processor:
             if self.stop.is_set():
                 return Progress(handled, tuple(parked))
             error = self._once(record, recovering=True)
-            again = None if error is None else self._after_failure(record, error)
+            again = None if error is None else self.retries.settle(record, error)
             if again is None:
                 handled += 1
                 pending.remove(record)
@@ -158,7 +154,7 @@ class Processor:
                 pending = pending[ok:]
                 continue
             bad, rest = pending[ok], pending[ok + 1 :]
-            again = self._after_failure(bad, failed.error)
+            again = self.retries.settle(bad, failed.error)
             if again is None:
                 handled += 1
                 pending = rest
@@ -168,12 +164,12 @@ class Processor:
         return Progress(handled, tuple(parked))
 
     # --- batch mode ----------------------------------------------------------------------
-    def _batch(self, records: Sequence[Any]) -> tuple[int, _Failed | None]:
+    def _batch(self, records: Sequence[Record]) -> tuple[int, _Failed | None]:
         decoded: list[Decoded] = []
         failed: _Failed | None = None
         for index, record in enumerate(records):
             try:
-                decoded.append(decode(record, self._registration(record)))
+                decoded.append(decode(record, self.app.registrations.get(record.topic)))
             except MalformedMessage as exc:
                 failed = _Failed(index, exc)
                 break
@@ -194,7 +190,7 @@ class Processor:
             fresh, duplicates = self._mark_careful(conn, decoded)
             for d in duplicates:
                 self._duplicate(d)
-            ok, inner = self._handle_all(conn, fresh)
+            ok, inner = self._handle_guarded(conn, fresh)
             if inner is not None:
                 # Stop at the failing message: unmark it and everything after it in the batch.
                 for d in fresh[inner.index :]:
@@ -220,32 +216,27 @@ class Processor:
         """
         fresh: list[Decoded] = decoded
         duplicates: list[Decoded] = []
-        # The handlers' plain INSERTs are kept and sent together, the transaction in
-        # psycopg's pipeline mode (consumers.pipeline): an error among them surfaces later,
-        # so it does not name its message; any error rolls the whole batch back, and the
-        # careful path, without the pipeline, settles it.
-        with self.engine.connect() as conn, kept_inserts(conn) as kept:
+        deferred = DeferredInserts()
+        with self.engine.connect() as conn:
             tx = conn.begin()
             try:
                 if not self._all_new(conn, decoded):
-                    kept.discard()
                     tx.rollback()  # some were marked: the careful insert says which
                     tx = conn.begin()
                     fresh, duplicates = self._mark_careful(conn, decoded)
-                at = self._call_all(conn, fresh)
+                self._handle_unguarded(conn, fresh, deferred)
+                # An error in a deferred row names no message (-1, below): the careful
+                # path writes each message's rows in its savepoint and finds it.
+                deferred.write(conn)
                 failpoint("consumer.after_handler")
-                kept.send()  # the commit comes after every kept statement, and checks them
                 tx.commit()
             except _HandlerFailed as failure:
-                kept.discard()
                 tx.rollback()
                 index = -1 if failure.index < 0 else decoded.index(fresh[failure.index])
                 return index, failure.error
-            except Exception as exc:  # the commit itself failed: let the careful path decide
-                kept.discard()
+            except Exception as exc:  # deferred rows or the commit: let the careful path decide
                 tx.rollback()
                 return -1, exc
-        assert at == len(fresh)
         for d in duplicates:
             self._duplicate(d)
         self._done(fresh)
@@ -277,44 +268,72 @@ class Processor:
             return False
         return True
 
-    def _call_all(self, conn: Connection, items: list[Decoded]) -> int:
-        """Every handler of *items*, in order (batch handlers get their topic's run at once)."""
+    # --- calling handlers: one call, all unguarded, all guarded ---------------------------
+    def _calls(self, items: list[Decoded]) -> Iterator[tuple[int, Registration, list[Decoded]]]:
+        """*items* as handler calls: (index of the first item, registration, the items).
+
+        A per-message handler takes one item; a batch handler its topic's consecutive run.
+        """
+        registrations = self.app.registrations
         index = 0
         while index < len(items):
-            registration = self._registration(items[index].record)
-            assert registration is not None
+            topic = items[index].record.topic
+            registration = registrations[topic]
             end = index + 1
             if registration.batch_handler is not None:
-                while end < len(items) and items[end].record.topic == items[index].record.topic:
+                while end < len(items) and items[end].record.topic == topic:
                     end += 1
-            try:
-                self._call(conn, registration, items[index:end])
-            except Exception as exc:
-                # Which message of a batch handler's run failed is not known: -1.
-                raise _HandlerFailed(index if end == index + 1 else -1, exc) from exc
+            yield index, registration, items[index:end]
             index = end
-        return index
 
-    def _handle_all(self, conn: Connection, items: list[Decoded]) -> tuple[int, _Failed | None]:
-        """Run the handlers in savepoints; stop at the first failure (ok count, failure)."""
-        index = 0
-        while index < len(items):
-            registration = self._registration(items[index].record)
-            assert registration is not None
-            if registration.batch_handler is None:
-                error = self._in_savepoint(conn, registration, [items[index]])
-                if error is not None:
-                    return index, _Failed(index, error)
-                index += 1
-                continue
-            end = index
-            while end < len(items) and items[end].record.topic == items[index].record.topic:
-                end += 1
-            bad = self._bisect(conn, registration, items[index:end])
+    def _handle(
+        self,
+        conn: Connection,
+        registration: Registration,
+        items: list[Decoded],
+        deferred: DeferredInserts | None,
+    ) -> None:
+        """One handler call on *conn*: a per-message handler on its item, a batch handler on
+        its run; rows it defers go to *deferred* (None: inserted at once)."""
+        settings = self.app.outbox_settings
+        # No span to make when tracing is off (spans cost a provider lookup per message).
+        with self._span(items) if self._traced else nullcontext() as span:
+            if span is not None:
+                tracing.set_attributes(span, self._span_attributes(items))
+            if registration.batch_handler is not None:
+                registration.batch_handler(
+                    [(d.context(conn, self.group, settings, deferred), d.payload) for d in items]
+                )
+                return
+            assert registration.handler is not None
+            (item,) = items
+            registration.handler(item.context(conn, self.group, settings, deferred), item.payload)
+
+    def _handle_unguarded(
+        self, conn: Connection, items: list[Decoded], deferred: DeferredInserts
+    ) -> None:
+        """Every handler of *items*, in order, without savepoints; the first error aborts.
+
+        Raises:
+            _HandlerFailed: with the failing item's index, -1 for a batch handler's run of
+                several (which message failed is not known).
+        """
+        for start, registration, run in self._calls(items):
+            try:
+                self._handle(conn, registration, run, deferred)
+            except Exception as exc:
+                raise _HandlerFailed(start if len(run) == 1 else -1, exc) from exc
+
+    def _handle_guarded(
+        self, conn: Connection, items: list[Decoded]
+    ) -> tuple[int, _Failed | None]:
+        """Every handler of *items* in savepoints; stop at the first failure (ok count,
+        failure). A batch handler's failing run is bisected down to the failing message."""
+        for start, registration, run in self._calls(items):
+            bad = self._bisect(conn, registration, run)
             if bad is not None:
-                return index + bad.index, _Failed(index + bad.index, bad.error)
-            index = end
-        return index, None
+                return start + bad.index, _Failed(start + bad.index, bad.error)
+        return len(items), None
 
     def _bisect(
         self, conn: Connection, registration: Registration, items: list[Decoded]
@@ -334,9 +353,12 @@ class Processor:
     def _in_savepoint(
         self, conn: Connection, registration: Registration, items: list[Decoded]
     ) -> BaseException | None:
+        """One handler call and its deferred rows in a savepoint; the error, rolled back."""
+        deferred = DeferredInserts()
         savepoint = conn.begin_nested()
         try:
-            self._call(conn, registration, items)
+            self._handle(conn, registration, items, deferred)
+            deferred.write(conn)  # inside the savepoint: an error here is these items'
         except SkipMessage as exc:
             savepoint.rollback()
             if len(items) > 1:
@@ -350,7 +372,7 @@ class Processor:
         return None
 
     # --- per-message mode ----------------------------------------------------------------
-    def _one_by_one(self, records: Sequence[Any]) -> tuple[int, _Failed | None]:
+    def _one_by_one(self, records: Sequence[Record]) -> tuple[int, _Failed | None]:
         for index, record in enumerate(records):
             if self.stop.is_set():
                 return index, None
@@ -359,18 +381,21 @@ class Processor:
                 return index, _Failed(index, error)
         return len(records), None
 
-    def _once(self, record: Any, *, recovering: bool) -> BaseException | None:
-        """One message in its own transaction; the error if it failed (nothing committed)."""
+    def _once(self, record: Record, *, recovering: bool) -> BaseException | None:
+        """One message in its own transaction; the error if it failed (nothing committed).
+
+        Rows its handler defers are inserted at the call (there is no batch to join)."""
+        registration = self.app.registrations.get(record.topic)
         try:
-            decoded = decode(record, self._registration(record))
+            decoded = decode(record, registration)
         except MalformedMessage as exc:
             return exc
-        registration = self._registration(record)
         assert registration is not None
+        settings = self.app.outbox_settings
         with self.engine.connect() as conn:
             tx = conn.begin()
             try:
-                if not mark(conn, self.group, _mark(decoded), settings=self.app.outbox_settings):
+                if not mark(conn, self.group, _mark(decoded), settings=settings):
                     if recovering:  # handled meanwhile (by another process): recovered too
                         self._recovered(conn, record)
                     tx.commit()
@@ -378,11 +403,11 @@ class Processor:
                     self.committed([record])
                     return None
                 try:
-                    self._call(conn, registration, [decoded])
+                    self._handle(conn, registration, [decoded], None)
                 except SkipMessage as exc:
                     tx.rollback()
                     with conn.begin():
-                        mark(conn, self.group, _mark(decoded), settings=self.app.outbox_settings)
+                        mark(conn, self.group, _mark(decoded), settings=settings)
                     self._skipped(decoded, exc)
                     self.committed([record])
                     return None
@@ -400,143 +425,13 @@ class Processor:
         self.committed([record])
         return None
 
-    def _recovered(self, conn: Connection, record: Any) -> None:
+    def _recovered(self, conn: Connection, record: Record) -> None:
         failures.mark_recovered(
             conn, group=self.group, topic=record.topic, partition=record.partition,
             offset=record.offset,
         )
 
-    # --- failures --------------------------------------------------------------------------
-    def _after_failure(self, record: Any, error: BaseException) -> Parked | None:
-        """Count the failed attempt, then dead-letter the message (None) or park it."""
-        attempt = self._count_attempt(record, error)
-        if attempt.status in ("dead-lettered", "replayed"):
-            # Dead-lettered before (a redelivery of a message without a mark): move on.
-            self.committed([record])
-            return None
-        if isinstance(error, MalformedMessage | DeadLetter):
-            self._dead_letter(record, error, attempt.attempts)
-            return None
-        delay = self.settings.backoff(attempt.attempts)
-        if isinstance(error, RetryLater) and error.delay_s is not None:
-            delay = error.delay_s
-        awaited = None
-        if attempt.attempts >= self.settings.max_attempts:
-            awaited = self._awaited(record)
-            if awaited is None:
-                self._dead_letter(record, error, attempt.attempts)
-                return None
-            delay = max(delay, _until_check(awaited, self.settings.backoff_max_seconds))
-        log.warning(
-            "message at %s[%d]@%d failed (attempt %d%s), partition waits %.2f s: %s%s",
-            record.topic,
-            record.partition,
-            record.offset,
-            attempt.attempts,
-            "" if awaited else f" of {self.settings.max_attempts}",
-            delay,
-            _describe(error),
-            "" if awaited is None else (
-                f"; not dead-lettered: operation {awaited.id} ({awaited.operation} on "
-                f"{awaited.system}) is {awaited.status.value}, its outcome is still expected"),
-            extra={"event": "consumer.retry"},
-        )
-        return Parked(record.topic, record.partition, record.offset, time.monotonic() + delay)
-
-    def _awaited(self, record: Any) -> Operation | None:
-        """An open ledger operation started for this message: its outcome is still due."""
-        message_id = message_id_of(record)
-        if message_id is None:
-            return None
-        with self.engine.connect() as conn:
-            return awaited_operation(conn, message_id, settings=self.app.outbox_settings)
-
-    def _count_attempt(self, record: Any, error: BaseException) -> failures.Attempt:
-        self.metrics.failures.labels(record.topic).inc()
-        with self.engine.begin() as conn:
-            return failures.record_attempt(
-                conn,
-                group=self.group,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                message_id=message_id_of(record),
-                key=record.key,
-                payload=record.value,
-                headers=_storable(headers_json(record.headers or [])),
-                error=_describe(error),
-            )
-
-    def _dead_letter(self, record: Any, error: BaseException, attempts: int) -> None:
-        topic = record.topic + self.settings.dlq_suffix
-        headers = dead_letter_headers(
-            record, error=_describe(error), group=self.group, attempts=attempts
-        )
-        # Sent (and acknowledged) before the database records it: a crash in between sends
-        # it again on redelivery (a duplicate in the dead-letter topic), never loses it.
-        try:
-            sent = self.send_dead_letter(topic, record.key, record.value, headers)
-        except RecordTooLarge:
-            # The error headers pushed a record near the limit over it: retrying would fail
-            # for ever and stop the partition. The failures table has the bytes already.
-            sent = self.send_dead_letter(topic, *slim_copy(record, headers))
-        message_id = message_id_of(record)
-        with self.engine.begin() as conn:
-            if message_id is not None:
-                mark(
-                    conn,
-                    self.group,
-                    Mark(message_id, record.topic, record.partition, record.offset),
-                    settings=self.app.outbox_settings,
-                )
-            failures.mark_dead_lettered(
-                conn,
-                group=self.group,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                dlq_topic=sent.topic,
-                dlq_partition=sent.partition,
-                dlq_offset=sent.offset,
-            )
-        self.metrics.dead_lettered.labels(record.topic).inc()
-        log.error(
-            "message at %s[%d]@%d dead-lettered to %s after %d attempts: %s",
-            record.topic,
-            record.partition,
-            record.offset,
-            topic,
-            attempts,
-            _describe(error),
-            extra={"event": "consumer.dead_lettered"},
-        )
-        self.committed([record])
-
-    # --- helpers ---------------------------------------------------------------------------
-    def _registration(self, record: Any) -> Registration | None:
-        return self.app.registrations.get(record.topic)
-
-    def _call(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
-        if not self._traced:
-            # No span to make: call straight (spans cost a provider lookup per message).
-            self._invoke(conn, registration, items)
-            return
-        with self._span(items) as span:
-            if span is not None:
-                tracing.set_attributes(span, self._span_attributes(items))
-            self._invoke(conn, registration, items)
-
-    def _invoke(self, conn: Connection, registration: Registration, items: list[Decoded]) -> None:
-        settings = self.app.outbox_settings
-        if registration.batch_handler is not None:
-            registration.batch_handler(
-                [(d.context(conn, self.group, settings), d.payload) for d in items]
-            )
-            return
-        assert registration.handler is not None
-        assert len(items) == 1
-        registration.handler(items[0].context(conn, self.group, settings), items[0].payload)
-
+    # --- tracing and counting ------------------------------------------------------------
     def _span(self, items: list[Decoded]) -> AbstractContextManager[Any]:
         """``outbox.handle``, current around the handler (so its follow-ups join the trace).
 
@@ -598,17 +493,9 @@ class Processor:
             self.metrics.processed.labels(topic).inc(n)
 
 
-def _without_partition(records: Sequence[Any], of: Any) -> list[Any]:
+def _without_partition(records: Sequence[Record], of: Record) -> list[Record]:
     """*records* less those of *of*'s partition (they wait behind it)."""
     return [r for r in records if (r.topic, r.partition) != (of.topic, of.partition)]
-
-
-def _until_check(operation: Operation, longest: float) -> float:
-    """Seconds until the ledger next checks *operation*, at most *longest*."""
-    if operation.next_check_at is None:
-        return longest
-    wait = (operation.next_check_at - datetime.now(UTC)).total_seconds()
-    return min(longest, max(0.0, wait))
 
 
 def _mark(d: Decoded) -> Mark:
@@ -624,24 +511,3 @@ def _marks(decoded: list[Decoded]) -> Marks:
         [r.partition for r in records],
         [r.offset for r in records],
     )
-
-
-def _describe(exc: BaseException) -> str:
-    """The error as text any sink takes: PostgreSQL text, a UTF-8 Kafka header, a log line.
-
-    A message can put anything in an error (the schema check quotes a payload's unknown
-    field name, NUL and all; a handler may quote a lone surrogate from the payload); a sink
-    that refused it would fail the batch on every redelivery, so such characters are escaped.
-    """
-    return _text(f"{type(exc).__name__}: {exc}")[:4000]
-
-
-def _text(value: str) -> str:
-    """*value* with NUL and lone surrogates backslash-escaped (storable, encodable)."""
-    return value.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-
-
-def _storable(headers: dict[str, str]) -> dict[str, str]:
-    """Header names and values jsonb accepts: it refuses ``\\u0000`` (a header can hold
-    any bytes, and decoded UTF-8 can hold NUL)."""
-    return {_text(name): _text(value) for name, value in headers.items()}

@@ -10,8 +10,6 @@ Two ways, both recorded in the failures table (status ``replayed``):
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from sqlalchemy import Engine
 
 from consumers.app import Consumer
@@ -20,6 +18,7 @@ from consumers.decode import decode
 from consumers.errors import FailureNotFound
 from dedup import failures
 from dedup.inbox import Mark, mark, unmark
+from outbox.kafka import Record
 from outbox.settings import OutboxSettings
 
 
@@ -61,10 +60,11 @@ def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:
     """Run *app*'s handler on failure *failure_id*'s message now; its effect commits with
     its dedup mark and the ``replayed`` status, or (if it raises) not at all."""
     failure = _load(engine, failure_id)
-    record = SimpleNamespace(
+    record = Record(
         topic=failure.topic,
         partition=failure.partition,
         offset=failure.offset,
+        timestamp=-1,  # not kept in the failures table
         key=failure.key,
         value=failure.payload,
         headers=[(n, v.encode()) for n, v in failure.headers.items()],

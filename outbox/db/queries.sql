@@ -96,12 +96,13 @@ SELECT CAST(%(fence_run_id)s AS uuid) IS NULL OR EXISTS (SELECT 1 FROM fence) AS
        (SELECT count(*) FROM woken) AS woken
 
 -- name: save_checkpoint
--- outbox.aio.save_checkpoint's one statement, the durable agent's hot path: the fence of
--- outbox.fencing.statement (this run, its lease token and version, running, not purged) in
+-- The one statement of every checkpoint save (outbox.runs.runlog.save_statement: sync and
+-- async send it as is), the durable agent's hot path: the fence of
+-- outbox.runs.fencing.statement (this run, its lease token and version, running, not purged) in
 -- the UPDATE itself, which locks the row as fencing's FOR UPDATE does, and the entries of
--- the run's log (outbox/runlog.py; empty arrays: none), which go in only with a saved row.
+-- the run's log (outbox/runs/runlog.py; empty arrays: none), which go in only with a saved row.
 -- It returns only what the next lease needs (RETURNING the row would send the checkpoint back
--- to be parsed); a NULL version is a miss, which outbox.fencing.explain names. NULL step
+-- to be parsed); a NULL version is a miss, which outbox.runs.fencing.explain names. NULL step
 -- keeps the step. Arrays in binary (%(x)b), as emit_many's: in text, psycopg's escaping cost
 -- a save without entries ~0.3 ms of client CPU; in binary, 0.01 ms.
 WITH saved AS (

@@ -11,18 +11,18 @@ agent's request is completed when it is sent). The checkpoint says how many entr
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import CTE, Insert, Integer, Text, cast, func, literal, select
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import select
 
 from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.queries import driver_sql
 from outbox.db.tables import run_log
 from outbox.errors import ConfigurationError
 from outbox.runs.checkpoints import checked_json
-from outbox.settings import OutboxSettings
+from outbox.runs.leases import Lease
+from outbox.settings import OutboxSettings, default_settings
 
 Log = Mapping[int, Any]
 """Entries by sequence number (0-based, the order they are read back in)."""
@@ -46,21 +46,29 @@ def encoded(log: Log | None, settings: OutboxSettings | None) -> tuple[list[int]
     return seqs, texts
 
 
-def insert_from(seqs: list[int], texts: list[str]) -> Callable[[CTE], Insert]:
-    """The log's INSERT for a fenced write (``fencing.statement(also=...)``): one row per
-    entry for the run the write moved, none when it moved nothing."""
+def save_statement(lease: Lease, checkpoint: Any, step: str | None, log: Log | None,
+                   settings: OutboxSettings | None) -> tuple[str, dict[str, Any]]:
+    """The one fenced checkpoint write (the named query ``save_checkpoint``: checkpoint, step
+    and log entries in one statement) and its parameters; sync and async saves send it as is.
 
-    def also(moved: CTE) -> Insert:
-        rows = select(
-            moved.c.id,
-            func.unnest(literal(seqs, ARRAY(Integer))),
-            cast(func.unnest(literal(texts, ARRAY(Text))), JSONB),
-        )
-        stmt = pg_insert(run_log).from_select(["run_id", "seq", "entry"], rows)
-        return stmt.on_conflict_do_update(index_elements=[run_log.c.run_id, run_log.c.seq],
-                                          set_={"entry": stmt.excluded.entry})
+    Sent straight to psycopg: a durable agent saves one per model response and tool round,
+    and through SQLAlchemy Core the write cost ~2.7 ms of client CPU, this way ~1 ms.
+    """
+    seqs, entries = encoded(log, settings)
+    params = {"checkpoint": checked_json(checkpoint, settings), "step": step,
+              "run_id": lease.run_id, "token": lease.token, "version": lease.version,
+              "log_seqs": seqs, "log_entries": entries}
+    schema = (settings or default_settings()).schema_name
+    return driver_sql("outbox.db", "save_checkpoint", schema), params
 
-    return also
+
+def saved_lease(lease: Lease, row: Any) -> Lease | None:
+    """The lease after a save that returned *row*; ``None`` when the fence missed (then
+    :func:`outbox.runs.fencing.explain` says why)."""
+    if row.version is None:
+        return None
+    return Lease(run_id=lease.run_id, owner=lease.owner, token=lease.token,
+                 version=row.version, expires_at=row.lease_expires_at or lease.expires_at)
 
 
 def read_plan(run_id: uuid.UUID, upto: int | None) -> Plan[list[Any]]:
