@@ -1,5 +1,5 @@
-"""``python -m consumers module:app``: run an idempotent consumer app."""
+"""``python -m consumers module:app``: run an idempotent consumer app (``outbox consume``)."""
 
-from consumers.cli import main
+from consumers.commands import consume_command
 
-raise SystemExit(main())
+consume_command()

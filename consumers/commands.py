@@ -10,33 +10,45 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from consumers import cli
 from consumers.app import Consumer
 from consumers.deadletter import KafkaSender
 from consumers.errors import ConsumerError, FailureNotFound
 from consumers.replay import rehandle, republish
+from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
 from dedup.failures import STATUSES, FailedMessage, get_failure, list_failures
-from outbox.cli.flags import explain
+from outbox.cli.apps import import_app
+from outbox.cli.daemon import run_daemon
+from outbox.cli.flags import env_prefix, explain, settings_options
 from outbox.cli.main import database_url_option, echo_json, echo_table, one_line_errors, open_engine
 from outbox.errors import ConfigurationError
 from outbox.kafka import KafkaClientError
 from outbox.settings import OutboxSettings
 
 
-@click.command(
-    "consume",
-    context_settings={
-        "ignore_unknown_options": True,
-        "allow_extra_args": True,
-        "help_option_names": [],
-    },
-    add_help_option=False,
-)
-@click.pass_context
-def consume_command(ctx: click.Context) -> None:
-    """Run an idempotent consumer app: outbox consume module:app [flags of python -m consumers]."""
-    sys.exit(cli.main(ctx.args, prog="outbox consume"))
+@click.command("consume", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("app_path", metavar="MODULE:APP")
+@settings_options(ConsumerSettings)
+def consume_command(app_path: str, settings: ConsumerSettings) -> None:
+    """Run an idempotent consumer app (also `python -m consumers MODULE:APP`): MODULE:APP
+    names the consumers.Consumer object to run, as module:attribute.
+
+    Settings come from OUTBOXKIT_CONSUMER_* environment variables; options override them. A
+    bad value is reported as one line naming the setting, and the command exits with status 2.
+    """
+    # Help and errors name the command as typed (`outbox consume`, `python -m consumers`).
+    prog = click.get_current_context().command_path
+    # Past the shutdown bound: whatever was committed in PostgreSQL but not in Kafka is
+    # redelivered and dropped by the dedup marks.
+    sys.exit(run_daemon(prog, lambda: Runner(load_app(app_path, settings)), settings))
+
+
+def load_app(path: str, settings: ConsumerSettings) -> Consumer:
+    """Import ``module:attribute`` and give it *settings* (the command's, options applied)."""
+    app = import_app(path, Consumer, "a consumers.Consumer")
+    app.settings = settings
+    app.group_id = settings.group_id or app.group_id
+    return app
 
 
 @click.group("dlq")
@@ -100,7 +112,7 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
         try:
             backend = ConsumerSettings(kafka_bootstrap=kafka_bootstrap).kafka()
         except ValidationError as exc:
-            raise ConfigurationError(explain(exc, "OUTBOXKIT_CONSUMER_")) from exc
+            raise ConfigurationError(explain(exc, env_prefix(ConsumerSettings))) from exc
         sender = KafkaSender(backend, client_id="outbox-dlq-replay")
         try:
             for failure_id in failure_ids:
@@ -127,8 +139,9 @@ def _app(path: str) -> Consumer:
     try:
         settings = ConsumerSettings()
     except ValidationError as exc:
-        raise ConfigurationError(explain(exc, cli.ENV_PREFIX).splitlines()[0]) from exc
-    return cli.load_app(path, settings)
+        raise ConfigurationError(
+            explain(exc, env_prefix(ConsumerSettings)).splitlines()[0]) from exc
+    return load_app(path, settings)
 
 
 def _rehandle(app: Consumer, engine: Any, failure_id: int) -> None:

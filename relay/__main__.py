@@ -1,5 +1,5 @@
-"""``python -m relay``: the outbox relay daemon."""
+"""``python -m relay``: the outbox relay daemon (the ``outbox relay`` command)."""
 
-from relay.cli import main
+from relay.commands import relay_command
 
-raise SystemExit(main())
+relay_command()

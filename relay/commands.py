@@ -1,4 +1,5 @@
-"""The relay's commands for the ``outbox`` command line: ``outbox relay``, ``outbox status``.
+"""The relay's commands for the ``outbox`` command line: ``outbox relay`` (the daemon, also
+``python -m relay``; ``outbox relay rebase``), ``outbox status``.
 
 Registered in the ``outboxkit.commands`` entry-point group, so ``outbox`` (in the base
 package) never imports the relay.
@@ -11,37 +12,33 @@ import sys
 
 import click
 
+from outbox.cli.daemon import run_daemon
+from outbox.cli.flags import load_settings, settings_options
 from outbox.cli.main import EXIT_USAGE, database_url_option, one_line_errors, require_url
 from outbox.db.dsn import engine_for
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
-from relay import cli
+from relay.daemon import Relay
 from relay.history import REBASE_HINT
 from relay.rebase import check_history, rebase
 from relay.settings import RelaySettings
 from relay.status import read_status
 
-DAEMON_ARGS = "outboxkit.daemon_args"
 
+@click.group("relay", invoke_without_command=True, subcommand_metavar="[rebase]",
+             context_settings={"help_option_names": ["-h", "--help"]})
+@settings_options(RelaySettings, prog="relay")
+def relay_command(settings: RelaySettings) -> None:
+    """Run the relay daemon until SIGTERM/SIGINT (also `python -m relay`); `outbox relay
+    rebase` after moving the database to another cluster.
 
-class DaemonGroup(click.Group):
-    """``outbox relay [flags]`` runs the daemon, whose own parser reads the flags (``--help``
-    included); ``outbox relay rebase`` is a subcommand."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args[:1] and args[0] in self.commands:
-            return super().parse_args(ctx, args)
-        ctx.meta[DAEMON_ARGS] = list(args)
-        return super().parse_args(ctx, [])
-
-
-@click.group("relay", cls=DaemonGroup, invoke_without_command=True, add_help_option=False)
-@click.pass_context
-def relay_command(ctx: click.Context) -> None:
-    """Run the relay daemon (all flags as in `python -m relay --help`);
-    `outbox relay rebase` after moving the database to another cluster."""
-    if ctx.invoked_subcommand is None:
-        sys.exit(cli.main(ctx.meta.get(DAEMON_ARGS, [])))
+    Settings come from OUTBOXKIT_RELAY_* environment variables; options override them. A bad
+    value is reported as one line naming the setting, and the command exits with status 2.
+    """
+    outbox_settings = load_settings(OutboxSettings, "relay")
+    # Past the shutdown bound, rows not yet marked are published again by the next relay
+    # (same message ids, dropped by consumers).
+    sys.exit(run_daemon("relay", lambda: Relay(settings, outbox_settings), settings))
 
 
 @relay_command.command("rebase")

@@ -77,7 +77,7 @@ def settings_table(
 ) -> str:
     """A Markdown table of *fields* (default: all) of the first of *classes*, naming the
     environment variable each of *classes* reads it from, and its command-line flag when
-    the daemons take one (``outbox.cli.flags.add_setting_flags``)."""
+    the daemons take one (``outbox.cli.flags.settings_options``)."""
     first = classes[0]
     names = list(fields if fields is not None else first.model_fields)
     header = ["environment variable", *(["flag"] if flags else []), "type", "default",

@@ -142,7 +142,7 @@ def _plugins() -> list[Any]:
     return list(entry_points(group="outboxkit.commands"))
 
 
-@click.group(cls=PluginGroup)
+@click.group("outbox", cls=PluginGroup)
 @click.version_option(package_name="outboxkit")
 def main() -> None:
     """outboxkit: crash-safe agent runs, the transactional outbox, and its Kafka relay."""

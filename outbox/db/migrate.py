@@ -4,27 +4,23 @@ Each file runs in its own transaction together with its ``schema_versions`` row,
 transaction-level advisory lock: two migrators started together apply each file once (the
 second waits, then finds it applied). Running ``migrate`` again is harmless.
 
-Command line: ``python -m outbox.migrate [--database-url URL] [--dry-run]``.
+Command line: ``outbox migrate [--database-url URL] [--dry-run]`` (:mod:`outbox.cli.main`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import importlib.resources
-import os
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, TextClause
 
-from outbox.db.dsn import engine_for
 from outbox.db.hashing import stable_hash64
 from outbox.db.queries import DIALECT, quote_identifier, sql
-from outbox.errors import ConfigurationError, SchemaError
+from outbox.errors import SchemaError
 from outbox.settings import OutboxSettings, default_settings
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
@@ -114,7 +110,7 @@ def check_schema(conn: Connection, *, settings: OutboxSettings | None = None) ->
     if not done:
         raise SchemaError(
             f"the outboxkit schema {schema!r} does not exist in this database: "
-            "run `outbox migrate` (python -m outbox.migrate)"
+            "run `outbox migrate`"
         )
     if max(done) > wanted:
         raise SchemaError(
@@ -125,7 +121,7 @@ def check_schema(conn: Connection, *, settings: OutboxSettings | None = None) ->
     if missing:
         raise SchemaError(
             f"the outboxkit schema {schema!r} lacks migrations {missing}: "
-            "run `outbox migrate` (python -m outbox.migrate)"
+            "run `outbox migrate`"
         )
 
 
@@ -168,31 +164,3 @@ def _record(schema: str, migration: Migration) -> TextClause:
 def _literal(statement: TextClause) -> str:
     """*statement* with its values written in, for the ``--dry-run`` script psql runs."""
     return str(statement.compile(dialect=DIALECT, compile_kwargs={"literal_binds": True})).strip()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m outbox.migrate``: migrate the database, or print what would run."""
-    parser = argparse.ArgumentParser(prog="outbox migrate", description=main.__doc__)
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("OUTBOXKIT_DATABASE_URL"),
-        help="postgresql:// URL (default: $OUTBOXKIT_DATABASE_URL)",
-    )
-    parser.add_argument("--dry-run", action="store_true", help="print the pending SQL only")
-    args = parser.parse_args(argv)
-    if not args.database_url:
-        raise ConfigurationError("give --database-url or set OUTBOXKIT_DATABASE_URL")
-    engine = engine_for(args.database_url)
-    try:
-        if args.dry_run:
-            sys.stdout.write(pending_sql(engine))
-        else:
-            versions = migrate(engine)
-            sys.stdout.write(f"applied {versions}\n" if versions else "up to date\n")
-    finally:
-        engine.dispose()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,13 +25,14 @@ Everything lives in a state folder (default ``.services/``, or OUTBOXKIT_SERVICE
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import click
 
 from outbox.errors import ServiceError
 from outbox.testing import kafka, kafka_cluster, pg_standby, postgres
@@ -334,98 +335,144 @@ def everything_runs(status: dict[str, dict[str, object] | None]) -> bool:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="outboxkit-services", description=__doc__.split("\n")[0])
-    parser.add_argument("--dir", help="state folder (default .services or OUTBOXKIT_SERVICES_DIR)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start PostgreSQL and Kafka, or reuse the running ones")
-    up.add_argument("--pg-port", type=int)
-    up.add_argument("--kafka-port", type=int)
-    up.add_argument("--kafka-controller-port", type=int)
-    up.add_argument("--standby", action="store_true",
-                    help="also a streaming standby of PostgreSQL (a replication slot)")
-    up.add_argument("--sync-standby", action="store_true",
-                    help="the standby, synchronous: a commit returns once the standby has it")
-    up.add_argument("--standby-port", type=int)
-    up.add_argument("--brokers", type=int, default=1,
-                    help="Kafka nodes: 1, the single broker (default), or 3, a replicated "
-                         "KRaft cluster (replication factor 3, min.insync.replicas=2)")
-    sub.add_parser("down", help="stop both services (data is kept; delete the folder to wipe)")
-    sub.add_parser("status", help="say what runs")
-    for name in ("start", "stop"):
-        one = sub.add_parser(name, help=f"{name} one service")
-        one.add_argument("service", choices=["postgres", "kafka", "standby", "kafka-node"])
-        one.add_argument("node", type=int, nargs="?", help="kafka-node: the node's id (1-3)")
-    sub.choices["stop"].add_argument(
-        "--kill", action="store_true", help="kafka-node: SIGKILL (a crash), not a clean stop")
-    sub.add_parser("promote", help="promote the standby (after `stop postgres`: a failover)")
-    args = parser.parse_args(argv)
-    services = LocalServices(args.dir)
-    try:
-        return _dispatch(services, args)
-    except ServiceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+class _ServicesGroup(click.Group):
+    """A :class:`ServiceError` is one ``error: ...`` line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ServiceError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
 
 
-def _dispatch(services: LocalServices, args: argparse.Namespace) -> int:
-    if args.command == "up":
-        started = time.monotonic()
-        endpoints = services.up(
-            pg_port=args.pg_port,
-            kafka_port=args.kafka_port,
-            kafka_controller_port=args.kafka_controller_port,
-            standby=args.standby,
-            sync_standby=args.sync_standby,
-            standby_port=args.standby_port,
-            brokers=args.brokers,
-        )
-        pids = ", ".join(str(p) for p in endpoints.kafka_pids)
-        plural = "s" if len(endpoints.kafka_pids) > 1 else ""
-        print(
-            f"PostgreSQL  {endpoints.database_url}  (pid {endpoints.postgres_pid})\n"
-            f"Kafka       {endpoints.kafka_bootstrap}  (pid{plural} {pids})\n"
-            f"ready in {time.monotonic() - started:.1f} s; state in {services.state_dir}",
-            file=sys.stderr,
-        )
-        sys.stdout.write(endpoints.exports())
-    elif args.command == "down":
-        stopped = services.down()
-        print(f"stopped: {', '.join(stopped) or 'nothing was running'}", file=sys.stderr)
-    elif args.command == "status":
-        status = services.status()
-        width = max(9, *(len(name) for name in status))
-        for name, info in status.items():
-            print(f"{name:<{width}} {json.dumps(info) if info else 'not running'}")
-        return 0 if everything_runs(status) else 3
-    elif args.command in ("start", "stop"):
-        return _start_or_stop(services, args)
-    elif args.command == "promote":
-        promoted = services.promote()
-        print(f"promoted: {promoted.dsn} accepts writes", file=sys.stderr)
-    return 0
+@click.group(cls=_ServicesGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dir", "state_dir",
+              help="state folder (default .services or OUTBOXKIT_SERVICES_DIR)")
+@click.pass_context
+def services_command(ctx: click.Context, state_dir: str | None) -> None:
+    """Run a real PostgreSQL and a real Kafka broker as local processes, without Docker."""
+    ctx.obj = LocalServices(state_dir)
 
 
-def _start_or_stop(services: LocalServices, args: argparse.Namespace) -> int:
-    if (args.service == "kafka-node") != (args.node is not None):
-        raise ServiceError("a node id goes with kafka-node and only with it: "
-                           "`stop kafka-node 2`, `start kafka-node 2`")
-    if args.command == "start":
-        if args.service == "postgres":
-            print(services.start_postgres().dsn)
-        elif args.service == "standby":
-            print(services.start_standby().dsn)
-        elif args.service == "kafka-node":
-            print(services.start_kafka_node(args.node).bootstrap)
-        else:
-            print(services.start_kafka_in_mode())
-        return 0
-    if args.service == "kafka-node":
-        stopped = services.stop_kafka_node(args.node, kill=args.kill)
+@services_command.command("up")
+@click.option("--pg-port", type=int)
+@click.option("--kafka-port", type=int)
+@click.option("--kafka-controller-port", type=int)
+@click.option("--standby", is_flag=True,
+              help="also a streaming standby of PostgreSQL (a replication slot)")
+@click.option("--sync-standby", is_flag=True,
+              help="the standby, synchronous: a commit returns once the standby has it")
+@click.option("--standby-port", type=int)
+@click.option("--brokers", type=int, default=1,
+              help="Kafka nodes: 1, the single broker (default), or 3, a replicated KRaft "
+                   "cluster (replication factor 3, min.insync.replicas=2)")
+@click.pass_obj
+def up_command(services: LocalServices, *, pg_port: int | None, kafka_port: int | None,
+               kafka_controller_port: int | None, standby: bool, sync_standby: bool,
+               standby_port: int | None, brokers: int) -> None:
+    """Start PostgreSQL and Kafka, or reuse the running ones; print their export lines."""
+    started = time.monotonic()
+    endpoints = services.up(
+        pg_port=pg_port,
+        kafka_port=kafka_port,
+        kafka_controller_port=kafka_controller_port,
+        standby=standby,
+        sync_standby=sync_standby,
+        standby_port=standby_port,
+        brokers=brokers,
+    )
+    pids = ", ".join(str(p) for p in endpoints.kafka_pids)
+    plural = "s" if len(endpoints.kafka_pids) > 1 else ""
+    click.echo(
+        f"PostgreSQL  {endpoints.database_url}  (pid {endpoints.postgres_pid})\n"
+        f"Kafka       {endpoints.kafka_bootstrap}  (pid{plural} {pids})\n"
+        f"ready in {time.monotonic() - started:.1f} s; state in {services.state_dir}",
+        err=True,
+    )
+    click.echo(endpoints.exports(), nl=False)
+
+
+@services_command.command("down")
+@click.pass_obj
+def down_command(services: LocalServices) -> None:
+    """Stop both services (data is kept; delete the folder to wipe)."""
+    stopped = services.down()
+    click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}", err=True)
+
+
+@services_command.command("status")
+@click.pass_context
+def status_command(ctx: click.Context) -> None:
+    """Say what runs (exit status 3 unless everything does)."""
+    services: LocalServices = ctx.obj
+    status = services.status()
+    width = max(9, *(len(name) for name in status))
+    for name, info in status.items():
+        click.echo(f"{name:<{width}} {json.dumps(info) if info else 'not running'}")
+    ctx.exit(0 if everything_runs(status) else 3)
+
+
+SERVICE = click.Choice(["postgres", "kafka", "standby", "kafka-node"])
+
+
+@services_command.command("start")
+@click.argument("service", type=SERVICE, metavar="SERVICE")
+@click.argument("node", type=int, required=False)
+@click.pass_obj
+def start_command(services: LocalServices, service: str, node: int | None) -> None:
+    """Start one SERVICE: postgres, kafka, standby, or kafka-node NODE (its id, 1-3)."""
+    _one_node(service, node)
+    if service == "postgres":
+        click.echo(services.start_postgres().dsn)
+    elif service == "standby":
+        click.echo(services.start_standby().dsn)
+    elif service == "kafka-node":
+        assert node is not None
+        click.echo(services.start_kafka_node(node).bootstrap)
+    else:
+        click.echo(services.start_kafka_in_mode())
+
+
+@services_command.command("stop")
+@click.argument("service", type=SERVICE, metavar="SERVICE")
+@click.argument("node", type=int, required=False)
+@click.option("--kill", is_flag=True, help="kafka-node: SIGKILL (a crash), not a clean stop")
+@click.pass_obj
+def stop_command(services: LocalServices, service: str, node: int | None, kill: bool) -> None:
+    """Stop one SERVICE: postgres, kafka, standby, or kafka-node NODE (its id, 1-3)."""
+    _one_node(service, node)
+    if service == "kafka-node":
+        assert node is not None
+        stopped = services.stop_kafka_node(node, kill=kill)
     else:
         stopped = {"postgres": services.stop_postgres, "kafka": services.stop_kafka,
-                   "standby": services.stop_standby}[args.service]()
-    print("stopped" if stopped else "was not running", file=sys.stderr)
+                   "standby": services.stop_standby}[service]()
+    click.echo("stopped" if stopped else "was not running", err=True)
+
+
+@services_command.command("promote")
+@click.pass_obj
+def promote_command(services: LocalServices) -> None:
+    """Promote the standby (after `stop postgres`: a failover)."""
+    promoted = services.promote()
+    click.echo(f"promoted: {promoted.dsn} accepts writes", err=True)
+
+
+def _one_node(service: str, node: int | None) -> None:
+    if (service == "kafka-node") != (node is not None):
+        raise ServiceError("a node id goes with kafka-node and only with it: "
+                           "`stop kafka-node 2`, `start kafka-node 2`")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``outboxkit-services`` and ``python -m outbox.testing.services``: run the command,
+    return its exit status (0 done, 1 a service failed, 2 bad usage, 3 ``status``: not
+    everything runs)."""
+    try:
+        services_command.main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     return 0
 
 

@@ -1,20 +1,20 @@
-"""The consumer's command line, run in this process (click's CliRunner for ``outbox``, the
-argparse ``main`` for ``python -m consumers``): help and errors name the command the user
-typed, never a bare ``consumers`` that runs nothing, and a bad setting is one line, exit 2."""
+"""The consumer's command line, run in this process (click's CliRunner, for ``outbox consume``
+and for the same command as ``python -m consumers``): help and errors name the command the
+user typed, never a bare ``consumers`` that runs nothing, and a bad setting is one line, exit 2."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 from click.testing import CliRunner
 
-from consumers import cli
+from consumers.commands import consume_command
 from outbox.cli.main import main as outbox_main
 
 
@@ -43,37 +43,33 @@ def outbox(*argv: str, **env: str) -> Ran:
 
 
 def python_m_consumers(*argv: str, **env: str) -> Ran:
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli.main(list(argv))
-            except SystemExit as exc:  # argparse: --help, usage errors
-                code = int(exc.code or 0)
-    return Ran(code, out.getvalue(), err.getvalue())
+    """What ``python -m consumers`` runs (its ``__main__`` calls this command), as it names
+    itself there (the next test checks that naming in a real ``python -m consumers``)."""
+    result = CliRunner().invoke(consume_command, list(argv), env=env,
+                                prog_name="python -m consumers")
+    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 def test_outbox_consume_help_shows_outbox_consume() -> None:
     done = outbox("consume", "--help")
     assert done.code == 0, done.stderr
-    assert done.stdout.startswith("usage: outbox consume [-h]")
+    assert done.stdout.startswith("Usage: outbox consume [OPTIONS] MODULE:APP")
     assert "module:attribute" in done.stdout
     assert "--max-attempts" in done.stdout
 
 
 def test_python_m_consumers_help_shows_how_it_was_run() -> None:
-    done = python_m_consumers("--help")
-    assert done.code == 0, done.stderr
-    assert done.stdout.startswith("usage: python -m consumers [-h]")
+    done = subprocess.run([sys.executable, "-m", "consumers", "--help"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: python -m consumers [OPTIONS] MODULE:APP")
 
 
 def test_outbox_consume_without_an_app_names_outbox_consume() -> None:
     missing = outbox("consume")
     assert missing.code == 2
-    assert "usage: outbox consume" in missing.stderr
-    assert "outbox consume: error: the following arguments are required: app" in missing.stderr
+    assert "Usage: outbox consume" in missing.stderr
+    assert "Error: Missing argument 'MODULE:APP'." in missing.stderr
 
 
 @pytest.mark.parametrize("run", [outbox, python_m_consumers], ids=["outbox", "python-m"])

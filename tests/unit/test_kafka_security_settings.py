@@ -5,15 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.net.sasl.plain import SaslMechanismPlain
 from pydantic import ValidationError
 
-from consumers import cli as consumer_cli
+from consumers.commands import consume_command
 from consumers.settings import ConsumerSettings
+from outbox.cli.daemon import EXIT_CONFIG
 from outbox.cli.flags import explain
 from outbox.settings import ConnectionSettings
-from relay import cli as relay_cli
+from relay.commands import relay_command
 from relay.settings import RelaySettings
 
 PASSWORD = "s3cr3t-Pa55"  # distinctive, so finding it anywhere in output is meaningful
@@ -163,30 +165,31 @@ class TestNeverPrinted:
         assert PASSWORD not in str(settings)
         assert PASSWORD not in str(settings.model_dump())
 
-    def test_not_in_the_relay_command_lines_error(self, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_not_in_the_relay_command_lines_error(self) -> None:
         argv = ["--kafka-security-protocol", "SASL_PLAINTEXT", "--kafka-sasl-password", PASSWORD]
-        assert relay_cli.main(argv) == relay_cli.EXIT_CONFIG
-        err = capsys.readouterr().err
+        done = CliRunner().invoke(relay_command, argv)
+        assert done.exit_code == EXIT_CONFIG
+        err = done.stderr
         assert "--kafka-sasl-mechanism" in err
         assert "--kafka-sasl-username" in err
         assert PASSWORD not in err
 
-    def test_not_in_the_consumer_command_lines_error(
-        self, capsys: pytest.CaptureFixture[str]
-    ) -> None:
+    def test_not_in_the_consumer_command_lines_error(self) -> None:
         argv = ["mod:app", "--kafka-sasl-password", PASSWORD]
-        assert consumer_cli.main(argv) == consumer_cli.EXIT_CONFIG
-        err = capsys.readouterr().err
+        done = CliRunner().invoke(consume_command, argv)
+        assert done.exit_code == EXIT_CONFIG
+        err = done.stderr
         assert "OUTBOXKIT_CONSUMER_KAFKA_SASL_PASSWORD" in err
         assert PASSWORD not in err
 
 
 def test_every_security_setting_has_a_flag() -> None:
-    text = relay_cli.parser().format_help() + consumer_cli.parser().format_help()
+    text = (CliRunner().invoke(relay_command, ["--help"]).stdout
+            + CliRunner().invoke(consume_command, ["--help"]).stdout)
     for flag in ("--kafka-security-protocol", "--kafka-sasl-mechanism", "--kafka-sasl-username",
                  "--kafka-sasl-password", "--kafka-ssl-cafile", "--kafka-ssl-certfile",
                  "--kafka-ssl-keyfile", "--kafka-ssl-check-hostname",
                  "--no-kafka-ssl-check-hostname"):
         assert text.count(flag) >= 2, flag  # once in each daemon's help
-    args = relay_cli.parser().parse_args(["--no-kafka-ssl-check-hostname"])
-    assert args.kafka_ssl_check_hostname is False
+    args = relay_command.make_context("relay", ["--no-kafka-ssl-check-hostname"]).params
+    assert args["kafka_ssl_check_hostname"] is False
