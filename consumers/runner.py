@@ -38,7 +38,7 @@ from outbox.db.migrate import check_schema
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError
 from outbox.kafka import Consumer as KafkaConsumer
-from outbox.kafka import ConsumerOptions, TopicPartition, UnreadableRecord
+from outbox.kafka import ConsumerOptions, TopicPartition, UnreadableRecord, describe_client
 from outbox.runtime import Lifecycle, required_database_url
 from outbox.runtime.failpoints import failpoint
 
@@ -106,14 +106,16 @@ class Runner:
 
     def run(self) -> int:
         s, app = self.settings, self.app
+        client = describe_client(self.kafka.name)
         log.info(
-            "consumer %s starting (topics %s, database %s, kafka %s, %s mode)",
+            "consumer %s starting (topics %s, database %s, kafka %s with %s, %s mode)",
             app.group_id,
             ", ".join(app.topics),
             redact(self._url),
             s.resolved_bootstrap(),
+            client,
             s.mode,
-            extra={"event": "consumer.start"},
+            extra={"event": "consumer.start", "kafka_client": client},
         )
         try:
             # Up before the waits of start-up: healthy (alive) while not yet ready.

@@ -27,7 +27,7 @@ from outbox.backoff import Backoff
 from outbox.db.dsn import engine_for, libpq_url, redact
 from outbox.db.queries import driver_sql, sql
 from outbox.errors import ConfigurationError
-from outbox.kafka import KafkaClientError
+from outbox.kafka import KafkaClientError, describe_client
 from outbox.runtime import Lifecycle, required_database_url
 from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings
@@ -187,13 +187,15 @@ class Relay:
 
     def run(self) -> int:
         s = self.settings
+        client = describe_client(s.resolved_kafka_client())
         log.info(
-            "relay %s starting (database %s, kafka %s, %d lanes)",
+            "relay %s starting (database %s, kafka %s with %s, %d lanes)",
             s.relay_id,
             redact(self._url),
             s.resolved_bootstrap(),
+            client,
             self.outbox.lanes,
-            extra={"event": "relay.start"},
+            extra={"event": "relay.start", "kafka_client": client},
         )
         self.lifecycle.serve_http(s.http_host, s.http_port, self.metrics.registry)
         self._listener = Listener(libpq_url(self._url), self.outbox.notify_channel, self.wake)

@@ -9,6 +9,8 @@ partition. Choose with ``OUTBOXKIT_KAFKA_CLIENT`` (or a daemon's own
 
 from __future__ import annotations
 
+import importlib
+
 from outbox.errors import ConfigurationError
 from outbox.kafka.api import (
     CLIENT_NAMES,
@@ -55,6 +57,7 @@ __all__ = [
     "TopicPartition",
     "UnreadableRecord",
     "backend",
+    "describe_client",
 ]
 
 
@@ -78,3 +81,26 @@ def backend(name: str, connection: Connection) -> Backend:
         f"unknown Kafka client {name!r}: set OUTBOXKIT_KAFKA_CLIENT to one of "
         + ", ".join(CLIENT_NAMES)
     )
+
+
+def describe_client(name: str) -> str:
+    """The Kafka client called *name* and its version, as the daemons' start-up lines name it:
+    ``kafka-python 3.0.12``, or ``confluent-kafka 2.16.1 (librdkafka 2.16.0)`` — librdkafka
+    can differ from the wheel's own version when it is linked from the system."""
+    if name == "kafka-python":
+        return f"kafka-python {_module_version('kafka')}"
+    if name == "confluent":
+        try:
+            confluent_kafka = importlib.import_module("confluent_kafka")
+        except ImportError:
+            return "confluent-kafka (not installed)"
+        return (f"confluent-kafka {_module_version('confluent_kafka')} "
+                f"(librdkafka {confluent_kafka.libversion()[0]})")
+    return f"{name} (unknown client)"
+
+
+def _module_version(module: str) -> str:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except (ImportError, AttributeError):
+        return "(version unknown)"

@@ -94,6 +94,12 @@ class TestRejections:
     def test_nul_in_a_bytes_key_is_fine_binary_data(self) -> None:
         assert encode(make(key=b"\x00\xff"), SETTINGS).key == b"\x00\xff"
 
+    def test_a_str_key_and_its_utf8_bytes_are_the_same_key(self) -> None:
+        text, raw = encode(make(key="café"), SETTINGS), encode(make(key="café".encode()), SETTINGS)
+        assert text.key == raw.key == "café".encode()
+        assert ordering_lock_key(text.topic, text.key) == ordering_lock_key(raw.topic, raw.key)
+        assert lane_for(text.key, text.message_id, 64) == lane_for(raw.key, raw.message_id, 64)
+
     def test_nul_in_a_header_value(self) -> None:
         assert rejected_field(make(correlation_id="c\x00")) == "headers['correlation-id']"
 

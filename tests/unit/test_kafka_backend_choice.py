@@ -1,12 +1,20 @@
-"""Choosing the Kafka client: one setting, a clear error for a wrong or missing one."""
+"""Choosing the Kafka client: one setting, a clear error for a wrong or missing one, and
+the daemons' start-up lines saying which client (and version) they run."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
+import confluent_kafka
+import kafka
 import pytest
 
+from consumers import Consumer
+from consumers.runner import Runner
+from consumers.settings import ConsumerSettings
 from outbox.errors import ConfigurationError
+from relay.daemon import Relay
 from relay.settings import RelaySettings
 
 
@@ -41,3 +49,51 @@ def test_confluent_without_its_package_says_how_to_install_it(
     settings = RelaySettings(kafka_bootstrap="127.0.0.1:9092", kafka_client="confluent")
     with pytest.raises(ConfigurationError, match=r"pip install 'outboxkit\[confluent\]'"):
         settings.kafka()
+
+
+class _Started(Exception):
+    """Raised where the daemon would open its HTTP port: the start-up line is logged by then."""
+
+
+def _stop_at_http(*_args: object) -> None:
+    raise _Started
+
+
+EXPECTED = {
+    "kafka-python": f"kafka-python {kafka.__version__}",
+    "confluent": f"confluent-kafka {confluent_kafka.__version__} "
+                 f"(librdkafka {confluent_kafka.libversion()[0]})",
+}
+
+
+@pytest.mark.parametrize("client", sorted(EXPECTED))
+def test_the_relays_start_up_line_names_the_kafka_client_and_its_version(
+    client: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("OUTBOXKIT_RELAY_KAFKA_CLIENT", raising=False)
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_CLIENT", client)
+    relay = Relay(RelaySettings(database_url="postgresql://app@127.0.0.1:9/app",
+                                kafka_bootstrap="127.0.0.1:9"))
+    monkeypatch.setattr(relay.lifecycle, "serve_http", _stop_at_http)
+    with caplog.at_level(logging.INFO, logger="relay.daemon"), pytest.raises(_Started):
+        relay.run()
+    [line] = [r for r in caplog.records if getattr(r, "event", None) == "relay.start"]
+    assert f"with {EXPECTED[client]}," in line.getMessage()
+    assert getattr(line, "kafka_client", None) == EXPECTED[client]
+
+
+@pytest.mark.parametrize("client", sorted(EXPECTED))
+def test_the_consumers_start_up_line_names_the_kafka_client_and_its_version(
+    client: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Consumer("start-up", settings=ConsumerSettings(
+        database_url="postgresql://app@127.0.0.1:9/app", kafka_bootstrap="127.0.0.1:9",
+        kafka_client=client))
+    app.register("orders", lambda ctx, payload: None)
+    runner = Runner(app)
+    monkeypatch.setattr(runner.lifecycle, "serve_http", _stop_at_http)
+    with caplog.at_level(logging.INFO, logger="consumers.runner"), pytest.raises(_Started):
+        runner.run()
+    [line] = [r for r in caplog.records if getattr(r, "event", None) == "consumer.start"]
+    assert f"with {EXPECTED[client]}," in line.getMessage()
+    assert getattr(line, "kafka_client", None) == EXPECTED[client]
