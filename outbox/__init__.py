@@ -1,15 +1,19 @@
 """outboxkit's write side: durable agent runs and the transactional outbox.
 
-Start here: :func:`start_run` queues a run; :func:`claim` leases one and returns its handle
-(:class:`ClaimedRun`), whose writes carry the lease for you; :func:`emit` adds a message in
-the caller's transaction. Nothing here commits. The asyncio twin of ``outbox.X`` is
-``outbox.aio.X``; ``settings=`` (keyword-only, default: the environment) binds the rest.
+Start here: an :class:`App` registers workflows as step functions, which ``outbox worker
+module:app`` (:mod:`outbox.worker`) runs. Underneath: :func:`start_run` queues a run;
+:func:`claim` leases one and returns its handle (:class:`ClaimedRun`), whose writes carry the
+lease for you; :func:`emit` adds a message in the caller's transaction. Nothing here commits.
+The asyncio twin of ``outbox.X`` is ``outbox.aio.X``; ``settings=`` (keyword-only, default:
+the environment) binds the rest.
 """
 
+from outbox.app import App
 from outbox.db.migrate import check_schema, migrate, pending_sql
 from outbox.errors import (
     ApprovalInvalid,
     ArtifactNotFound,
+    CheckpointInvalid,
     CheckpointTooLarge,
     ConfigurationError,
     EvidenceRequired,
@@ -61,11 +65,13 @@ from outbox.runs.steps import StepRecord, StepRun, record, recorded, run_step
 from outbox.runs.workflows import VersionPolicy, Workflow, register, retire
 
 __all__ = [
+    "App",
     "Approval",
     "ApprovalCheck",
     "ApprovalInvalid",
     "ArtifactNotFound",
     "ArtifactRef",
+    "CheckpointInvalid",
     "CheckpointTooLarge",
     "ClaimedRun",
     "ConfigurationError",

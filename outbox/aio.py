@@ -21,20 +21,19 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from outbox.db.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
-from outbox.db.queries import driver_sql
-from outbox.handle import RunHandle, transition_ends
+from outbox.handle import CP, RunHandle, transition_ends
 from outbox.messages.emit import _emit_async, _emit_many_async
 from outbox.messages.envelope import Envelope
 from outbox.runs import approvals, artifacts, fencing, retry, runlog, steps, workflows
 from outbox.runs import lifecycle as runs
-from outbox.runs.checkpoints import KEEP, checked_json
+from outbox.runs.checkpoints import KEEP
 from outbox.runs.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
 from outbox.runs.leases import Lease
 from outbox.runs.retention import DEFAULT_STATES, Progress, purge_batch_plan, purgeable_plan
 from outbox.runs.states import RunState
 from outbox.runs.workflows import Workflow
 from outbox.runtime.failpoints import failpoint
-from outbox.settings import OutboxSettings, default_settings
+from outbox.settings import OutboxSettings
 
 T = TypeVar("T")
 
@@ -76,12 +75,12 @@ __all__ = [
 async def start_run(conn: AsyncConn, *, workflow: str, workflow_version: str,
                     idempotency_key: str, checkpoint: Any = None,
                     prompt_version: str | None = None, tool_schema_version: str | None = None,
-                    settings: OutboxSettings | None = None) -> runs.Run:
+                    settings: OutboxSettings | None = None, notify: bool = True) -> runs.Run:
     """Async :func:`outbox.runs.lifecycle.start_run`."""
     return await run_plan_async(conn, runs.start_run_plan(
         workflow=workflow, workflow_version=workflow_version, idempotency_key=idempotency_key,
         checkpoint=checkpoint, prompt_version=prompt_version,
-        tool_schema_version=tool_schema_version, settings=settings), settings)
+        tool_schema_version=tool_schema_version, settings=settings, notify=notify), settings)
 
 
 async def claim(conn: AsyncConn, *, worker: str, lease_seconds: float,
@@ -108,30 +107,22 @@ async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
 async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
                           step: str | None = None, log: runlog.Log | None = None,
                           settings: OutboxSettings | None = None) -> Lease:
-    """Async :func:`outbox.runs.lifecycle.save_checkpoint`: the same fenced write, as one statement
-    sent straight to psycopg (a durable agent saves one per model response and tool round;
-    through SQLAlchemy Core the write cost ~2.7 ms of client CPU, this way ~1 ms)."""
-    seqs, entries = runlog.encoded(log, settings)
-    params = {"checkpoint": checked_json(checkpoint, settings), "step": step,
-              "run_id": lease.run_id, "token": lease.token, "version": lease.version,
-              "log_seqs": seqs, "log_entries": entries}
-    schema = (settings or default_settings()).schema_name
+    """Async :func:`outbox.runs.lifecycle.save_checkpoint`: the same statement, awaited."""
+    sql, params = runlog.save_statement(lease, checkpoint, step, log, settings)
     connection = await conn.connection() if isinstance(conn, AsyncSession) else conn
     try:
-        row = await driver_row_async(
-            connection, driver_sql("outbox.db", "save_checkpoint", schema), params)
+        row = await driver_row_async(connection, sql, params)
     except ProgrammingError as exc:
         if (translated := missing_schema(exc, settings)) is None:
             raise
         raise translated from exc
-    if row.version is None:
+    if (saved := runlog.saved_lease(lease, row)) is None:
         running = {RunState.RUNNING.value}
         await run_plan_async(
             conn, fencing.explain(lease.run_id, lease, RunState.RUNNING.value, running), settings)
         raise AssertionError("explain raises for a missed fenced write")  # pragma: no cover
     failpoint("outbox.after_checkpoint")
-    return Lease(run_id=lease.run_id, owner=lease.owner, token=lease.token,
-                 version=row.version, expires_at=row.lease_expires_at or lease.expires_at)
+    return saved
 
 
 async def read_log(conn: AsyncConn, run_id: uuid.UUID, *, upto: int | None = None,
@@ -158,14 +149,14 @@ async def move(conn: AsyncConn, run_id: uuid.UUID, to: RunState | str, *, actor:
                settings: OutboxSettings | None = None) -> runs.Run:
     """Async :func:`outbox.runs.lifecycle.move`."""
     return await run_plan_async(conn, runs.move_plan(
-        run_id, to, actor=actor, reason=reason, evidence=evidence, not_before=not_before),
-        settings)
+        run_id, to, actor=actor, reason=reason, evidence=evidence, not_before=not_before,
+        settings=settings), settings)
 
 
 async def wake(conn: AsyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
                settings: OutboxSettings | None = None) -> runs.Run:
     """Async :func:`outbox.runs.lifecycle.wake`."""
-    return await run_plan_async(conn, runs.wake_plan(run_id, at), settings)
+    return await run_plan_async(conn, runs.wake_plan(run_id, at, settings), settings)
 
 
 async def get_run(conn: AsyncConn, run_id: uuid.UUID, *,
@@ -215,7 +206,8 @@ async def handle_failure(conn: AsyncConn, lease: Lease, error: BaseException, *,
                          settings: OutboxSettings | None = None) -> retry.RetryOutcome:
     """Async :func:`outbox.runs.retry.handle_failure`."""
     return await run_plan_async(
-        conn, retry.handle_failure_plan(lease, error, policy, step, rng), settings)
+        conn, retry.handle_failure_plan(lease, error, policy, step, rng, settings=settings),
+        settings)
 
 
 async def store_artifact(conn: AsyncConn, content: bytes, *,
@@ -293,7 +285,7 @@ async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
                              settings: OutboxSettings | None = None) -> bool:
     """Async :func:`outbox.runs.confirm.apply_confirmation`; never commits."""
     plan = confirmation_plan(run_id, str(confirmation_id), outcome=outcome, evidence=evidence,
-                             actor=actor, reason=reason)
+                             actor=actor, reason=reason, settings=settings)
     return await run_plan_async(conn, plan, settings)
 
 
@@ -335,7 +327,7 @@ async def purge(engine: AsyncEngine, *, older_than: timedelta, batch_size: int =
     return progress.total
 
 
-class AsyncClaimedRun(RunHandle[AsyncConn]):
+class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
     """Async :class:`outbox.handle.ClaimedRun`: same methods, awaited; never commits."""
 
     async def transition(self, to: RunState | str, *, step: str | None = None,

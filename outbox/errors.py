@@ -19,6 +19,7 @@ stays attached::
     │   ├── LeaseSpent            this worker ended its own lease; claim the run again
     │   ├── EvidenceRequired      ``done`` needs evidence
     │   ├── CheckpointTooLarge    the checkpoint exceeds the configured bound
+    │   ├── CheckpointInvalid     the stored checkpoint does not fit the step function's type
     │   ├── StepAlreadyRecorded   the step has a recorded result; read it, don't redo it
     │   ├── ApprovalInvalid       an approval expired, was revoked or is out of scope
     │   ├── WorkflowRetired       the run's workflow no longer accepts work
@@ -167,6 +168,19 @@ class CheckpointTooLarge(RunError):
             "checkpoint; nothing was written. Retrying will not help."
         )
         self.size, self.limit = size, limit
+
+
+class CheckpointInvalid(RunError):
+    """The run's stored checkpoint does not validate as the type its step function declares."""
+
+    def __init__(self, run_id: UUID | None, workflow: str, expected: str, detail: str) -> None:
+        where = f"run {run_id}" if run_id is not None else "the checkpoint given"
+        super().__init__(
+            f"{where} of workflow {workflow!r}: the checkpoint is not a valid {expected} "
+            f"({detail}); fix the checkpoint (or the step function's annotation, or migrate "
+            "it with the workflow's migrate=). Retrying will not help."
+        )
+        self.run_id, self.workflow, self.expected = run_id, workflow, expected
 
 
 class StepAlreadyRecorded(RunError):

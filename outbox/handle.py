@@ -23,7 +23,9 @@ import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, cast
+
+from typing_extensions import TypeVar
 
 from outbox.db.execution import SyncConn
 from outbox.errors import LeaseSpent
@@ -40,19 +42,30 @@ from outbox.settings import OutboxSettings
 
 C = TypeVar("C")
 T = TypeVar("T")
+CP = TypeVar("CP", default=Any)
+"""The checkpoint's type: ``ClaimedRun[Order]`` (``Any`` when not given)."""
 
 
-class RunHandle(Generic[C]):
+class RunHandle(Generic[C, CP]):
     """What the sync and async handles share: the run, the lease and who ended it."""
 
     def __init__(self, conn: C, run: runs.Run, lease: Lease, *,
-                 settings: OutboxSettings | None = None, ended_by: str | None = None) -> None:
+                 settings: OutboxSettings | None = None, ended_by: str | None = None,
+                 checkpoint: Any = KEEP) -> None:
         self.conn = conn
         self.run = run
         """The run as claimed: resume from ``run.step`` / ``run.checkpoint``."""
         self.settings = settings
         self._lease = lease
         self._ended_by = ended_by
+        self._checkpoint = checkpoint
+
+    @property
+    def checkpoint(self) -> CP:
+        """The checkpoint as claimed: validated into the step function's type when a worker
+        (:class:`outbox.App`) runs it, otherwise ``run.checkpoint`` as stored (JSON)."""
+        value = self.run.checkpoint if self._checkpoint is KEEP else self._checkpoint
+        return cast(CP, value)
 
     @property
     def lease(self) -> Lease:
@@ -72,7 +85,7 @@ class RunHandle(Generic[C]):
     def on(self, conn: C) -> Self:
         """This run on *conn* (another transaction), starting from this handle's lease."""
         return type(self)(conn, self.run, self._lease, settings=self.settings,
-                          ended_by=self._ended_by)
+                          ended_by=self._ended_by, checkpoint=self._checkpoint)
 
     def _held(self) -> Lease:
         if self._ended_by is not None:
@@ -97,7 +110,7 @@ def transition_ends(to: RunState | str) -> str:
             "that ends the lease, in the same transaction)")
 
 
-class ClaimedRun(RunHandle[SyncConn]):
+class ClaimedRun(RunHandle[SyncConn, CP]):
     """A run this worker holds, bound to a ``Connection`` / ``Session``; never commits."""
 
     def transition(self, to: RunState | str, *, step: str | None = None,

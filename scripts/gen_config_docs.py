@@ -13,14 +13,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ of this checkout
 
 from consumers.settings import ConsumerSettings
+from outbox.worker import WorkerSettings
 from relay.settings import RelaySettings
-from tools.settings_docs import configuration_reference
+from tools.settings_docs import configuration_reference, settings_table
 
 TARGET = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
+WORKER = """
+## Agent worker (`OUTBOXKIT_WORKER_*`)
+
+`outbox worker module:app` (docs/worker.md) reads these; its flags `--concurrency`, `--name`,
+`--http-port` and `--database-url` override the ones they name.
+
+"""
+
+
 def render() -> str:
-    return configuration_reference(RelaySettings, ConsumerSettings)
+    return (configuration_reference(RelaySettings, ConsumerSettings) + WORKER
+            + settings_table([WorkerSettings], flags=False))
 
 
 if __name__ == "__main__":

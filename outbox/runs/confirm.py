@@ -32,7 +32,7 @@ from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import agent_runs
 from outbox.db.tables import confirmations as applied
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition
-from outbox.runs import fencing
+from outbox.runs import fencing, wakeups
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
 
@@ -83,7 +83,8 @@ def apply_confirmation(
         IllegalTransition: the run is not waiting (and this confirmation was not applied).
     """
     plan = confirmation_plan(
-        run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor, reason=reason
+        run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor,
+        reason=reason, settings=settings,
     )
     return run_plan(conn, plan, settings)
 
@@ -116,6 +117,7 @@ def confirmation_plan(
     evidence: Any,
     actor: str,
     reason: str | None,
+    settings: OutboxSettings | None = None,
 ) -> Plan[bool]:
     """The plan of :func:`apply_confirmation`, for callers composing it with their own writes
     (the operations ledger settles a run together with its operation)."""
@@ -168,6 +170,8 @@ def confirmation_plan(
         history=history,
         where=[~already],
         also=record,
+        # moved on (running, no lease): claimable at once, so wake an idle worker
+        woken=wakeups.woken(settings) if outcome == RunState.RUNNING else None,
     )
     rows = yield stmt
     if rows:

@@ -110,8 +110,13 @@ def statement(
     history: Sequence[HistoryRow] = (),
     where: Sequence[ColumnElement[bool]] = (),
     also: Callable[[CTE], Insert] | None = None,
+    woken: Callable[[CTE], ColumnElement[Any]] | None = None,
 ) -> Select[Any]:
-    """The fenced write: update the run and append *history* in one statement, or neither."""
+    """The fenced write: update the run and append *history* in one statement, or neither.
+
+    *woken*: a select-list item built on the updated row (:func:`outbox.runs.wakeups.woken`)
+    that wakes idle workers at commit, in the same statement.
+    """
     old = select(runs.c.id, runs.c.state).where(runs.c.id == run_id).with_for_update().cte("old")
     conditions: list[ColumnElement[bool]] = [
         runs.c.id == old.c.id,
@@ -128,7 +133,7 @@ def statement(
         .returning(*runs.c, old.c.state.label("from_state"))
         .cte("moved")
     )
-    result = select(moved)
+    result = select(moved) if woken is None else select(moved, woken(moved))
     if history:
         result = result.add_cte(history_insert(moved, history).cte("hist"))
     if also is not None:

@@ -40,8 +40,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.orm import Session
 
-from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.execution import Plan, SyncConn, missing_schema, run_plan
 from outbox.db.tables import agent_runs, run_transitions, workflows
 from outbox.errors import (
     ConfigurationError,
@@ -50,8 +52,8 @@ from outbox.errors import (
     RunNotFound,
     WorkflowRetired,
 )
-from outbox.runs import fencing, runlog
-from outbox.runs.checkpoints import KEEP, Keep, bounded, checkpoint_value
+from outbox.runs import fencing, runlog, wakeups
+from outbox.runs.checkpoints import KEEP, Keep, checkpoint_value
 from outbox.runs.leases import Lease
 from outbox.runs.states import ALLOWED, FINISHED, RunState, sources
 from outbox.runs.workflows import VersionPolicy, Workflow
@@ -148,7 +150,7 @@ def _lease_from(row: RowMapping) -> Lease:
 def start_run_plan(
     *, workflow: str, workflow_version: str, idempotency_key: str, checkpoint: Any,
     prompt_version: str | None, tool_schema_version: str | None,
-    settings: OutboxSettings | None,
+    settings: OutboxSettings | None, notify: bool = True,
 ) -> Plan[Run]:
     if not idempotency_key:
         raise ConfigurationError("idempotency_key must be a non-empty string")
@@ -171,7 +173,11 @@ def start_run_plan(
     history = fencing.history_insert(
         inserted, [fencing.HistoryRow(RunState.QUEUED, reason="started", actor="start_run")]
     )
-    rows = yield select(inserted).add_cte(history.cte("hist"))
+    # The wake-up is one more select-list item: a row only when a run was inserted (a
+    # repeated key wakes nobody), delivered at commit.
+    started = select(inserted, wakeups.notify(inserted.c.workflow, settings)) if notify \
+        else select(inserted)
+    rows = yield started.add_cte(history.cte("hist"))
     if rows:
         return Run.from_row(rows[0])
     rows = yield select(runs).where(runs.c.idempotency_key == idempotency_key)
@@ -297,12 +303,21 @@ def _claim_statement(
     return select(claimed).add_cte(history.cte("hist"))
 
 
+def _pinned(run: Run) -> dict[str, str | None]:
+    return {"workflow_version": run.workflow_version, "prompt_version": run.prompt_version,
+            "tool_schema_version": run.tool_schema_version}
+
+
+def _runs_as_pinned(claim: Claim, given: Sequence[Workflow]) -> bool:
+    """True when one of the *given* versions of the run's workflow is the one it is pinned to."""
+    run = claim.run
+    return any(w.name == run.workflow and w.version_change(_pinned(run)) is None for w in given)
+
+
 def _apply_version_policy(claim: Claim, workflow: Workflow,
                           settings: OutboxSettings | None) -> Plan[Claim | None]:
     run, lease = claim.run, claim.lease
-    change = workflow.version_change(
-        {"workflow_version": run.workflow_version, "prompt_version": run.prompt_version,
-         "tool_schema_version": run.tool_schema_version})
+    change = workflow.version_change(_pinned(run))
     if change is None:
         return claim
     policy = VersionPolicy(workflow.on_version_change)
@@ -344,13 +359,17 @@ def claim_plan(
         raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
     if not worker:
         raise ConfigurationError("worker must name the claiming worker (non-empty)")
-    names = None if workflows is None else [w if isinstance(w, str) else w.name for w in workflows]
-    code = {w.name: w for w in workflows or () if isinstance(w, Workflow)}
+    names = None if workflows is None else list(dict.fromkeys(
+        w if isinstance(w, str) else w.name for w in workflows))
+    # Several versions of one workflow may be given (a worker running each): a run pinned to
+    # any of them runs as is; the others get the policy of the last one given (the newest).
+    given = [w for w in workflows or () if isinstance(w, Workflow)]
+    code = {w.name: w for w in given}
     for _ in range(MAX_POLICY_SKIPS):
         claim = yield from _claim_once(worker, lease_seconds, names)
         if claim is None:
             return None
-        if (workflow := code.get(claim.run.workflow)) is None:
+        if (workflow := code.get(claim.run.workflow)) is None or _runs_as_pinned(claim, given):
             return claim
         resumed = yield from _apply_version_policy(claim, workflow, settings)
         if resumed is not None:
@@ -405,22 +424,6 @@ def transition_plan(
     return fencing.next_lease(lease, row)
 
 
-def save_checkpoint_plan(lease: Lease, checkpoint: Any, step: str | None,
-                         settings: OutboxSettings | None,
-                         log: runlog.Log | None = None) -> Plan[Lease]:
-    values: dict[str, Any] = {"checkpoint": checkpoint_value(checkpoint, settings)}
-    if step is not None:
-        values["step"] = step
-    seqs, texts = runlog.encoded(log, settings)
-    running = {RunState.RUNNING.value}
-    stmt = fencing.statement(lease.run_id, lease=lease, sources=running, values=values,
-                             also=runlog.insert_from(seqs, texts) if seqs else None)
-    row = yield from fencing.write(stmt, lease.run_id, lease, RunState.RUNNING, running)
-    assert row is not None
-    failpoint("outbox.after_checkpoint")
-    return fencing.next_lease(lease, row)
-
-
 def renew_plan(lease: Lease, lease_seconds: float) -> Plan[Lease]:
     if lease_seconds <= 0:
         raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
@@ -448,7 +451,7 @@ def release_plan(lease: Lease, reason: str | None) -> Plan[None]:
 
 def move_plan(
     run_id: uuid.UUID, to: RunState | str, *, actor: str, reason: str | None, evidence: Any,
-    not_before: datetime | timedelta | None,
+    not_before: datetime | timedelta | None, settings: OutboxSettings | None = None,
 ) -> Plan[Run]:
     target = RunState(to)
     if target is RunState.RUNNING:
@@ -472,6 +475,7 @@ def move_plan(
     stmt = fencing.statement(
         run_id, lease=None, sources=allowed, values=values, where=where,
         history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, actor=actor)],
+        woken=wakeups.woken(settings) if target is RunState.QUEUED else None,
     )
     row = yield from fencing.write(stmt, run_id, None, target, allowed)
     if row is None:  # only the live-lease condition is left to explain the miss
@@ -481,10 +485,12 @@ def move_plan(
     return Run.from_row(row)
 
 
-def wake_plan(run_id: uuid.UUID, at: datetime | timedelta | None) -> Plan[Run]:
+def wake_plan(run_id: uuid.UUID, at: datetime | timedelta | None,
+              settings: OutboxSettings | None = None) -> Plan[Run]:
     waiting = {RunState.WAITING.value}
     when = func.now() if at is None else _wake_value(at)
-    stmt = fencing.statement(run_id, lease=None, sources=waiting, values={"not_before": when})
+    stmt = fencing.statement(run_id, lease=None, sources=waiting, values={"not_before": when},
+                             woken=wakeups.woken(settings))
     row = yield from fencing.write(stmt, run_id, None, RunState.RUNNING, waiting)
     assert row is not None
     return Run.from_row(row)
@@ -534,17 +540,20 @@ def start_run(
     prompt_version: str | None = None,
     tool_schema_version: str | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> Run:
     """Queue a run of *workflow*, or return the run *idempotency_key* already started.
 
     Never commits. The key is kept forever, even after retention purged the run (then
     ``run.purged`` is true): a reused key never starts the work again. Raises
     :class:`WorkflowRetired` for a retired workflow and :class:`CheckpointTooLarge`.
+    A new run wakes idle workers at commit (:mod:`outbox.runs.wakeups`); ``notify=False``
+    for a transaction that will be prepared (PostgreSQL refuses PREPARE after a NOTIFY).
     """
     return run_plan(conn, start_run_plan(
         workflow=workflow, workflow_version=workflow_version, idempotency_key=idempotency_key,
         checkpoint=checkpoint, prompt_version=prompt_version,
-        tool_schema_version=tool_schema_version, settings=settings), settings)
+        tool_schema_version=tool_schema_version, settings=settings, notify=notify), settings)
 
 
 def claim(
@@ -562,7 +571,9 @@ def claim(
     took it over). Rows locked by other claimers are skipped (``FOR UPDATE SKIP LOCKED``),
     the lease token grows by one, times come from the database clock. Runs of retired
     workflows are never claimed. Pass :class:`Workflow` objects to apply their version
-    policy to runs pinned to other versions. Commit promptly: the row stays locked until then.
+    policy to runs pinned to other versions (several versions of one workflow: runs pinned
+    to any of them are claimed as they are, the others get the last one's policy). Commit
+    promptly: the row stays locked until then.
     """
     return run_plan(conn, claim_plan(worker=worker, lease_seconds=lease_seconds,
                                      workflows=workflows, settings=settings), settings)
@@ -598,8 +609,21 @@ def save_checkpoint(conn: SyncConn, lease: Lease, checkpoint: Any, *, step: str 
                     settings: OutboxSettings | None = None) -> Lease:
     """Store *checkpoint* (and *step*) for the leased run; never commits. *log*: entries of
     the run's log (:mod:`outbox.runs.runlog`) written in the same fenced statement."""
-    bounded(checkpoint, settings)
-    return run_plan(conn, save_checkpoint_plan(lease, checkpoint, step, settings, log), settings)
+    sql, params = runlog.save_statement(lease, checkpoint, step, log, settings)
+    connection = conn.connection() if isinstance(conn, Session) else conn
+    try:
+        row = connection.exec_driver_sql(sql, params).one()
+    except ProgrammingError as exc:
+        if (translated := missing_schema(exc, settings)) is None:
+            raise
+        raise translated from exc
+    if (saved := runlog.saved_lease(lease, row)) is None:
+        running = {RunState.RUNNING.value}
+        run_plan(conn, fencing.explain(lease.run_id, lease, RunState.RUNNING.value, running),
+                 settings)
+        raise AssertionError("explain raises for a missed fenced write")  # pragma: no cover
+    failpoint("outbox.after_checkpoint")
+    return saved
 
 
 def renew(conn: SyncConn, lease: Lease, lease_seconds: float, *,
@@ -632,13 +656,13 @@ def move(
     purged runs, and requeues of retired workflows (:class:`WorkflowRetired`).
     """
     return run_plan(conn, move_plan(run_id, to, actor=actor, reason=reason, evidence=evidence,
-                                    not_before=not_before), settings)
+                                    not_before=not_before, settings=settings), settings)
 
 
 def wake(conn: SyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
          settings: OutboxSettings | None = None) -> Run:
     """Make a ``waiting`` run claimable at *at* (default: now); never commits."""
-    return run_plan(conn, wake_plan(run_id, at), settings)
+    return run_plan(conn, wake_plan(run_id, at, settings), settings)
 
 
 def get_run(conn: SyncConn, run_id: uuid.UUID, *,

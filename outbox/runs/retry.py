@@ -22,7 +22,7 @@ from outbox.backoff import check as check_backoff
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import agent_runs
 from outbox.errors import ConfigurationError, LeaseLost, RunError, RunNotFound
-from outbox.runs import fencing
+from outbox.runs import fencing, wakeups
 from outbox.runs.leases import Lease
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
@@ -91,7 +91,7 @@ def _evidence(error: BaseException, attempt: int, retryable: bool) -> dict[str, 
 
 def handle_failure_plan(
     lease: Lease, error: BaseException, policy: RetryPolicy, step: str | None,
-    rng: random.Random | None,
+    rng: random.Random | None, *, settings: OutboxSettings | None = None,
 ) -> Plan[RetryOutcome]:
     runs = agent_runs
     rows = yield select(runs.c.attempts, runs.c.lease_token, runs.c.version,
@@ -122,8 +122,9 @@ def handle_failure_plan(
                   "not_before": func.now() + timedelta(seconds=delay),
                   "reason": history[0].reason, "last_evidence": evidence,
                   "finished_at": None, **fencing.lease_values(clear=True)}
+        # The wake-up makes idle workers look again at when the next run is due.
         stmt = fencing.statement(lease.run_id, lease=lease, sources=sources, values=values,
-                                 history=history)
+                                 history=history, woken=wakeups.woken(settings))
         moved = yield from fencing.write(stmt, lease.run_id, lease, RunState.QUEUED, sources)
         assert moved is not None
         return RetryOutcome(RunState.QUEUED, attempt, delay, fencing.next_lease(lease, moved))
@@ -164,4 +165,5 @@ def handle_failure(
     failed one may be aborted), then commit. Raises :class:`LeaseLost` if another worker
     owns the run: then nothing was written.
     """
-    return run_plan(conn, handle_failure_plan(lease, error, policy, step, rng), settings)
+    return run_plan(conn, handle_failure_plan(lease, error, policy, step, rng, settings=settings),
+                    settings)

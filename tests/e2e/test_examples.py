@@ -6,11 +6,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, text
 
 from outbox.db.dsn import sqlalchemy_url
+from outbox.worker import WorkerSettings, run_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,10 +45,30 @@ def test_the_readme_agent_step_commits_state_and_message_together(
     namespace: dict[str, object] = {}
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
     namespace["engine"].dispose()  # type: ignore[attr-defined]
+
+    def state() -> str:
+        with engine.connect() as conn:
+            return str(conn.execute(text("SELECT state FROM outboxkit.agent_runs")).scalar_one())
+
+    assert state() == "queued"  # started, not stepped: that is the worker's job
     with engine.connect() as conn:
-        state = conn.execute(text("SELECT state FROM outboxkit.agent_runs")).scalar_one()
+        assert conn.execute(text("SELECT count(*) FROM outboxkit.outbox_messages")).scalar() == 0
+    # What `outbox worker myapp:app` does, in this process until the run has moved on.
+    stop = threading.Event()
+    worker = threading.Thread(target=run_worker, args=(namespace["app"],), daemon=True,
+                              kwargs={"stop": stop, "settings": WorkerSettings(
+                                  database_url=database_url, poll_seconds=0.2)})
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while state() == "queued" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    with engine.connect() as conn:
         topics = conn.execute(text("SELECT topic FROM outboxkit.outbox_messages")).scalars().all()
-    assert state == "waiting"
+    assert state() == "waiting"
     assert topics == ["order.submit"]
 
 

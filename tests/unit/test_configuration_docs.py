@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import runpy
 from pathlib import Path
 from typing import Literal
 
+import click
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from consumers import cli as consumer_cli
+from consumers.commands import consume_command
 from consumers.settings import ConsumerSettings
 from outbox.settings import OutboxSettings
-from relay import cli as relay_cli
+from relay.commands import relay_command
 from relay.settings import RelaySettings
 from tools.settings_docs import REGENERATE, settings_table
 
@@ -36,17 +36,16 @@ def test_every_setting_is_documented_with_its_environment_variable() -> None:
             assert f"`{prefix}{name.upper()}`" in text, (cls.__name__, name)
 
 
-def flags(parser: argparse.ArgumentParser) -> set[str]:
-    return {option for action in parser._actions for option in action.option_strings}
+def flags(command: click.Command) -> set[str]:
+    return {option for param in command.params for option in param.opts + param.secondary_opts}
 
 
 def test_every_documented_flag_is_one_the_daemon_takes() -> None:
-    for cls, parser in ((RelaySettings, relay_cli.parser()),
-                        (ConsumerSettings, consumer_cli.parser())):
+    for cls, command in ((RelaySettings, relay_command), (ConsumerSettings, consume_command)):
         table = settings_table([cls])
         documented = {cell.strip("`") for row in table.splitlines()[2:]
                       for cell in row.split(" | ")[1].split(" / ")}
-        assert documented <= flags(parser), documented - flags(parser)
+        assert documented <= flags(command), documented - flags(command)
 
 
 class Sample(BaseSettings):

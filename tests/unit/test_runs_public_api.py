@@ -9,8 +9,9 @@ from outbox import aio
 from outbox.runs import lifecycle as runs
 
 RUN_API = {
-    "Approval", "ApprovalCheck", "ApprovalInvalid", "ArtifactNotFound", "ArtifactRef",
-    "CheckpointTooLarge", "ClaimedRun", "EvidenceRequired", "IllegalTransition", "Lease",
+    "App", "Approval", "ApprovalCheck", "ApprovalInvalid", "ArtifactNotFound", "ArtifactRef",
+    "CheckpointInvalid", "CheckpointTooLarge", "ClaimedRun", "EvidenceRequired",
+    "IllegalTransition", "Lease",
     "LeaseLost", "LeaseSpent", "RetryOutcome", "RetryPolicy", "Run", "RunError", "RunNotFound",
     "RunState",
     "StepAlreadyRecorded", "StepRecord", "StepRun", "Transition", "VersionPolicy", "Workflow",
@@ -48,5 +49,5 @@ def test_the_async_handle_has_every_method_of_the_sync_one() -> None:
         return {name for name in dir(cls) if not name.startswith("_")}
 
     assert methods(outbox.ClaimedRun) == methods(aio.AsyncClaimedRun)
-    for name in methods(outbox.ClaimedRun) - {"lease", "spent", "on"}:
+    for name in methods(outbox.ClaimedRun) - {"lease", "spent", "on", "checkpoint"}:
         assert inspect.iscoroutinefunction(getattr(aio.AsyncClaimedRun, name)), name

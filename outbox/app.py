@@ -1,0 +1,285 @@
+"""Workflows registered as step functions: what ``outbox worker module:app`` runs.
+
+::
+
+    app = App()
+
+    @app.workflow("supplier-order", version="1")
+    def decide(job: ClaimedRun[Order]) -> None:
+        order = job.checkpoint          # an Order, validated from the stored JSON
+        job.emit(Envelope(...))
+        job.transition("waiting", step="order-submitted", reason="...")
+
+A step function takes one parameter, the claimed run's handle, annotated ``ClaimedRun[T]``
+(``AsyncClaimedRun[T]`` for an ``async def``). *T* is the checkpoint's type: a pydantic
+model, a dataclass, a ``TypedDict``, ``dict[str, Any]``... (anything pydantic validates;
+``Any`` or a bare ``ClaimedRun`` keeps the stored JSON). The worker validates the stored
+checkpoint into *T* before calling the function, and :meth:`App.start_run` serialises one.
+Registration is per workflow *and* version: a run pinned to a registered version runs that
+version's function; any other run of the workflow gets the newest version's
+:class:`~outbox.runs.workflows.VersionPolicy`. The worker (:mod:`outbox.worker`) does the
+rest: claim, transactions, retries, wake-ups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from outbox import aio
+from outbox.db.execution import AsyncConn, SyncConn
+from outbox.errors import CheckpointInvalid, ConfigurationError
+from outbox.handle import ClaimedRun
+from outbox.runs import lifecycle
+from outbox.runs.lifecycle import Run
+from outbox.runs.retry import RetryPolicy
+from outbox.runs.workflows import Migration, VersionPolicy, Workflow
+from outbox.settings import OutboxSettings, default_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SHAPE = "(job: ClaimedRun[T]) for a def, (job: AsyncClaimedRun[T]) for an async def"
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One registered version of a workflow: its definition, its function and its checkpoint
+    type (``Any``: the JSON as stored)."""
+
+    workflow: Workflow
+    fn: Callable[..., Any]
+    is_async: bool
+    checkpoint_type: Any
+
+    @property
+    def name(self) -> str:
+        """``workflow@version``, as logs and metrics name it."""
+        return f"{self.workflow.name}@{self.workflow.version}"
+
+    def load(self, run: Run) -> Any:
+        """The run's stored checkpoint validated into the step's type."""
+        if self.checkpoint_type is Any:
+            return run.checkpoint
+        try:
+            return _adapter(self.checkpoint_type).validate_python(run.checkpoint)
+        except ValidationError as exc:
+            raise CheckpointInvalid(run.id, self.workflow.name, _shown(self.checkpoint_type),
+                                    _first_error(exc)) from exc
+
+    def dump(self, checkpoint: Any) -> Any:
+        """*checkpoint* as the JSON value to store (checked against the step's type)."""
+        if checkpoint is None or self.checkpoint_type is Any:
+            return checkpoint
+        adapter = _adapter(self.checkpoint_type)
+        try:
+            # Validated first: a dict given for a model is checked, not stored blindly.
+            return adapter.dump_python(adapter.validate_python(checkpoint), mode="json")
+        except (ValidationError, PydanticSerializationError) as exc:
+            detail = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+            raise CheckpointInvalid(None, self.workflow.name, _shown(self.checkpoint_type),
+                                    detail) from exc
+
+
+class App:
+    """Registered workflows, the settings their runs are written with, and the database the
+    worker connects to (``database_url``; default: ``OUTBOXKIT_DATABASE_URL``)."""
+
+    def __init__(self, *, settings: OutboxSettings | None = None,
+                 database_url: str | None = None) -> None:
+        self._settings = settings
+        self.database_url = database_url
+        self._steps: dict[tuple[str, str], Step] = {}
+        self._by_fn: dict[Callable[..., Any], Step] = {}
+
+    @property
+    def settings(self) -> OutboxSettings:
+        """The settings every write of this app uses (default: from the environment)."""
+        return self._settings or default_settings()
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        version: str,
+        on_version_change: VersionPolicy | str = VersionPolicy.NEEDS_REVIEW,
+        migrate: Migration | None = None,
+        prompt_version: str | None = None,
+        tool_schema_version: str | None = None,
+        retry: RetryPolicy | None = None,
+        step_retry: Mapping[str, RetryPolicy] | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as version *version* of workflow *name*.
+
+        The keywords are :class:`~outbox.runs.workflows.Workflow`'s. The function is
+        returned unchanged (call it in tests with a handle of your own).
+        """
+
+        def register(fn: F) -> F:
+            definition = Workflow(
+                name=name, version=version, on_version_change=VersionPolicy(on_version_change),
+                migrate=migrate, prompt_version=prompt_version,
+                tool_schema_version=tool_schema_version, retry=retry or RetryPolicy(),
+                step_retry=dict(step_retry or {}),
+            )
+            if (name, version) in self._steps:
+                raise ConfigurationError(
+                    f"workflow {name!r} version {version!r} is registered twice (by "
+                    f"{_qualified(self._steps[name, version].fn)} and {_qualified(fn)})")
+            step = _step(definition, fn)
+            self._steps[name, version] = step
+            self._by_fn[fn] = step
+            return fn
+
+        return register
+
+    @property
+    def workflows(self) -> list[Workflow]:
+        """Every registered version, the newest of each workflow last (what claims get)."""
+        return [s.workflow for s in sorted(self._steps.values(), key=_order)]
+
+    @property
+    def steps(self) -> list[Step]:
+        """Every registered version's :class:`Step`, the newest of each workflow last."""
+        return sorted(self._steps.values(), key=_order)
+
+    def step_for(self, run: Run) -> Step:
+        """The step function a claimed *run* runs: its pinned version's if registered, else
+        the newest version's (the claim applied that version's policy already)."""
+        if (pinned := self._steps.get((run.workflow, run.workflow_version))) is not None:
+            return pinned
+        return self.step(run.workflow)
+
+    def step(self, workflow: str | Callable[..., Any]) -> Step:
+        """The registration of a step function, or the newest version of a workflow name."""
+        if not isinstance(workflow, str):
+            found = self._by_fn.get(workflow)
+            if found is None:
+                raise ConfigurationError(
+                    f"{_qualified(workflow)} is not a registered workflow of this app: "
+                    "decorate it with @app.workflow(name, version=...)")
+            return found
+        versions = [s for s in self.steps if s.workflow.name == workflow]
+        if not versions:
+            known = sorted({name for name, _ in self._steps}) or ["none"]
+            raise ConfigurationError(
+                f"workflow {workflow!r} is not registered in this app (registered: "
+                f"{', '.join(known)})")
+        return versions[-1]
+
+    def start_run(self, conn: SyncConn, workflow: str | Callable[..., Any], *,
+                  idempotency_key: str, checkpoint: Any = None) -> Run:
+        """Queue a run of *workflow* (a registered step function, or a name: its newest
+        version) with *checkpoint* serialised from its type; never commits.
+
+        :func:`outbox.runs.lifecycle.start_run` with the registration's name and versions
+        and this app's settings: the run wakes an idle worker when the caller commits.
+        """
+        step = self.step(workflow)
+        return lifecycle.start_run(conn, checkpoint=step.dump(checkpoint),
+                                   idempotency_key=idempotency_key, settings=self.settings,
+                                   **_pins(step.workflow))
+
+    async def start_run_async(self, conn: AsyncConn, workflow: str | Callable[..., Any], *,
+                              idempotency_key: str, checkpoint: Any = None) -> Run:
+        """:meth:`start_run` on an ``AsyncConnection`` / ``AsyncSession``; never commits."""
+        step = self.step(workflow)
+        return await aio.start_run(conn, checkpoint=step.dump(checkpoint),
+                                   idempotency_key=idempotency_key, settings=self.settings,
+                                   **_pins(step.workflow))
+
+
+def _pins(workflow: Workflow) -> dict[str, Any]:
+    return {"workflow": workflow.name, "workflow_version": workflow.version,
+            "prompt_version": workflow.prompt_version,
+            "tool_schema_version": workflow.tool_schema_version}
+
+
+def _step(workflow: Workflow, fn: Callable[..., Any]) -> Step:
+    """Read *fn*'s handle parameter: sync or async, and the checkpoint's type."""
+    where = f"step function {_qualified(fn)} of workflow {workflow.name!r}"
+    try:
+        signature = inspect.signature(fn, eval_str=True)
+    except NameError as exc:
+        raise ConfigurationError(f"{where}: an annotation names something its module does not "
+                                 f"define ({exc}); define the checkpoint type at module level"
+                                 ) from exc
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{where} has no signature to read ({exc})") from exc
+    params = list(signature.parameters.values())
+    required = [p for p in params[1:] if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
+                                            params[0].POSITIONAL_OR_KEYWORD) or required:
+        raise ConfigurationError(f"{where} takes {signature}; a step function takes {_SHAPE}")
+    is_async = inspect.iscoroutinefunction(fn)
+    handle = aio.AsyncClaimedRun if is_async else ClaimedRun
+    annotation = params[0].annotation
+    if annotation is inspect.Parameter.empty:
+        raise ConfigurationError(
+            f"{where}: parameter {params[0].name!r} has no annotation; annotate it "
+            f"{handle.__name__}[T], T being the checkpoint's type (e.g. a pydantic model)")
+    origin = typing.get_origin(annotation) or annotation
+    if origin is not handle:
+        other = ClaimedRun if is_async else aio.AsyncClaimedRun
+        hint = (f" ({'an async def' if is_async else 'a def'} gets {handle.__name__})"
+                if origin is other else "")
+        raise ConfigurationError(
+            f"{where}: parameter {params[0].name!r} is annotated {_shown(annotation)}; "
+            f"annotate it {handle.__name__}[T]{hint}")
+    args = typing.get_args(annotation)
+    checkpoint_type = args[0] if args else Any
+    if checkpoint_type is not Any:
+        try:
+            _adapter(checkpoint_type)
+        except Exception as exc:  # pydantic's schema errors have no common base to name
+            raise ConfigurationError(
+                f"{where}: the checkpoint type {_shown(checkpoint_type)} cannot be validated "
+                f"from JSON ({exc})") from exc
+    return Step(workflow, fn, is_async, checkpoint_type)
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    # Building an adapter compiles a validator: once per type, not per step.
+    try:
+        return _ADAPTERS[kind]
+    except (KeyError, TypeError):
+        adapter: TypeAdapter[Any] = TypeAdapter(kind)
+        with contextlib.suppress(TypeError):  # an unhashable annotation: not cached
+            _ADAPTERS[kind] = adapter
+        return adapter
+
+
+def _order(step: Step) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """Sort key: by workflow name, then version with numbers compared as numbers ("10" > "9")."""
+    parts = re.split(r"(\d+)", step.workflow.version)
+    return step.workflow.name, tuple((int(p), "") if p.isdigit() else (-1, p) for p in parts if p)
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the value"
+    return f"{where}: {first['msg']}" + (f" ({exc.error_count() - 1} more)"
+                                         if exc.error_count() > 1 else "")
+
+
+def _shown(annotation: Any) -> str:
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__qualname__
+    return repr(annotation).replace("typing.", "")
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else name

@@ -1,0 +1,18 @@
+"""The agent worker: users register step functions on an :class:`outbox.App`; this runs them.
+
+``outbox worker module:app`` on the command line, or in-process::
+
+    from outbox.worker import run_worker
+    run_worker(app, stop=threading.Event())
+
+* :func:`run_worker` / :func:`run_worker_async`: claim runs of the app's workflows and step
+  them, woken by NOTIFY, until stopped (docs/worker.md says what each step commits).
+* :class:`WorkerSettings`: ``OUTBOXKIT_WORKER_*``.
+* :class:`Worker`: the daemon object behind both (``run`` / ``run_async`` / ``stop``, the
+  ``http_port`` of its probes).
+"""
+
+from outbox.worker.settings import WorkerSettings
+from outbox.worker.worker import Worker, run_worker, run_worker_async
+
+__all__ = ["Worker", "WorkerSettings", "run_worker", "run_worker_async"]

@@ -1,0 +1,314 @@
+"""The worker: claims runs of an :class:`~outbox.app.App`'s workflows and steps them.
+
+One asyncio loop claims (each claim its own committed transaction, on an ``AsyncEngine``)
+while fewer than ``concurrency`` steps are in flight; ``async def`` step functions run as
+tasks on that loop, sync ones in a thread pool on a sync ``Engine``
+(:mod:`outbox.worker.steps` says what each step commits). Idle, it waits for a NOTIFY, the
+next due time or the fallback poll (:mod:`outbox.worker.wakeup`).
+
+Like the relay and the consumer runner it serves ``/healthz``, ``/readyz`` and ``/metrics``
+(:class:`~outbox.runtime.Lifecycle`), waits out a database outage with one warning per
+outage (not ready meanwhile), and stops gracefully: no new claims, in-flight steps get
+``shutdown_timeout_seconds`` to finish; one that does not is abandoned, nothing of it
+commits (the process exits; an async step is cancelled and rolled back) and its lease is
+left to expire, after which another worker resumes the run from its last commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Awaitable
+
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from outbox import aio
+from outbox.app import App
+from outbox.backoff import Backoff
+from outbox.db.dsn import connect_args, engine_for, redact, sqlalchemy_url
+from outbox.db.execution import options
+from outbox.errors import ConfigurationError
+from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import Run
+from outbox.runs.wakeups import channel
+from outbox.runtime.lifecycle import Lifecycle
+from outbox.runtime.metrics import MetricFamilies
+from outbox.worker import steps
+from outbox.worker.settings import WorkerSettings
+from outbox.worker.wakeup import NEXT_DUE, Listener
+
+log = logging.getLogger(__name__)
+
+# Reconnect pauses while the database is down: 0.2 s doubling up to 5 s (no log per attempt).
+OUTAGE = Backoff(base=0.2, cap=5.0)
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class WorkerMetrics:
+    """``outboxkit_worker_*``: steps by workflow and outcome, their duration, in flight."""
+
+    def __init__(self) -> None:
+        families = MetricFamilies("worker")
+        self.registry = families.registry
+        self.steps = families.counter("steps_total", "Steps by workflow@version and outcome.",
+                                      ["workflow", "outcome"])
+        self.duration = families.histogram("step_seconds", "Duration of a step (function "
+                                           "and commit).", STEP_BUCKETS, ["workflow"])
+        self.in_flight = families.gauge("steps_in_flight", "Steps running now.")
+        self.ready = families.gauge("ready", "1 while the worker can reach the database.")
+
+
+class Worker:
+    """Runs *app*'s workflows until stopped: :meth:`run` blocks, :meth:`run_async` awaits."""
+
+    def __init__(self, app: App, settings: WorkerSettings | None = None) -> None:
+        if not app.steps:
+            raise ConfigurationError("the app has no workflows: register step functions with "
+                                     "@app.workflow(name, version=...) before running a worker")
+        self.app = app
+        self.settings = settings or WorkerSettings()
+        self.url = self.settings.resolved_database_url(app.database_url)
+        if not self.url:
+            raise ConfigurationError("no database URL: set OUTBOXKIT_WORKER_DATABASE_URL (or "
+                                     "OUTBOXKIT_DATABASE_URL), pass App(database_url=...) or "
+                                     "--database-url")
+        self.name = self.settings.name
+        self.metrics = WorkerMetrics()
+        self.lifecycle = Lifecycle("worker", self.name, log=log, ready_gauge=self.metrics.ready,
+                                   backoff=OUTAGE,
+                                   stuck_after_s=self.settings.poll_seconds + 60.0)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._poke: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failures = 0
+        self._listener: Listener | None = None
+        self.abandoned = False
+        """True once a step was abandoned at shutdown (a sync one may still run in its thread)."""
+
+    # --- control ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming and let in-flight steps finish (thread- and signal-safe)."""
+        self.lifecycle.stop()
+        self._wake()
+
+    def _wake(self) -> None:
+        loop, poke = self._loop, self._poke
+        if loop is not None and poke is not None and not loop.is_closed():
+            # RuntimeError: the loop closed in between, so nothing is left to wake
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(poke.set)
+
+    @property
+    def ready(self) -> bool:
+        """What ``/readyz`` says: the database answered the last claim, and not stopping."""
+        return self.lifecycle.ready()
+
+    @property
+    def listening(self) -> bool:
+        """True while the LISTEN connection is up (NOTIFYs wake the worker at once)."""
+        return self._listener is not None and self._listener.connected.is_set()
+
+    @property
+    def http_port(self) -> int | None:
+        """The port ``/metrics`` and the probes listen on (``None``: not serving)."""
+        return self.lifecycle.http_port
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Run until :meth:`stop` (or *stop* is set); 0, or 1 if a step was abandoned."""
+        watcher = None
+        if stop is not None:
+            watcher = threading.Thread(target=self._watch, args=(stop,), daemon=True,
+                                       name="worker-stop")
+            watcher.start()
+        return asyncio.run(self.run_async())
+
+    def _watch(self, stop: threading.Event) -> None:
+        while not stop.wait(0.1) and not self.lifecycle.stopping.is_set():
+            pass
+        self.stop()
+
+    async def run_async(self, stop: asyncio.Event | None = None) -> int:
+        """:meth:`run` in the running event loop; *stop* (an ``asyncio.Event``) stops it."""
+        self._loop, self._poke = asyncio.get_running_loop(), asyncio.Event()
+        if self.lifecycle.stopping.is_set():
+            self._poke.set()
+        settings = self.settings
+        async_engine = create_async_engine(
+            sqlalchemy_url(self.url), connect_args=connect_args(self.url),
+            # claims and the due-time query, plus one per async step in flight
+            pool_size=2 + (settings.concurrency if any(s.is_async for s in self.app.steps)
+                           else 0),
+            max_overflow=2, pool_pre_ping=True)
+        sync_engine: Engine | None = None
+        pool = None
+        if any(not s.is_async for s in self.app.steps):
+            sync_engine = engine_for(self.url, pool_size=settings.concurrency, max_overflow=2,
+                                     pool_pre_ping=True)
+            pool = concurrent.futures.ThreadPoolExecutor(settings.concurrency,
+                                                         thread_name_prefix="worker-step")
+        self._listener = Listener(self.url, channel(self.app.settings), self._poke.set,
+                                  lambda: self.lifecycle.is_ready)
+        background = [asyncio.create_task(self._listener.run(), name="worker-listen")]
+        if stop is not None:
+            background.append(asyncio.create_task(self._stop_on(stop), name="worker-stop"))
+        self.lifecycle.serve_http(settings.http_host, settings.http_port, self.metrics.registry)
+        log.info("worker %s starting: %s, concurrency %d, database %s", self.name,
+                 ", ".join(s.name for s in self.app.steps), settings.concurrency,
+                 redact(self.url), extra={"event": "worker.start"})
+        try:
+            await self._dispatch(async_engine, sync_engine, pool)
+            return await self._drain()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+            await async_engine.dispose()
+            if sync_engine is not None:
+                sync_engine.dispose()
+            self.lifecycle.close()
+
+    async def _stop_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.stop()
+
+    # --- the loop --------------------------------------------------------------------------
+    async def _dispatch(self, engine: AsyncEngine, sync_engine: Engine | None,
+                        pool: concurrent.futures.Executor | None) -> None:
+        assert self._poke is not None
+        registered = False
+        while not self.lifecycle.stopping.is_set():
+            self.lifecycle.beat()
+            self._poke.clear()  # before looking: a NOTIFY from now on is not lost
+            timeout = self.settings.poll_seconds
+            try:
+                if not registered:
+                    await self._register(engine)
+                    registered = True
+                if len(self._tasks) < self.settings.concurrency:
+                    claimed, due = await self._claim(engine)
+                    self._recovered()
+                    if claimed is not None:
+                        self._start(claimed.run, claimed.lease, engine, sync_engine, pool)
+                        continue  # look for more at once
+                    # A few ms late, so the run is due by the database's clock when we look.
+                    timeout = timeout if due is None else max(0.0, min(timeout, due + 0.005))
+            except Exception as exc:
+                if not steps.is_outage(exc):
+                    raise
+                await self._outage(exc)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), timeout)
+
+    async def _register(self, engine: AsyncEngine) -> None:
+        """Record each workflow's newest version (and retirement) in the database."""
+        newest = {w.name: w for w in self.app.workflows}
+        async with engine.begin() as conn:
+            for workflow in newest.values():
+                await aio.register(conn, workflow, settings=self.app.settings)
+
+    async def _claim(self, engine: AsyncEngine
+                     ) -> tuple[aio.AsyncClaimedRun | None, float | None]:
+        """A claimed run; or none and the seconds until the next run is due (``None``: no
+        timer pending), read in the claim's transaction: both see the same ``now()``, so a
+        run due by then is claimed and one due after it is counted, none falls in between."""
+        async with engine.begin() as conn:
+            claimed = await aio.claim(conn, worker=self.name,
+                                      lease_seconds=self.settings.lease_seconds,
+                                      workflows=self.app.workflows, settings=self.app.settings)
+            if claimed is not None:
+                return claimed, None
+            due = (await conn.execute(NEXT_DUE, execution_options=options(self.app.settings))
+                   ).scalar()
+            return None, None if due is None else float(due)
+
+    def _start(self, run: Run, lease: Lease, engine: AsyncEngine, sync_engine: Engine | None,
+               pool: concurrent.futures.Executor | None) -> None:
+        step = self.app.step_for(run)
+        settings, name = self.app.settings, self.name
+        work: Awaitable[steps.Outcome]
+        if step.is_async:
+            work = steps.run_async(step, run, lease, engine, settings=settings, actor=name)
+        else:
+            assert sync_engine is not None
+            assert pool is not None
+            work = asyncio.get_running_loop().run_in_executor(pool, functools.partial(
+                steps.run_sync, step, run, lease, sync_engine, settings=settings, actor=name))
+        task = asyncio.create_task(self._timed(step.name, work), name=f"step-{run.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _timed(self, workflow: str, work: Awaitable[steps.Outcome]) -> None:
+        started = time.perf_counter()
+        self.metrics.in_flight.inc()
+        outcome: str = "error"
+        try:
+            outcome = await work
+        except Exception:
+            log.exception("a step of %s failed unexpectedly; its lease expires", workflow,
+                          extra={"event": "worker.step_error", "workflow": workflow})
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.steps.labels(workflow, outcome).inc()
+            self.metrics.duration.labels(workflow).observe(time.perf_counter() - started)
+            if outcome == "db_unavailable":
+                self.lifecycle.set_ready(False, "database unavailable")
+            if self._poke is not None:
+                self._poke.set()  # a slot is free
+
+    async def _outage(self, exc: BaseException) -> None:
+        """Wait before trying again; the first failure of an outage is its one log line."""
+        self._failures += 1
+        if self._failures == 1:
+            reason = redact((str(exc).splitlines() or [type(exc).__name__])[0])
+            self.lifecycle.set_ready(False, f"database unavailable ({reason}); waiting for it")
+        assert self._poke is not None
+        self._poke.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._poke.wait(), OUTAGE.delay(self._failures))
+
+    def _recovered(self) -> None:
+        if self._failures or not self.lifecycle.is_ready:
+            self._failures = 0
+            self.lifecycle.set_ready(True)
+
+    async def _drain(self) -> int:
+        """Let in-flight steps finish within the grace period; 1 if some were abandoned."""
+        if not self._tasks:
+            return 0
+        grace = self.settings.shutdown_timeout_seconds
+        log.info("worker %s stopping: waiting up to %.0f s for %d in-flight steps", self.name,
+                 grace, len(self._tasks), extra={"event": "worker.stopping"})
+        _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+        if not pending:
+            return 0
+        log.warning("worker %s: %d steps did not finish within %.0f s; abandoned (nothing of "
+                    "them commits, their leases expire)", self.name, len(pending), grace,
+                    extra={"event": "worker.abandoned"})
+        self.abandoned = True
+        for task in pending:
+            task.cancel()  # an async step's transaction rolls back; a thread cannot be stopped
+        await asyncio.wait(pending, timeout=1.0)
+        return 1
+
+
+def run_worker(app: App, *, settings: WorkerSettings | None = None,
+               stop: threading.Event | None = None) -> int:
+    """Run *app*'s workflows until *stop* is set; blocks. Returns 0, or 1 if a step had to
+    be abandoned at shutdown. Installs no signal handlers (``outbox worker`` does)."""
+    return Worker(app, settings).run(stop)
+
+
+async def run_worker_async(app: App, *, settings: WorkerSettings | None = None,
+                           stop: asyncio.Event | None = None) -> int:
+    """:func:`run_worker` in the running event loop, until *stop* is set."""
+    return await Worker(app, settings).run_async(stop)
+
