@@ -28,8 +28,8 @@ from sqlalchemy import Engine, create_engine, text
 from examples.supplier_client import SupplierClient
 from examples.supplier_order import agent, invariants
 from examples.supplier_order.pipeline import PARTITIONS, Pipeline
-from outbox import migrate
 from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.db.migrate import migrate
 from outbox.testing.services import LocalServices
 from tests.faults.probe import PARTITIONS as PROBE_PARTITIONS
 from tests.faults.probe import TOPIC_CONFIGS, Probe, probe_topic
@@ -65,6 +65,8 @@ class ScenarioResult:
     expected_paths: dict[str, str] = field(default_factory=dict)  # label → expected path
     run_labels: dict[str, str] = field(default_factory=dict)  # run id → label
     paths_taken: dict[str, str] = field(default_factory=dict)  # label → path taken
+    figures: dict[str, Any] = field(default_factory=dict)  # a scenario's own measurements
+    elapsed_s: float | None = None  # from the scenario's start to its last check
     # --- the cluster's figures -----------------------------------------------------------
     fault_window: tuple[float, float] | None = None  # time.time() of the first fault, its end
     unavailability_s: float | None = None  # the longest publish gap overlapping the window

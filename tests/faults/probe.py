@@ -24,8 +24,8 @@ from kafka import KafkaConsumer, TopicPartition
 from sqlalchemy import create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
-import outbox
 from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.emit import emit
 from outbox.messages.envelope import HEADER_MESSAGE_ID, Envelope
 
 PARTITIONS = 1  # one leader: killing it stops the whole probe, as the relay sees it
@@ -83,7 +83,7 @@ class Probe:
                                     payload={"n": n})
                 try:
                     with engine.begin() as conn:
-                        outbox.emit(conn, envelope)
+                        emit(conn, envelope)
                 except SQLAlchemyError as exc:  # no node takes writes, or the connection died
                     self.unknown.append(time.time())
                     self.last_error = (str(exc).strip().splitlines() or [""])[0][:200]

@@ -20,6 +20,7 @@ def run_scenario(h: Harness, scenario: Scenario) -> ScenarioResult:
     r = ScenarioResult(scenario.name)
     dropped_before = h.duplicates_dropped()
     restarted_before, began = len(h.restarted), time.time()
+    started = time.monotonic()
     run_ids = []
     try:
         run_ids = scenario.run(h, r)
@@ -47,6 +48,7 @@ def run_scenario(h: Harness, scenario: Scenario) -> ScenarioResult:
         _drained(h, r, run_ids)
         _lost_evidence(h, r)
     _expectations(h, r, scenario)
+    r.elapsed_s = round(time.monotonic() - started, 1)
     return r
 
 
@@ -125,9 +127,11 @@ def result_json(r: ScenarioResult) -> dict[str, Any]:
     f = r.findings
     return {
         "name": r.name, "ok": r.ok, "error": r.error, "kills": r.kills,
-        "recovery_s": r.recovery_s, "duplicates_dropped": r.duplicates_dropped,
+        "recovery_s": r.recovery_s, "elapsed_s": r.elapsed_s,
+        "duplicates_dropped": r.duplicates_dropped,
         "notes": r.notes, "unexpected": r.unexpected, "paths_taken": r.paths_taken,
-        "expected_paths": r.expected_paths, **(f.as_json() if f else {}),
+        "expected_paths": r.expected_paths, "figures": r.figures,
+        **(f.as_json() if f else {}),
         "fault_window": r.fault_window, "unavailability_s": r.unavailability_s,
         "resent": r.resent, "restarts": r.restarts, "probe": r.probe,
         "probe_lost": r.probe_lost,
@@ -241,6 +245,8 @@ def table(rep: dict[str, Any]) -> str:
                 lines.append(f"    {note}")
         for label, path in r["paths_taken"].items():
             lines.append(f"    {label:>10}: {path}")
+        for what, value in r.get("figures", {}).get("summary", {}).items():
+            lines.append(f"    {what}: {value}")
         for problem in [*r.get("violations", []), *r["unexpected"], *filter(None, [r["error"]])]:
             lines.append(f"    !! {problem}")
     lines.append("-" * len(head))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -23,8 +24,9 @@ from psycopg.rows import TupleRow
 from sqlalchemy import text
 
 from examples.supplier_order.invariants import read_topic
-from outbox import Envelope, emit
+from outbox import Envelope
 from outbox.db.dsn import libpq_url
+from outbox.messages.emit import emit
 from outbox.runtime.failpoints import FAILPOINTS
 from outbox.settings import OutboxSettings
 from outbox.testing import postgres
@@ -597,9 +599,225 @@ def scale_out(rounds: int) -> Scenario:
     return Scenario(f"scale-4-3-2:{rounds}", run, settle_s=150)
 
 
+# --- worker-kills: agent workers running 8 steps at once, SIGKILLed mid-step --------------
+
+WORKER_CONCURRENCY = 8
+# Wait at most this long for the victims' steps to be in flight (a restarted agent included).
+IN_FLIGHT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class _KillPlan:
+    """One round of worker-kills, drawn from the seed before anything runs."""
+
+    n: int  # 1, 2, ...
+    victims: tuple[str, ...]  # one agent, or (the last round) every agent at once
+    wave: int  # orders seeded at the round's start: more than the agents' slots
+    target: int  # kill once each victim has this many steps stalled mid-step...
+    delay_s: float  # ...and this long after
+
+
+def _steps_in_flight(h: Harness, victims: tuple[str, ...], run_ids: list[uuid.UUID],
+                     gone: set[tuple[str, int]]) -> dict[str, dict[str, tuple[int, bool]]]:
+    """Per victim, the runs it holds under a live lease (its steps in flight): run id → (lease
+    token, whether the step already wrote). A step's first write (its checkpoint) is an UPDATE
+    of the claimed row in the step's open transaction: the committed version we read then has
+    that transaction's id as xmax. Read without taking any lock. A restarted agent has its old
+    name: the claims of its killed incarnation (*gone*: run id, lease token) hold their leases
+    until they expire and are left out."""
+    assert h.engine is not None
+    with h.engine.connect() as db:
+        rows = db.execute(text(
+            "SELECT lease_owner, id::text, lease_token, xmax::text <> '0' "
+            "FROM outboxkit.agent_runs WHERE id = ANY(:ids) AND state = 'running' "
+            "AND lease_owner = ANY(:victims) AND lease_expires_at > now()"),
+            {"ids": run_ids, "victims": list(victims)}).all()
+    held: dict[str, dict[str, tuple[int, bool]]] = {v: {} for v in victims}
+    for owner, run_id, token, wrote in rows:
+        if (str(run_id), int(token)) not in gone:
+            held[str(owner)][str(run_id)] = (int(token), bool(wrote))
+    return held
+
+
+def _until_in_flight(h: Harness, plan: _KillPlan, run_ids: list[uuid.UUID],
+                     gone: set[tuple[str, int]], stall_s: float) -> bool:
+    """Until each victim has *plan.target* steps stalled mid-step (written), or at least 2
+    for half a stall already (as many as there will be: the first ones would finish)."""
+    first_two: float | None = None  # when every victim first had 2
+
+    def due() -> bool:
+        nonlocal first_two
+        held = _steps_in_flight(h, plan.victims, run_ids, gone)
+        wrote = min(sum(w for _, w in held[v].values()) for v in plan.victims)
+        if wrote >= 2 and first_two is None:
+            first_two = time.monotonic()
+        return wrote >= plan.target or (
+            first_two is not None and time.monotonic() - first_two > stall_s / 2)
+
+    return _wait(due, IN_FLIGHT_TIMEOUT_S)
+
+
+def _starts(h: Harness, name: str) -> int:
+    """How many times agent *name* has started its worker (its log's start lines)."""
+    path = h.p.workdir / f"{name}.log"
+    text_ = path.read_text(errors="replace") if path.exists() else ""
+    return text_.count(f"worker {name} starting:")
+
+
+def _wait_started(h: Harness, before: dict[str, int], r: ScenarioResult) -> None:
+    """Until every agent in *before* logged one more start (its claim loop runs): a wave
+    seeded earlier would all go to the agents already up."""
+    if not _wait(lambda: all(_starts(h, n) > c for n, c in before.items()), 30):
+        r.error = r.error or f"{', '.join(before)} not started again within 30 s"
+
+
+def worker_kills(rounds: int = 3) -> Scenario:
+    """The agent workers run 8 steps at once (``OUTBOXKIT_WORKER_CONCURRENCY=8``), each step
+    stalled inside the step function for 0.8-1.4 s (``outbox.after_checkpoint=sleep(MS)``:
+    its checkpoint is written in the step's transaction, its ``order.submit`` message and the
+    move to ``waiting`` not yet). Each round seeds a wave of orders, waits until the round's
+    victims (one agent; in the last round every agent at once) each have several steps stalled
+    mid-step, reads which runs each holds, SIGKILLs it and restarts it, armed the same way.
+
+    Afterwards, from the database: which of the steps in flight at each kill never committed
+    (no move to ``waiting`` under that claim's lease token: they were interrupted), how many of
+    those had already written; that each interrupted run was claimed again after its lease
+    expired (resumed); that every run committed its step's effect once (one ``order.submit``
+    message, one move to ``waiting``) and ended ``done``. The harness's invariants add the
+    rest (nothing lost, one supplier order per run)."""
+    scenario = Scenario(f"worker-kills:{rounds}", lambda h, r: [], settle_s=90)
+    kills: list[tuple[int, str, dict[str, tuple[int, bool]]]] = []  # (round, victim, held)
+
+    def run(h: Harness, r: ScenarioResult) -> list[uuid.UUID]:
+        kills.clear()
+        agents = tuple(h.names("agent"))
+        stall_ms = h.rng.randint(800, 1400)
+        plans = [_KillPlan(
+            n=i + 1,
+            victims=agents if i == rounds - 1 else (h.rng.choice(agents),),
+            wave=len(agents) * WORKER_CONCURRENCY + h.rng.randint(0, WORKER_CONCURRENCY),
+            target=h.rng.randint(2, WORKER_CONCURRENCY),
+            delay_s=h.rng.uniform(0.0, 0.3)) for i in range(rounds)]
+        spec = f"outbox.after_checkpoint=sleep({stall_ms});seed={h.seed}"
+        r.notes.append(f"agents at concurrency {WORKER_CONCURRENCY}, every step stalled "
+                       f"{stall_ms} ms after its checkpoint write ({spec})")
+        h.p.overrides["agent"] = {"OUTBOXKIT_WORKER_CONCURRENCY": str(WORKER_CONCURRENCY)}
+        up = {name: _starts(h, name) for name in agents}
+        for name in agents:
+            h.p.stop(name)  # SIGTERM: its in-flight steps finish; not one of the kills
+            h.p.restart(name, failpoints=spec)
+        run_ids: list[uuid.UUID] = []
+        gone: set[tuple[str, int]] = set()  # (run id, lease token) claimed by a killed agent
+        for plan in plans:
+            _wait_started(h, up, r)
+            run_ids += h.seed_orders(f"worker-kills-{plan.n}", [
+                f"worker-kills-{plan.n}-item-{i}" for i in range(plan.wave)])
+            if not _until_in_flight(h, plan, run_ids, gone, stall_ms / 1000):
+                r.error = r.error or (f"round {plan.n}: {', '.join(plan.victims)} never had 2 "
+                                      f"steps in flight in {IN_FLIGHT_TIMEOUT_S:.0f} s")
+            time.sleep(plan.delay_s)
+            held = _steps_in_flight(h, plan.victims, run_ids, gone)
+            up = {victim: _starts(h, victim) for victim in plan.victims}
+            for victim in plan.victims:
+                h.p.kill(victim)
+            # Dead now: whatever they hold is theirs, claimed in the moment before the kill too.
+            after = _steps_in_flight(h, plan.victims, run_ids, gone)
+            held = {v: {**after[v], **held[v]} for v in plan.victims}
+            for victim in plan.victims:
+                r.kills += 1
+                kills.append((plan.n, victim, held[victim]))
+                gone.update((rid, token) for rid, (token, _) in held[victim].items())
+                h.p.restart(victim, failpoints=spec)
+            r.notes.append(f"round {plan.n}: {plan.wave} orders; SIGKILLed " + ", ".join(
+                f"{v} holding {len(held[v])} claimed runs "
+                f"({sum(w for _, w in held[v].values())} of their steps past the checkpoint "
+                "write)" for v in plan.victims))
+        for name in agents:  # disarm: the stalled steps finish, then a clean restart
+            h.p.stop(name)
+            h.p.restart(name)
+        r.fault_ended = time.monotonic()
+        scenario.expect = dict.fromkeys(run_ids, "done")
+        return run_ids
+
+    def restore(h: Harness) -> None:
+        h.p.overrides.pop("agent", None)
+        for name in h.names("agent"):
+            h.p.stop(name)
+            h.p.restart(name)
+
+    def check(h: Harness, r: ScenarioResult) -> None:
+        assert h.engine is not None
+        assert r.findings is not None
+        run_ids = list(scenario.expect or {})
+        with h.engine.connect() as db:
+            history = db.execute(text(
+                "SELECT run_id::text, to_state, step, lease_token, reason "
+                "FROM outboxkit.run_transitions WHERE run_id = ANY(:ids) ORDER BY id"),
+                {"ids": run_ids}).all()
+            submits = {str(run_id): int(n) for run_id, n in db.execute(text(
+                "SELECT run_id::text, count(*) FROM outboxkit.outbox_messages "
+                "WHERE run_id = ANY(:ids) AND message_type = 'order.submit' GROUP BY run_id"),
+                {"ids": run_ids}).all()}
+        committed: dict[str, set[int]] = {}  # run → lease tokens its step committed under
+        resumed: dict[str, list[int]] = {}  # run → lease tokens of claims after an expiry
+        decided: dict[str, int] = {}  # run → moves to waiting (the step's commit)
+        for run_id, to_state, step, token, reason in history:
+            if to_state == "waiting" and step == "order-submitted":
+                committed.setdefault(run_id, set()).add(int(token))
+                decided[run_id] = decided.get(run_id, 0) + 1
+            if to_state == "running" and str(reason).startswith("lease expired, resumed by"):
+                resumed.setdefault(run_id, []).append(int(token))
+        per_kill: list[dict[str, Any]] = []
+        interrupted_runs: dict[str, int] = {}  # run → times one of its steps was interrupted
+        for n, victim, held in kills:
+            cut = {rid: t for rid, (t, _) in held.items() if t not in committed.get(rid, ())}
+            mid = [rid for rid in cut if held[rid][1]]
+            per_kill.append({"round": n, "victim": victim, "in_flight": len(held),
+                             "written": sum(w for _, w in held.values()),
+                             "interrupted": len(cut), "interrupted_after_write": len(mid)})
+            for rid, token in cut.items():
+                interrupted_runs[rid] = interrupted_runs.get(rid, 0) + 1
+                if not any(t > token for t in resumed.get(rid, [])):
+                    r.unexpected.append(f"run {rid}: its step under lease {token} was "
+                                        f"interrupted by the kill of {victim}, never resumed")
+            if len(mid) < 2:
+                r.unexpected.append(f"round {n}: the kill of {victim} interrupted {len(mid)} "
+                                    "steps mid-step (wanted at least 2 in flight)")
+        for run_id in map(str, run_ids):
+            sent = int(submits.get(run_id, 0))
+            if sent > 1:  # the step's effect committed twice: a double effect
+                r.findings.double_effects.append(f"{run_id} (order.submit x{sent})")
+            elif sent == 0:
+                r.unexpected.append(f"run {run_id}: no order.submit committed")
+            if decided.get(run_id, 0) != 1:
+                r.unexpected.append(f"run {run_id}: its step committed "
+                                    f"{decided.get(run_id, 0)} times (moves to waiting)")
+        log_lines = [(h.p.workdir / f"{n}.log").read_text(errors="replace").count(
+            f"concurrency {WORKER_CONCURRENCY}") for n in h.names("agent")]
+        if min(log_lines, default=0) == 0:
+            r.unexpected.append(f"an agent never started at concurrency {WORKER_CONCURRENCY}")
+        interrupted = [k["interrupted"] for k in per_kill]
+        r.figures = {"kills": per_kill, "summary": {
+            "steps interrupted per kill": interrupted,
+            "of them after their checkpoint write":
+                [k["interrupted_after_write"] for k in per_kill],
+            "runs interrupted (twice or more)":
+                f"{len(interrupted_runs)} ({sum(c > 1 for c in interrupted_runs.values())})",
+            "resumed after the lease expired": sum(1 for rid in interrupted_runs
+                                                   if resumed.get(rid)),
+            "order.submit per run (min, max)":
+                [min((int(submits.get(str(i), 0)) for i in run_ids), default=0),
+                 max((int(submits.get(str(i), 0)) for i in run_ids), default=0)],
+        }}
+
+    scenario.run, scenario.after, scenario.check = run, restore, check
+    return scenario
+
+
 def ci_subset(outage_s: float = 20.0) -> list[Scenario]:
     """Every failpoint once, a few random kills, one broker outage, a PostgreSQL restart
-    and crashes, and the supplier's paths: the part that runs in the normal test command."""
+    and crashes, the supplier's paths, and agent workers at concurrency 8 SIGKILLed mid-step:
+    the part that runs in the normal test command."""
     return [
         supplier_paths(),
         status_down(),
@@ -609,10 +827,12 @@ def ci_subset(outage_s: float = 20.0) -> list[Scenario]:
         postgres_crash(),
         broker_outage(outage_s),
         hanging_call(30.0),
+        worker_kills(3),  # last: the scenarios before it draw the same plans from the seed
     ]
 
 
 def full(outage_s: float, kill_rounds: int = 10) -> list[Scenario]:
     """Every scenario; the soak passes more kill rounds."""
     return [*ci_subset(outage_s), random_kills(kill_rounds), scale_out(kill_rounds),
-            hanging_call(60.0)]  # the ledger's default in-flight grace
+            hanging_call(60.0),  # the ledger's default in-flight grace
+            worker_kills(5)]

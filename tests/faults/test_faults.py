@@ -1,7 +1,7 @@
 """The fault harness's CI subset: every failpoint of the agents and consumers kills its process
 at least once, a few random kills, a PostgreSQL restart, PostgreSQL crashes (crash recovery
-issuing transaction ids again), the supplier's failure paths and a consumer killed during a
-hanging call —
+issuing transaction ids again), the supplier's failure paths, a consumer killed during a
+hanging call and agent workers running 8 steps at once SIGKILLed mid-step —
 and after each, nothing lost, no effect repeated, every run settled with evidence.
 
 The seed is fixed so CI is repeatable (``OUTBOXKIT_FAULTS_SEED`` picks another); the long
@@ -66,6 +66,14 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     assert results["postgres-crash"]["kills"] == 3, shown
     # Killed during a hanging call, with the consumer's default retries: settled, not stranded.
     assert results["hanging-call:30s"]["runs_by_state"] == {"done": 1}, shown
+    # Agent workers at concurrency 8, SIGKILLed 4 times (one agent, one, then both) while
+    # several steps stalled inside the step function: every one of those steps rolled back,
+    # its run resumed and committed its order.submit once.
+    worker = results["worker-kills:3"]
+    assert worker["kills"] == 4, shown
+    assert all(k["interrupted_after_write"] >= 2 for k in worker["figures"]["kills"]), shown
+    assert worker["figures"]["summary"]["order.submit per run (min, max)"] == [1, 1], shown
+    assert set(worker["runs_by_state"]) == {"done"}, shown
     assert report["ok"], f"seed {seed}: {report['replay']}\n{shown}"
 
 
