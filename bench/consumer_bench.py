@@ -22,7 +22,7 @@ is missing is skipped with a note), side by side in the same run:
 (e) kafka-python only: retry isolation: two 4-partition topics with the same
     ``--n-isolation`` messages on partitions 1 to 3 (b's handler); on the second, partition
     0 also holds 50 messages whose supplier hangs (the first attempt waits out a 0.2 s call
-    timeout, every attempt asks to ``RetryLater(..., 0.5)``, as ``dedup.perform`` answers
+    timeout, every attempt asks to ``RetryLater(..., 0.5)``, as ``Ledger.perform`` answers
     while an unknown operation's next status check is not due).
     ``consumer.retry_isolation_ratio``: partitions 1 to 3's rate with partition 0 stuck
     against their rate with partition 0 idle, both counted from the handler's first call

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from consumers.app import Consumer
 from consumers.deadletter import KafkaSender
 from consumers.errors import ConsumerError, FailureNotFound
+from consumers.failures import STATUSES, FailedMessage, get_failure, list_failures
 from consumers.replay import rehandle, republish
 from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
-from dedup.failures import STATUSES, FailedMessage, get_failure, list_failures
 from outbox.cli.apps import import_app
 from outbox.cli.daemon import run_daemon
 from outbox.cli.flags import env_prefix, explain, settings_options

@@ -10,11 +10,8 @@ from typing import Any
 from sqlalchemy import Connection, TableClause, insert
 
 from consumers.deferred import DeferredInserts
-from dedup.operations import OnSettle, Operation
-from dedup.perform import perform
-from dedup.policy import ReconcilePolicy
-from dedup.reconcile import DEFAULT_POLICY
-from dedup.systems import System
+from dedup.ledger import Ledger, OnSettle, Operation, ReconcilePolicy, System
+from dedup.ledger.reconcile import DEFAULT_POLICY
 from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
 from outbox.runs.confirm import Outcome, apply_confirmation
@@ -154,9 +151,9 @@ class HandlerContext:
         on_settle: OnSettle | str = OnSettle.FINISH,
         policy: ReconcilePolicy = DEFAULT_POLICY,
     ) -> Operation:
-        """Do *operation* on *system* at most once for this message: :func:`dedup.perform`
-        with the handler's engine and settings, the key derived from the message id (or
-        *key*), and the consumer group as the actor.
+        """Do *operation* on *system* at most once for this message:
+        :meth:`dedup.ledger.Ledger.perform` with the handler's engine and settings, the key
+        derived from the message id (or *key*), and the consumer group as the actor.
 
         Not in the handler's transaction: perform commits the intent before the call and
         the outcome after it, each in a transaction of its own on another connection of
@@ -172,10 +169,10 @@ class HandlerContext:
         transaction would wait for it for ever.
 
         One key per (message, operation): a second call with the same *operation* and a
-        different *request* raises :class:`~dedup.errors.RequestMismatch`; pass *key* to
+        different *request* raises :class:`~dedup.ledger.RequestMismatch`; pass *key* to
         do two such operations for one message.
         """
-        return perform(
+        return Ledger(settings=self.outbox_settings).perform(
             self.conn.engine,
             system=system,
             operation=operation,
@@ -186,5 +183,4 @@ class HandlerContext:
             on_settle=on_settle,
             policy=policy,
             actor=self.group_id,
-            settings=self.outbox_settings,
         )

@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from consumers import failures
 from consumers.app import Consumer
 from consumers.control import SkipMessage
 from consumers.decode import Decoded, decode
@@ -39,7 +40,6 @@ from consumers.handlers import Registration
 from consumers.metrics import ConsumerMetrics
 from consumers.parking import Parked
 from consumers.retries import Committed, Retries, SendDeadLetter
-from dedup import failures
 from dedup.inbox import Mark, Marks, insert_new, mark, mark_many, unmark
 from outbox.kafka import Record
 from outbox.messages.envelope import HEADER_RUN_ID

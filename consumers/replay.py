@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from consumers import failures
 from consumers.app import Consumer
 from consumers.deadletter import ERROR_HEADERS, KafkaSender, Sent
 from consumers.decode import decode
 from consumers.errors import FailureNotFound
-from dedup import failures
 from dedup.inbox import Mark, mark, unmark
 from outbox.kafka import Record
 from outbox.settings import OutboxSettings

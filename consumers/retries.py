@@ -4,7 +4,7 @@ The attempt is counted in the failures table (so restarts do not reset the count
 message without a usable id or payload, or whose handler raised ``DeadLetter``, goes to the
 dead-letter topic at once; others after ``max_attempts`` attempts, unless an operation they
 started is still open in the ledger (its outcome will still be learnt: the message waits
-for it, :mod:`dedup.outstanding`). A parked message's partition waits until the retry is due
+for it, :mod:`dedup.ledger.outstanding`). A parked message's partition waits until the retry is due
 (:mod:`consumers.parking`).
 """
 
@@ -17,18 +17,18 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
+from consumers import failures
 from consumers.app import Consumer
 from consumers.control import DeadLetter, RetryLater
 from consumers.deadletter import Sent, dead_letter_headers, slim_copy
 from consumers.decode import message_id_of
 from consumers.errors import MalformedMessage
+from consumers.failures import headers_json
 from consumers.metrics import ConsumerMetrics
 from consumers.parking import Parked
-from dedup import failures
-from dedup.failures import headers_json
 from dedup.inbox import Mark, mark
-from dedup.operations import Operation
-from dedup.outstanding import awaited_operation
+from dedup.ledger.operations import Operation
+from dedup.ledger.outstanding import awaited_operation
 from outbox.kafka import Record, RecordTooLarge
 
 log = logging.getLogger(__name__)

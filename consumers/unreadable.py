@@ -18,9 +18,9 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from consumers import failures
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker
-from dedup import failures
 from outbox.kafka import TopicPartition, UnreadableRecord
 
 log = logging.getLogger(__name__)

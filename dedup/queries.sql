@@ -1,4 +1,4 @@
--- The dedup package's hand-written SQL (the rest is SQLAlchemy Core: dedup/operations.py...).
+-- The dedup package's hand-written SQL (the ledger, dedup/ledger/, is SQLAlchemy Core).
 -- Each query follows its `-- name:` marker; the comment lines right after the marker describe
 -- it (the loader, outbox.queries, keeps them out of the statement's text). {schema} is the
 -- configured schema, quoted by outbox.queries.quote_identifier. All run as driver SQL

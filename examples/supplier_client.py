@@ -1,4 +1,4 @@
-"""The supplier as an outboxkit :class:`~dedup.systems.System`: how an application adapts
+"""The supplier as an outboxkit :class:`~dedup.ledger.System`: how an application adapts
 an outside HTTP API to the ledger's typed answers.
 
 The mapping is the part that needs judgement, so it is spelled out here:
@@ -20,18 +20,18 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from dedup.operations import Operation
-from dedup.outcomes import (
+from dedup.ledger import (
     Applied,
     CallOutcome,
     Evidence,
     Found,
     NotFound,
+    Operation,
     Refused,
     StatusOutcome,
+    System,
     Unclear,
 )
-from dedup.systems import System
 
 _UNCLEAR_4XX = {404, 408, 429}
 

@@ -407,7 +407,7 @@ CROSS JOIN LATERAL (
 WHERE l.lane < :lanes
 
 -- name: unsettled_operations
--- Operations whose outcome nobody has established (the ledger of dedup.perform), for an
+-- Operations whose outcome nobody has established (the ledger of dedup.ledger.Ledger.perform), for an
 -- alert: the status index makes this cheap. Its own statement, since a least-privileged relay
 -- role may not read the table (then the gauge is simply not exported).
 SELECT count(*) FILTER (WHERE status = 'unknown') AS unknown,

@@ -19,22 +19,15 @@ from typing import Any
 
 import click
 
-from dedup.operations import Operation, operation_history
-from dedup.outcomes import Evidence
-from dedup.resolution import (
-    count_operations,
-    list_operations,
-    resolve_confirmed,
-    resolve_not_applied,
-)
-from dedup.retention import (
+from dedup.ledger.ledger import Ledger
+from dedup.ledger.operations import Operation
+from dedup.ledger.outcomes import Evidence
+from dedup.ledger.retention import (
     DEFAULT_BATCH,
     DEFAULT_DEDUP_WINDOW_SECONDS,
     PURGED_STATUSES,
     OperationsPurge,
     check_retention_window,
-    count_purgeable_operations,
-    purge_operations,
 )
 from outbox.cli.main import database_url_option, echo_json, echo_table, one_line_errors, open_engine
 from outbox.cli.operator import duration
@@ -60,9 +53,10 @@ def ops_list(database_url: str | None, statuses: tuple[str, ...], system: str | 
     """Operations, newest first, with why each stands where it does (reason, last error)."""
     wanted = list(statuses) or None
     with open_engine(database_url) as engine, engine.connect() as conn:
-        found = list_operations(conn, status=wanted, system=system, limit=limit)
+        ledger = Ledger()
+        found = ledger.list_operations(conn, status=wanted, system=system, limit=limit)
         # Counted only when the limit may have cut the list: one more query, not every time.
-        total = (count_operations(conn, status=wanted, system=system)
+        total = (ledger.count_operations(conn, status=wanted, system=system)
                  if len(found) == limit else len(found))
     cut = (f"showing the newest {len(found):,} of {total:,} operations; "
            "--limit N for more" if total > len(found) else None)
@@ -117,19 +111,21 @@ def ops_resolve(*, op_id: uuid.UUID, outcome: str | None, evidence: str | None,
     if not actor:
         raise click.UsageError("say who resolves it: --actor (no $USER to default to)")
     found = _evidence(evidence)
+    ledger = Ledger()
     with open_engine(database_url) as engine, engine.begin() as conn:
         if outcome == "confirmed":
             if found is None:
                 raise click.UsageError("--confirmed needs --evidence (a JSON object)")
-            resolved = resolve_confirmed(conn, op_id, evidence=found, actor=actor,
-                                         reason=reason or "confirmed with the evidence given")
+            reason = reason or "confirmed with the evidence given"
+            resolved = ledger.resolve_confirmed(conn, op_id, evidence=found, actor=actor,
+                                                reason=reason)
         else:
             if not reason:
                 raise click.UsageError("--not-applied needs --reason (why you know)")
-            resolved = resolve_not_applied(conn, op_id, actor=actor, reason=reason,
-                                           evidence=found)
+            resolved = ledger.resolve_not_applied(conn, op_id, actor=actor, reason=reason,
+                                                  evidence=found)
         # The resolution's event says what happened to the run, in the same transaction.
-        last = operation_history(conn, resolved.id)[-1].detail if resolved.run_id else None
+        last = ledger.history(conn, resolved.id)[-1].detail if resolved.run_id else None
     click.echo(f"operation {resolved.id} is {resolved.status.value} "
                f"(by {actor}: {resolved.resolution_reason})")
     if isinstance(last, dict) and last.get("run"):
@@ -207,10 +203,10 @@ def ops_purge(*, database_url: str | None, older_than: timedelta, dedup_window: 
     statuses = ", ".join(PURGED_STATUSES)
     check_retention_window(seconds, window)  # before connecting: a usage error, exit 2
     settings = OutboxSettings()
+    ledger = Ledger(settings=settings)
     with open_engine(database_url, settings) as engine:
         with engine.connect() as conn:
-            would = count_purgeable_operations(conn, seconds, dedup_window_seconds=window,
-                                               settings=settings)
+            would = ledger.count_purgeable(conn, seconds, dedup_window_seconds=window)
         if dry_run:
             done = would
         else:
@@ -221,9 +217,8 @@ def ops_purge(*, database_url: str | None, older_than: timedelta, dedup_window: 
                     batches.append(batch)
                     bar.update(batch.operations)
 
-                purge_operations(engine, seconds, batch=batch_size, dedup_window_seconds=window,
-                                 settings=settings, on_batch=progress,
-                                 max_batches=would.operations // batch_size + 2)
+                ledger.purge(engine, seconds, batch=batch_size, dedup_window_seconds=window,
+                             on_batch=progress, max_batches=would.operations // batch_size + 2)
             done = OperationsPurge(sum(b.operations for b in batches),
                                    sum(b.events for b in batches))
     if as_json:

@@ -7,7 +7,7 @@
         └── ResolutionRefused       a human resolution does not apply to the operation's status
 
 Outcomes of outside calls (applied, refused, unclear) are values, not errors: see
-:mod:`dedup.outcomes`.
+:mod:`dedup.ledger.outcomes`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class RequestMismatch(OperationError):
 
     Reusing a key for another request would make the outside system return the first
     request's result for the second one. Derive keys from the message id *and* the
-    operation name (:func:`dedup.operations.idempotency_key`).
+    operation name (:func:`dedup.ledger.operations.idempotency_key`).
     """
 
     def __init__(self, key: str, stored: str, given: str, what: str = "request digest") -> None:

@@ -12,12 +12,12 @@ ledger splits it in three steps, each of which survives a crash of the next:
    connection). Unknown is never failed: the supplier may have taken the order.
 
 An operation left ``pending`` (the process died during the call) or ``unknown`` is
-reconciled by asking the outside system (:mod:`dedup.reconcile`), never by calling again
-blindly. :func:`dedup.perform.perform` does all three steps with its own transactions.
+reconciled by asking the outside system (:mod:`dedup.ledger.reconcile`), never by calling again
+blindly. :func:`dedup.ledger.perform.perform` does all three steps with its own transactions.
 
 An operation may carry the ``run_id`` of the agent run that waits on it. Whatever settles
 the operation — :func:`record_outcome` (the call's own answer, or a reconciler's status
-query) or a person (:mod:`dedup.resolution`) — settles that run in the same transaction
+query) or a person (:mod:`dedup.ledger.resolution`) — settles that run in the same transaction
 (:func:`settle_run_plan`), as a confirmation whose id is the operation's ``message_id``: the
 run is finished (confirmed → ``done``, rejected → ``failed``) or resumed
 (:class:`OnSettle`), with the outside system's evidence. A run that cannot move (no longer
@@ -40,8 +40,8 @@ from sqlalchemy import Insert, Select, Update, cast, func, insert, literal, null
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from dedup.errors import OperationNotFound, RequestMismatch
-from dedup.outcomes import Applied, Evidence, Found, Refused, canonical_digest
+from dedup.ledger.errors import OperationNotFound, RequestMismatch
+from dedup.ledger.outcomes import Applied, Evidence, Found, Refused, canonical_digest
 from outbox.db.execution import Plan, Rows, SyncConn, run_plan
 from outbox.db.tables import agent_runs, operation_events, operations, run_transitions
 from outbox.errors import ConfigurationError, OutboxError
@@ -441,7 +441,7 @@ def begin(
     Never commits — and the caller **must commit before calling the outside system**, in a
     transaction of its own: an intent rolled back with a crash would forget that we may
     have sent the request. ``Intent.created`` says whether to call now; when False, the
-    recorded operation says what is known (settle it with :mod:`dedup.reconcile`, don't
+    recorded operation says what is known (settle it with :mod:`dedup.ledger.reconcile`, don't
     call again). *in_flight_grace*: seconds during which the pending call belongs to this
     process; a reconciler looks at it only afterwards. *run_id*: the agent run that waits on
     the outcome; whatever settles the operation settles that run too, as *on_settle* says

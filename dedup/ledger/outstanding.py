@@ -12,7 +12,7 @@ import uuid
 
 from sqlalchemy import select
 
-from dedup.operations import OPEN, Operation, fetch, ops
+from dedup.ledger.operations import OPEN, Operation, fetch, ops
 from outbox.db.execution import SyncConn
 from outbox.settings import OutboxSettings
 
@@ -24,8 +24,8 @@ def awaited_operation(
 ) -> Operation | None:
     """The open operation of message *message_id* that is due to be checked first, if any.
 
-    Only operations recorded with ``message_id=`` (as :func:`dedup.perform` does when it
-    derives the key from the message) are found. Read-only; never commits.
+    Only operations recorded with ``message_id=`` (as :meth:`dedup.ledger.Ledger.perform` does
+    when it derives the key from the message) are found. Read-only; never commits.
     """
     # Open operations are few (the status index holds them); message_id narrows them down.
     query = (

@@ -16,7 +16,7 @@ The run that waits
 ------------------
 With ``run_id=``, whatever settles the operation settles that run in the same transaction:
 T2 above when the call answers, a reconciler's transaction when a status query does, a
-person's when they resolve it (:func:`dedup.operations.settle_run_plan`). ``on_settle``
+person's when they resolve it (:func:`dedup.ledger.operations.settle_run_plan`). ``on_settle``
 says how: ``"finish"`` (default) — confirmed → ``done``, rejected → ``failed``, with the
 outside system's evidence; ``"resume"`` — back to ``running`` for the worker's next claim.
 The confirmation id is the message id, so a handler that also calls ``ctx.confirm(...)``
@@ -44,10 +44,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from dedup.operations import OPEN, OnSettle, Operation, begin, idempotency_key
-from dedup.policy import ReconcilePolicy
-from dedup.reconcile import DEFAULT_POLICY, reconcile_operation
-from dedup.systems import System, send
+from dedup.ledger.operations import OPEN, OnSettle, Operation, begin, idempotency_key
+from dedup.ledger.policy import ReconcilePolicy
+from dedup.ledger.reconcile import DEFAULT_POLICY, reconcile_operation
+from dedup.ledger.systems import System, send
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 
@@ -68,7 +68,7 @@ def perform(
 ) -> Operation:
     """Do *operation* on *system* at most once per key; return the operation as recorded.
 
-    The key is *key*, or :func:`~dedup.operations.idempotency_key` of *message_id* and
+    The key is *key*, or :func:`~dedup.ledger.operations.idempotency_key` of *message_id* and
     *operation*. Check ``result.status``: ``confirmed`` / ``rejected`` are settled (with
     evidence); ``pending`` / ``unknown`` mean the outcome is not established yet (a
     reconciler will ask the system); ``needs-human`` means a person must decide.

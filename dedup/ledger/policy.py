@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from dedup.outcomes import DEFAULT_MAX_VALUE_BYTES, MIN_MAX_VALUE_BYTES
+from dedup.ledger.outcomes import DEFAULT_MAX_VALUE_BYTES, MIN_MAX_VALUE_BYTES
 from outbox.backoff import POLICY_NAMES, Backoff
 from outbox.backoff import check as check_backoff
 from outbox.errors import ConfigurationError

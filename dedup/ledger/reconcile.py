@@ -4,7 +4,7 @@ For each open operation that is due (``unknown``; ``pending`` past its in-flight
 its process died after — or while — sending; ``not-applied`` by a human's word):
 
 * the status query finds it → ``confirmed`` with the system's evidence, and the run waiting
-  on it is settled in the same transaction (:func:`dedup.operations.record_outcome`; so is
+  on it is settled in the same transaction (:func:`dedup.ledger.operations.record_outcome`; so is
   the outcome of a call made again);
 * it definitely does not → the call is made again **with the same idempotency key**
   (recorded as a ``retry`` event; at most ``max_calls`` calls in all);
@@ -25,7 +25,7 @@ the row's ``version`` is still the claimed one (a human or another checker did n
 between). A definite answer (Found) is written whenever the operation is still open.
 
 :func:`reconcile_due` is the scheduler's job body (a plain function taking an engine);
-:mod:`dedup.scheduler` wires it into APScheduler.
+:mod:`dedup.ledger.scheduler` wires it into APScheduler.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 
 from sqlalchemy import Engine, extract, func, select, update
 
-from dedup.operations import (
+from dedup.ledger.operations import (
     OPEN,
     Operation,
     OperationStatus,
@@ -51,9 +51,17 @@ from dedup.operations import (
     ops,
     record_outcome,
 )
-from dedup.outcomes import Evidence, Found, NotFound, Unclear, bound_events, clip, clip_detail
-from dedup.policy import ReconcilePolicy
-from dedup.systems import System, ask, send
+from dedup.ledger.outcomes import (
+    Evidence,
+    Found,
+    NotFound,
+    Unclear,
+    bound_events,
+    clip,
+    clip_detail,
+)
+from dedup.ledger.policy import ReconcilePolicy
+from dedup.ledger.systems import System, ask, send
 from outbox.db.execution import SyncConn
 from outbox.errors import OutboxError
 from outbox.runs.checkpoints import json_value
@@ -314,7 +322,7 @@ def _escalate(conn: SyncConn, current: Operation, *, checks: int, reason: str, a
               policy: ReconcilePolicy, settings: OutboxSettings | None) -> Operation:
     """``needs-human`` with its events as evidence; the run follows in this transaction.
 
-    The events are bounded (:func:`dedup.outcomes.bound_events`): this evidence is copied
+    The events are bounded (:func:`dedup.ledger.outcomes.bound_events`): this evidence is copied
     into the operation row and the run's transition, and a human has to read it.
     """
     history = operation_history(conn, current.id, settings=settings)

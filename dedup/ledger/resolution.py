@@ -3,7 +3,7 @@ not applied (so it is called again with the same key). Each resolution records w
 
 Functions take the caller's ``Connection``/``Session`` and never commit. The operation's
 agent run moves with the resolution, in the same transaction
-(:func:`dedup.operations.settle_run_plan`): a run this operation escalated to
+(:func:`dedup.ledger.operations.settle_run_plan`): a run this operation escalated to
 ``needs-human`` goes back to ``waiting``; confirmed, it is then finished (``done``, with the
 person's evidence) or resumed, as the operation's ``on_settle`` says; not applied, it waits
 for the outcome of the call the reconciler makes again.
@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from dedup.errors import ResolutionRefused
-from dedup.operations import (
+from dedup.ledger.errors import ResolutionRefused
+from dedup.ledger.operations import (
     SETTLED,
     Operation,
     OperationStatus,
@@ -30,7 +30,7 @@ from dedup.operations import (
     settle_run_plan,
     with_run_note,
 )
-from dedup.outcomes import Evidence
+from dedup.ledger.outcomes import Evidence
 from outbox.db.execution import SyncConn, run_plan
 from outbox.runs.checkpoints import json_value
 from outbox.settings import OutboxSettings

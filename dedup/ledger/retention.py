@@ -32,7 +32,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, exists, func, or_, select
 
-from dedup.operations import SETTLED, events, ops
+from dedup.ledger.operations import SETTLED, events, ops
 from dedup.window import human_duration
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import consumer_failures

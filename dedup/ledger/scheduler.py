@@ -1,5 +1,6 @@
-"""Wiring :func:`dedup.reconcile.reconcile_due` and :func:`dedup.retention.purge_operations`
-into an APScheduler scheduler.
+"""Wiring :func:`dedup.ledger.reconcile.reconcile_due` and
+:func:`dedup.ledger.retention.purge_operations` into an APScheduler scheduler
+(:meth:`dedup.ledger.Ledger.add_reconcile_job`, :meth:`~dedup.ledger.Ledger.add_retention_job`).
 
 The job bodies stay plain functions (testable by calling them); only this module knows about
 APScheduler. ``max_instances=1`` keeps one pass at a time in a process; across processes
@@ -14,16 +15,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from dedup.policy import ReconcilePolicy
-from dedup.reconcile import DEFAULT_POLICY, reconcile_due
-from dedup.retention import (
+from dedup.ledger.policy import ReconcilePolicy
+from dedup.ledger.reconcile import DEFAULT_POLICY, reconcile_due
+from dedup.ledger.retention import (
     DEFAULT_BATCH,
     DEFAULT_DEDUP_WINDOW_SECONDS,
     OperationsPurge,
     check_retention_window,
     purge_operations,
 )
-from dedup.systems import System
+from dedup.ledger.systems import System
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 
@@ -75,7 +76,7 @@ def add_operations_retention_job(
     max_batches: int = 1000,
     settings: OutboxSettings | None = None,
 ) -> Any:
-    """Add the operations retention pass (:func:`dedup.retention.purge_operations`) to
+    """Add the operations retention pass (:func:`dedup.ledger.retention.purge_operations`) to
     *scheduler*; return the job.
 
     The window is checked here, when the job is added, so a window shorter than the dedup

@@ -1,8 +1,8 @@
 """An outside system as the ledger sees it: how to call it and how to ask what happened.
 
-Both functions receive the :class:`~dedup.operations.Operation` (its ``idempotency_key``
+Both functions receive the :class:`~dedup.ledger.operations.Operation` (its ``idempotency_key``
 must go with the call; ``request`` is what to send). An exception from either is read as
-:class:`~dedup.outcomes.Unclear`: a timeout says nothing about whether the call was applied.
+:class:`~dedup.ledger.outcomes.Unclear`: a timeout says nothing about whether the call was applied.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from dedup.operations import Operation, mark_unknown, record_outcome
-from dedup.outcomes import Applied, CallOutcome, Found, NotFound, Refused, StatusOutcome, Unclear
-from dedup.policy import ReconcilePolicy
+from dedup.ledger.operations import Operation, mark_unknown, record_outcome
+from dedup.ledger.outcomes import (
+    Applied,
+    CallOutcome,
+    Found,
+    NotFound,
+    Refused,
+    StatusOutcome,
+    Unclear,
+)
+from dedup.ledger.policy import ReconcilePolicy
 from outbox.runtime.failpoints import failpoint
 from outbox.settings import OutboxSettings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from functools import cache
 
-from dedup import ReconcilePolicy
+from dedup.ledger import ReconcilePolicy
 from examples.supplier_client import SupplierClient
 
 WORKFLOW = "supplier-order"

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 from consumers import Consumer, HandlerContext, RetryLater
-from dedup import Operation
+from dedup.ledger import Operation
 from examples.supplier_order import config
 
 

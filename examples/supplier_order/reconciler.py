@@ -2,10 +2,10 @@
 
     python -m examples.supplier_order.reconciler
 
-An APScheduler interval job (:func:`dedup.add_reconcile_job`, one pass at a time) claims due
-``pending``/``unknown`` operations and settles them by the supplier's status query: found →
-``confirmed``; definitely not found → called again with the same key; unclear too long →
-``needs-human`` with every answer as evidence, and the run moves to needs-human too.
+An APScheduler interval job (:meth:`dedup.ledger.Ledger.add_reconcile_job`, one pass at a
+time) claims due ``pending``/``unknown`` operations and settles them by the supplier's status
+query: found → ``confirmed``; definitely not found → called again with the same key; unclear
+too long → ``needs-human`` with every answer as evidence, and the run moves to needs-human too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import create_engine
 
-from dedup import add_reconcile_job
+from dedup.ledger import Ledger
 from examples.supplier_order import config
 from outbox.db.dsn import sqlalchemy_url
 
@@ -28,8 +28,9 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     scheduler = BackgroundScheduler()
-    add_reconcile_job(scheduler, engine, [config.supplier().system()], interval_seconds=0.5,
-                      policy=config.POLICY, actor="reconciler")
+    ledger = Ledger(policy=config.POLICY)  # the policy the consumer's ctx.perform is given
+    ledger.add_reconcile_job(scheduler, engine, [config.supplier().system()],
+                             interval_seconds=0.5, actor="reconciler")
     scheduler.start()
     try:
         stop.wait()

@@ -14,8 +14,8 @@ from sqlalchemy.exc import OperationalError
 
 from consumers import Consumer, HandlerContext, RetryLater, rehandle, republish
 from consumers.deadletter import KafkaSender
+from consumers.failures import list_failures
 from consumers.processing import Progress
-from dedup import list_failures
 from outbox.db.schema import translate
 from outbox.settings import OutboxSettings
 from tests.e2e.conftest import read_topic, wait_until

@@ -11,7 +11,7 @@ import pytest
 from kafka import KafkaProducer
 from sqlalchemy import Engine
 
-from dedup import list_failures
+from consumers.failures import list_failures
 from tests.e2e.conftest import wait_until
 from tests.e2e.consumer_support import InProcess, create_effects, effects
 from tests.e2e.test_consumer_idempotence import make_app

@@ -12,10 +12,12 @@ import sys
 
 from sqlalchemy import create_engine
 
-from dedup import CallOutcome, Operation, System, perform
-from dedup.policy import ReconcilePolicy
+from dedup.ledger import CallOutcome, Ledger, Operation, System
+from dedup.ledger.policy import ReconcilePolicy
 from examples.supplier_client import SupplierClient
 from outbox.db.dsn import sqlalchemy_url
+
+LEDGER = Ledger()
 
 
 def main() -> None:
@@ -30,10 +32,10 @@ def main() -> None:
         return outcome  # not reached
 
     engine = create_engine(sqlalchemy_url(url))
-    perform(engine, system=System("supplier", call=send_then_die,
+    LEDGER.perform(engine, system=System("supplier", call=send_then_die,
                                   status_query=client.order_status),
-            operation="place-order", request={"item": "widget", "qty": 3},
-            message_id=message_id, policy=ReconcilePolicy(in_flight_grace=0.5))
+                   operation="place-order", request={"item": "widget", "qty": 3},
+                   message_id=message_id, policy=ReconcilePolicy(in_flight_grace=0.5))
     sys.stdout.write("outcome recorded: the crash did not happen\n")
 
 

@@ -8,10 +8,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from dedup import Operation, OperationEvent, ReconcilePolicy, get_operation, operation_history
+from dedup.ledger import Ledger, Operation, OperationEvent, ReconcilePolicy
 from examples.supplier import Supplier, start_supplier
 from examples.supplier_client import SupplierClient
-from outbox import claim, get_run, start_run, transition
+from outbox.handle import claim
+from outbox.runs.lifecycle import get_run, start_run, transition
+
+LEDGER = Ledger()
 
 
 def fast_policy(**overrides: Any) -> ReconcilePolicy:
@@ -49,12 +52,12 @@ def run_state(engine: Engine, run_id: uuid.UUID) -> str:
 
 def reload(engine: Engine, operation: Operation) -> Operation:
     with engine.connect() as conn:
-        return get_operation(conn, operation.id)
+        return LEDGER.get_operation(conn, operation.id)
 
 
 def history(engine: Engine, operation: Operation) -> list[OperationEvent]:
     with engine.connect() as conn:
-        return operation_history(conn, operation.id)
+        return LEDGER.history(conn, operation.id)
 
 
 def trail(engine: Engine, operation: Operation) -> list[tuple[str, str]]:

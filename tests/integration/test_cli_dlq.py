@@ -9,7 +9,7 @@ from collections.abc import Callable
 from kafka import KafkaConsumer
 from sqlalchemy import Connection, Engine, text
 
-from dedup.failures import mark_dead_lettered, record_attempt
+from consumers.failures import mark_dead_lettered, record_attempt
 from tests.integration.cli_support import one_line, outbox
 
 APP = "tests.integration.cli_dlq_app:app"

@@ -8,21 +8,22 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
-from dedup import OperationStatus, get_operation, operation_history
-from dedup.operations import begin
-from outbox import get_run
+from dedup.ledger import Ledger, OperationStatus
+from outbox.runs.lifecycle import get_run
 from tests.integration.cli_support import one_line, outbox
 from tests.integration.operations_support import waiting_run
+
+LEDGER = Ledger()
 
 
 @pytest.fixture
 def stuck(engine: Engine) -> uuid.UUID:
     """An order whose outcome nobody could establish: needs-human."""
     with engine.begin() as conn:
-        intent = begin(conn, key="place-order:m-1", system="supplier", operation="place-order",
-                       request={"item": "widget", "qty": 3})
-        begin(conn, key="place-order:m-2", system="supplier", operation="place-order",
-              request={"item": "bolt", "qty": 1})
+        intent = LEDGER.begin(conn, key="place-order:m-1", system="supplier",
+                              operation="place-order", request={"item": "widget", "qty": 3})
+        LEDGER.begin(conn, key="place-order:m-2", system="supplier", operation="place-order",
+                     request={"item": "bolt", "qty": 1})
         conn.execute(text("UPDATE outboxkit.operations SET status = 'needs-human' WHERE id = :i"),
                      {"i": intent.operation.id})
     return intent.operation.id
@@ -49,8 +50,8 @@ def test_resolve_confirmed_records_the_evidence_who_and_why(
     assert result.returncode == 0, result.stderr
     assert "confirmed (by alice: order visible in the portal)" in result.stdout
     with engine.connect() as conn:
-        op = get_operation(conn, stuck)
-        last = operation_history(conn, stuck)[-1]
+        op = LEDGER.get_operation(conn, stuck)
+        last = LEDGER.history(conn, stuck)[-1]
     assert op.status is OperationStatus.CONFIRMED
     assert (op.reference, op.resolved_by, op.resolution_reason) == (
         "PO-77", "alice", "order visible in the portal")
@@ -68,7 +69,7 @@ def test_resolve_not_applied_needs_a_reason_and_records_the_actor(
                     "--reason", "supplier support: no such order", "--database-url", database_url)
     assert result.returncode == 0, result.stderr
     with engine.connect() as conn:
-        op = get_operation(conn, stuck)
+        op = LEDGER.get_operation(conn, stuck)
     assert (op.status, op.resolved_by) == (OperationStatus.NOT_APPLIED, "bob")
 
 
@@ -118,8 +119,8 @@ def test_list_is_newest_first_and_says_when_the_limit_cut_it(
 ) -> None:
     with engine.begin() as conn:
         for n in range(5):
-            begin(conn, key=f"place-order:m-{n}", system="supplier", operation="place-order",
-                  request={"n": n})
+            LEDGER.begin(conn, key=f"place-order:m-{n}", system="supplier", operation="place-order",
+                         request={"n": n})
         conn.execute(text("UPDATE outboxkit.operations SET created_at = created_at "
                           "+ make_interval(secs => (request->>'n')::int)"))
         ids = dict(conn.execute(text("SELECT idempotency_key, id::text "
@@ -143,8 +144,9 @@ def test_resolve_says_what_happened_to_the_run(engine: Engine, database_url: str
     instead of sending them to Python to requeue it."""
     run_id = waiting_run(engine)
     with engine.begin() as conn:
-        intent = begin(conn, key="place-order:m-9", system="supplier", operation="place-order",
-                       request={"item": "widget", "qty": 3}, message_id="m-9", run_id=run_id)
+        intent = LEDGER.begin(conn, key="place-order:m-9", system="supplier",
+                              operation="place-order", request={"item": "widget", "qty": 3},
+                              message_id="m-9", run_id=run_id)
     result = outbox("ops", "resolve", str(intent.operation.id), "--confirmed", "--evidence",
                     '{"reference": "PO-9"}', "--actor", "alice", "--database-url", database_url)
     assert result.returncode == 0, result.stderr

@@ -16,9 +16,9 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, event, text
 
 from consumers import HandlerContext, SkipMessage
 from consumers.deferred import DeferredInserts
+from consumers.failures import list_failures
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor
-from dedup.failures import list_failures
 from outbox.db.schema import translate
 from outbox.settings import OutboxSettings
 from tests.integration.test_dedup_processing import (

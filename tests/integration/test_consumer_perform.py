@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select
 from consumers import HandlerContext
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor
-from dedup import Applied, Evidence, NotFound, Operation, OperationStatus, System
+from dedup.ledger import Applied, Evidence, NotFound, Operation, OperationStatus, System
 from outbox.db.schema import translate
 from outbox.db.tables import operations
 from outbox.settings import OutboxSettings

@@ -16,14 +16,16 @@ from sqlalchemy import Engine, text
 
 from consumers import Consumer, HandlerContext, RetryLater, SkipMessage
 from consumers.deadletter import Sent
+from consumers.failures import list_failures
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor, Progress
-from dedup import Applied, Evidence, begin, get_operation, record_outcome
-from dedup.failures import list_failures
+from dedup.ledger import Applied, Evidence, Ledger
 from outbox.db.schema import translate
 from outbox.messages.envelope import Envelope
 from outbox.settings import OutboxSettings
 from tests.e2e.consumer_support import settings
+
+LEDGER = Ledger()
 
 TOPIC = "items"
 
@@ -338,9 +340,9 @@ class TestAwaitedOperations:
 
         def place(ctx: HandlerContext, item: Item) -> None:
             with bound.begin() as conn:  # the intent commits on its own, as perform's does
-                intent = begin(conn, key=f"place:{ctx.message_id}", system="supplier",
-                               operation="place", request={"n": item.n},
-                               message_id=ctx.message_id, in_flight_grace=0.0)
+                intent = LEDGER.begin(conn, key=f"place:{ctx.message_id}", system="supplier",
+                                      operation="place", request={"n": item.n},
+                                      message_id=ctx.message_id, in_flight_grace=0.0)
             outcomes.append(intent.operation.status.value)
             if intent.operation.status.value != "confirmed":
                 raise RetryLater("the order's outcome is not known yet")
@@ -359,8 +361,8 @@ class TestAwaitedOperations:
         assert progress.handled == 0
         message_id = poison.headers[0][1].decode()
         with bound.begin() as conn:
-            op = get_operation(conn, key=f"place:{message_id}")
-            record_outcome(conn, op.id, Applied(Evidence(reference="SUP-1")))
+            op = LEDGER.get_operation(conn, key=f"place:{message_id}")
+            LEDGER.record_outcome(conn, op.id, Applied(Evidence(reference="SUP-1")))
         (parked,) = progress.parked
         time.sleep(max(0.0, parked.due - time.monotonic()))
         assert processor.process([poison], {(TOPIC, 0, 0)}).handled == 1

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from dedup import OperationStatus, get_operation, idempotency_key, reconcile_due
+from dedup.ledger import Ledger, OperationStatus
 from examples.supplier_client import SupplierClient
 from tests.integration.operations_support import fast_policy, trail
+
+LEDGER = Ledger()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,9 +57,9 @@ def test_killed_after_sending_leaves_pending_and_reconciling_confirms_without_a_
     assert worker.returncode == -signal.SIGKILL, worker.stdout + worker.stderr
     assert "sent place-order:m-crash: Applied" in worker.stdout
 
-    key = idempotency_key("m-crash", "place-order")
+    key = LEDGER.idempotency_key("m-crash", "place-order")
     with engine.connect() as conn:
-        op = get_operation(conn, key=key)
+        op = LEDGER.get_operation(conn, key=key)
     # The intent survived the crash; the outcome was never recorded.
     assert op.status is OperationStatus.PENDING
     assert trail(engine, op) == [("intent", "pending")]
@@ -66,12 +68,12 @@ def test_killed_after_sending_leaves_pending_and_reconciling_confirms_without_a_
     # Within the worker's in-flight grace (0.5 s) the reconciler leaves it alone; after it,
     # "pending" means "we may have sent it": ask the supplier.
     deadline = time.monotonic() + 20
-    while reconcile_due(engine, [client.system()], policy=fast_policy()).claimed == 0:
+    while LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy()).claimed == 0:
         assert time.monotonic() < deadline, "the pending operation never became due"
         time.sleep(0.1)
 
     with engine.connect() as conn:
-        settled = get_operation(conn, key=key)
+        settled = LEDGER.get_operation(conn, key=key)
     assert settled.status is OperationStatus.CONFIRMED
     assert settled.calls == 1
     assert trail(engine, op) == [("intent", "pending"), ("check", "confirmed")]

@@ -9,18 +9,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from dedup import (
-    Operation,
-    OperationStatus,
-    StatusOutcome,
-    System,
-    Unclear,
-    perform,
-    reconcile_operation,
-)
-from dedup.outcomes import canonical_digest
-from outbox import history as run_history
+from dedup.ledger import Ledger, Operation, OperationStatus, StatusOutcome, System, Unclear
+from dedup.ledger.outcomes import canonical_digest
+from outbox.runs.lifecycle import history as run_history
 from tests.integration.operations_support import fast_policy, history, reload, waiting_run
+
+LEDGER = Ledger()
 
 CHECKS = 200
 PAGE = "<html>" + "x" * 1_000_000 + "</html>"  # a 1 MB error page from a proxy
@@ -42,10 +36,10 @@ def test_two_hundred_unclear_answers_with_1_mb_bodies_escalate_with_bounded_evid
     system = System(name="supplier", call=call, status_query=status_query)
     policy = fast_policy(max_checks=CHECKS, max_age_seconds=None)
     run_id = waiting_run(engine)
-    op = perform(engine, system=system, operation="place-order", request={"qty": 3},
-                 message_id="m-1", run_id=run_id, policy=policy)
+    op = LEDGER.perform(engine, system=system, operation="place-order", request={"qty": 3},
+                        message_id="m-1", run_id=run_id, policy=policy)
     for _ in range(CHECKS):
-        op = reconcile_operation(engine, op.id, system, policy=policy, due_only=False)
+        op = LEDGER.reconcile_operation(engine, op.id, system, policy=policy, due_only=False)
     assert op.status is OperationStatus.NEEDS_HUMAN
 
     escalated = reload(engine, op)

@@ -1,4 +1,4 @@
-"""perform(): intent committed before the call, outcome after it, one call per key."""
+"""LEDGER.perform(): intent committed before the call, outcome after it, one call per key."""
 
 from __future__ import annotations
 
@@ -7,18 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, func, select, update
 
-from dedup import (
-    Applied,
-    Evidence,
-    OperationStatus,
-    RequestMismatch,
-    begin,
-    idempotency_key,
-    mark_unknown,
-    perform,
-    reconcile_due,
-    record_outcome,
-)
+from dedup.ledger import Applied, Evidence, Ledger, OperationStatus, RequestMismatch
 from examples.supplier import Supplier
 from examples.supplier_client import SupplierClient
 from outbox.db.tables import operation_events, operations
@@ -28,6 +17,8 @@ from tests.integration.operations_support import (
     supplier_and_client,
     trail,
 )
+
+LEDGER = Ledger()
 
 ORDER = {"item": "widget", "qty": 3}
 
@@ -46,14 +37,14 @@ def test_slow_refusal_and_timeout_each_take_their_own_path(
     system, policy = client.system(), fast_policy()
 
     client.control(orders={"mode": "slow", "delay": 0.3, "times": 1})
-    slow = perform(engine, system=system, operation="place-order", request=ORDER,
-                   message_id="m-slow", policy=policy)
+    slow = LEDGER.perform(engine, system=system, operation="place-order", request=ORDER,
+                          message_id="m-slow", policy=policy)
     client.control(orders={"mode": "refuse", "times": 1})
-    refused = perform(engine, system=system, operation="place-order", request=ORDER,
-                      message_id="m-refused", policy=policy)
+    refused = LEDGER.perform(engine, system=system, operation="place-order", request=ORDER,
+                             message_id="m-refused", policy=policy)
     client.control(orders={"mode": "apply-then-timeout", "delay": 2.0, "times": 1})
-    timed_out = perform(engine, system=system, operation="place-order", request=ORDER,
-                        message_id="m-timeout", policy=policy)
+    timed_out = LEDGER.perform(engine, system=system, operation="place-order", request=ORDER,
+                               message_id="m-timeout", policy=policy)
 
     assert slow.status is OperationStatus.CONFIRMED
     assert slow.reference is not None
@@ -66,7 +57,7 @@ def test_slow_refusal_and_timeout_each_take_their_own_path(
     assert timed_out.status is OperationStatus.UNKNOWN
     assert "timed out" in (timed_out.last_error or "")
 
-    report = reconcile_due(engine, [system], policy=policy)
+    report = LEDGER.reconcile_due(engine, [system], policy=policy)
     assert report.claimed == 1
     assert report.statuses == {"confirmed": 1}
 
@@ -91,14 +82,14 @@ def test_a_settled_operation_is_returned_on_redelivery_without_calling_again(
     engine: Engine, supplier: tuple[Supplier, SupplierClient]
 ) -> None:
     _, client = supplier
-    first = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                    message_id="m-1", policy=fast_policy())
-    again = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                    message_id="m-1", policy=fast_policy())
+    first = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                           message_id="m-1", policy=fast_policy())
+    again = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                           message_id="m-1", policy=fast_policy())
     assert first.status is OperationStatus.CONFIRMED
     assert again.id == first.id
     assert again.status is OperationStatus.CONFIRMED
-    assert first.idempotency_key == idempotency_key("m-1", "place-order")
+    assert first.idempotency_key == LEDGER.idempotency_key("m-1", "place-order")
     assert client.posts() == {first.idempotency_key: 1}
     assert len(client.all_orders()) == 1
 
@@ -107,8 +98,8 @@ def test_same_key_with_a_different_request_is_a_clear_error_and_writes_nothing(
     engine: Engine, supplier: tuple[Supplier, SupplierClient]
 ) -> None:
     _, client = supplier
-    first = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                    message_id="m-1", policy=fast_policy())
+    first = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                           message_id="m-1", policy=fast_policy())
 
     def count(table: object) -> int:
         with engine.connect() as conn:
@@ -116,8 +107,9 @@ def test_same_key_with_a_different_request_is_a_clear_error_and_writes_nothing(
 
     before = (count(operations), count(operation_events))
     with pytest.raises(RequestMismatch, match="reused for a different request") as caught:
-        perform(engine, system=client.system(), operation="place-order",
-                request={"item": "widget", "qty": 30}, message_id="m-1", policy=fast_policy())
+        LEDGER.perform(engine, system=client.system(), operation="place-order",
+                       request={"item": "widget", "qty": 30}, message_id="m-1",
+                       policy=fast_policy())
     assert caught.value.key == first.idempotency_key
     assert caught.value.stored == first.request_digest
     assert (count(operations), count(operation_events)) == before
@@ -126,11 +118,11 @@ def test_same_key_with_a_different_request_is_a_clear_error_and_writes_nothing(
 
 def test_key_order_of_the_request_does_not_change_its_digest(engine: Engine) -> None:
     with engine.begin() as conn:
-        one = begin(conn, key="k-1", system="supplier", operation="place-order",
-                    request={"item": "widget", "qty": 3})
+        one = LEDGER.begin(conn, key="k-1", system="supplier", operation="place-order",
+                           request={"item": "widget", "qty": 3})
     with engine.begin() as conn:
-        two = begin(conn, key="k-1", system="supplier", operation="place-order",
-                    request={"qty": 3, "item": "widget"})
+        two = LEDGER.begin(conn, key="k-1", system="supplier", operation="place-order",
+                           request={"qty": 3, "item": "widget"})
     assert one.created
     assert not two.created
     assert two.operation.id == one.operation.id
@@ -143,14 +135,14 @@ def test_an_intent_found_pending_on_redelivery_is_checked_not_sent_again(
     the supplier, finds the order and confirms it — the order is not placed twice."""
     _, client = supplier
     policy = fast_policy(in_flight_grace=0.0)
-    key = idempotency_key("m-crashed", "place-order")
+    key = LEDGER.idempotency_key("m-crashed", "place-order")
     with engine.begin() as conn:
-        intent = begin(conn, key=key, system="supplier", operation="place-order",
-                       request=ORDER, message_id="m-crashed", in_flight_grace=0.0)
+        intent = LEDGER.begin(conn, key=key, system="supplier", operation="place-order",
+                              request=ORDER, message_id="m-crashed", in_flight_grace=0.0)
     assert client.place_order(intent.operation).__class__.__name__ == "Applied"  # then "died"
 
-    redelivered = perform(engine, system=client.system(), operation="place-order",
-                          request=ORDER, message_id="m-crashed", policy=policy)
+    redelivered = LEDGER.perform(engine, system=client.system(), operation="place-order",
+                                 request=ORDER, message_id="m-crashed", policy=policy)
     assert redelivered.status is OperationStatus.CONFIRMED
     assert trail(engine, redelivered) == [("intent", "pending"), ("check", "confirmed")]
     assert client.posts() == {key: 1}
@@ -163,10 +155,10 @@ def test_a_pending_intent_still_in_its_grace_period_is_left_to_its_caller(
     delivery neither calls nor checks; it reports pending."""
     _, client = supplier
     with engine.begin() as conn:
-        begin(conn, key=idempotency_key("m-2", "place-order"), system="supplier",
-              operation="place-order", request=ORDER, in_flight_grace=60.0)
-    second = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                     message_id="m-2", policy=fast_policy(in_flight_grace=60.0))
+        LEDGER.begin(conn, key=LEDGER.idempotency_key("m-2", "place-order"), system="supplier",
+                     operation="place-order", request=ORDER, in_flight_grace=60.0)
+    second = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                            message_id="m-2", policy=fast_policy(in_flight_grace=60.0))
     assert second.status is OperationStatus.PENDING
     assert client.posts() == {}
 
@@ -175,25 +167,25 @@ def test_the_low_level_steps_record_intent_outcome_and_a_late_answer(engine: Eng
     """begin / mark_unknown / record_outcome on the caller's connection; a definite answer
     arriving for an operation a human owns is kept as evidence, not applied."""
     with engine.begin() as conn:
-        intent = begin(conn, key="k-low", system="supplier", operation="place-order",
-                       request=ORDER)
+        intent = LEDGER.begin(conn, key="k-low", system="supplier", operation="place-order",
+                              request=ORDER)
     assert intent.created
     assert intent.operation.status is OperationStatus.PENDING
     with engine.begin() as conn:
-        unknown = mark_unknown(conn, intent.operation.id, reason="read timed out")
+        unknown = LEDGER.mark_unknown(conn, intent.operation.id, reason="read timed out")
     assert unknown.status is OperationStatus.UNKNOWN
     with engine.begin() as conn:
         conn.execute(update(operations).where(operations.c.id == unknown.id)
                      .values(status="needs-human"))
     late = Applied(Evidence(reference="ORD-late"))
     with engine.begin() as conn:
-        after = record_outcome(conn, unknown.id, late)
+        after = LEDGER.record_outcome(conn, unknown.id, late)
     assert after.status is OperationStatus.NEEDS_HUMAN
     assert after.reference is None
     assert trail(engine, after)[-1] == ("late-outcome", "confirmed")
     with engine.begin() as conn:
         conn.execute(update(operations).where(operations.c.id == unknown.id)
                      .values(status="unknown"))
-        confirmed = record_outcome(conn, unknown.id, late)
+        confirmed = LEDGER.record_outcome(conn, unknown.id, late)
     assert confirmed.status is OperationStatus.CONFIRMED
     assert confirmed.reference == "ORD-late"

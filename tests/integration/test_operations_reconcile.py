@@ -11,18 +11,10 @@ import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
-from dedup import (
-    Operation,
-    OperationStatus,
-    StatusOutcome,
-    System,
-    add_reconcile_job,
-    perform,
-    reconcile_due,
-)
+from dedup.ledger import Ledger, Operation, OperationStatus, StatusOutcome, System
 from examples.supplier import Supplier
 from examples.supplier_client import SupplierClient
-from outbox import history as run_history
+from outbox.runs.lifecycle import history as run_history
 from tests.integration.operations_support import (
     fast_policy,
     history,
@@ -32,6 +24,8 @@ from tests.integration.operations_support import (
     trail,
     waiting_run,
 )
+
+LEDGER = Ledger()
 
 ORDER = {"item": "widget", "qty": 3}
 
@@ -47,11 +41,11 @@ def test_applied_then_timed_out_is_confirmed_by_status_query_with_exactly_one_or
     _, client = supplier
     policy = fast_policy()
     client.control(orders={"mode": "apply-then-timeout", "delay": 2.0, "times": 1})
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", policy=policy)
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", policy=policy)
     assert op.status is OperationStatus.UNKNOWN  # never "failed": it may have been applied
 
-    reconcile_due(engine, [client.system()], policy=policy)
+    LEDGER.reconcile_due(engine, [client.system()], policy=policy)
 
     settled = reload(engine, op)
     assert settled.status is OperationStatus.CONFIRMED
@@ -67,11 +61,11 @@ def test_dropped_connection_after_applying_is_also_settled_by_status_query(
 ) -> None:
     _, client = supplier
     client.control(orders={"mode": "apply-then-drop", "times": 1})
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", policy=fast_policy())
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", policy=fast_policy())
     assert op.status is OperationStatus.UNKNOWN
     assert "RemoteDisconnected" in (op.last_error or "")
-    reconcile_due(engine, [client.system()], policy=fast_policy())
+    LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
     assert reload(engine, op).status is OperationStatus.CONFIRMED
     assert len(client.all_orders()) == 1
     assert client.posts() == {op.idempotency_key: 1}
@@ -85,11 +79,11 @@ def test_status_endpoint_down_escalates_operation_and_run_to_needs_human_with_ev
     policy = fast_policy(max_checks=3)
     client.control(orders={"mode": "apply-then-timeout", "delay": 2.0, "times": 1},
                    status={"mode": "down"})
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", run_id=run_id, policy=policy)
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", run_id=run_id, policy=policy)
     assert op.status is OperationStatus.UNKNOWN
 
-    passes = [reconcile_due(engine, [client.system()], policy=policy) for _ in range(4)]
+    passes = [LEDGER.reconcile_due(engine, [client.system()], policy=policy) for _ in range(4)]
     assert [p.statuses for p in passes] == [
         {"unknown": 1}, {"unknown": 1}, {"needs-human": 1}, {}]  # bounded: nothing loops
 
@@ -127,13 +121,13 @@ def test_unclear_checks_back_off_between_queries(
     _, client = supplier
     policy = fast_policy(initial_backoff=30.0)
     client.control(orders={"mode": "drop", "times": 1}, status={"mode": "down"})
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", policy=fast_policy())
-    assert reconcile_due(engine, [client.system()], policy=policy).statuses == {"unknown": 1}
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", policy=fast_policy())
+    assert LEDGER.reconcile_due(engine, [client.system()], policy=policy).statuses == {"unknown": 1}
     after = reload(engine, op)
     assert after.next_check_at is not None
     assert (after.next_check_at - after.updated_at).total_seconds() == pytest.approx(30, abs=1)
-    assert reconcile_due(engine, [client.system()], policy=policy).claimed == 0  # not due
+    assert LEDGER.reconcile_due(engine, [client.system()], policy=policy).claimed == 0  # not due
 
 
 def test_definitely_not_found_is_retried_with_the_same_key_and_confirmed_once(
@@ -141,12 +135,12 @@ def test_definitely_not_found_is_retried_with_the_same_key_and_confirmed_once(
 ) -> None:
     _, client = supplier
     client.control(orders={"mode": "drop", "times": 1})  # lost before the supplier applied it
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", policy=fast_policy())
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", policy=fast_policy())
     assert op.status is OperationStatus.UNKNOWN
     assert client.all_orders() == []
 
-    reconcile_due(engine, [client.system()], policy=fast_policy())
+    LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
 
     settled = reload(engine, op)
     assert settled.status is OperationStatus.CONFIRMED
@@ -167,10 +161,10 @@ def test_not_found_after_max_calls_goes_to_a_human_instead_of_calling_again(
     _, client = supplier
     policy = fast_policy(max_calls=2)
     client.control(orders={"mode": "drop"})
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", policy=policy)
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", policy=policy)
     for _ in range(4):
-        reconcile_due(engine, [client.system()], policy=policy)
+        LEDGER.reconcile_due(engine, [client.system()], policy=policy)
     final = reload(engine, op)
     assert final.status is OperationStatus.NEEDS_HUMAN
     assert final.calls == 2
@@ -185,8 +179,8 @@ def test_two_reconcilers_at_once_never_query_the_same_operation_twice(
     due operations between them instead of both asking about each."""
     _, client = supplier
     client.control(orders={"mode": "drop", "times": 6})
-    ops = [perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                   message_id=f"m-{i}", policy=fast_policy()) for i in range(6)]
+    ops = [LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                          message_id=f"m-{i}", policy=fast_policy()) for i in range(6)]
     assert {op.status for op in ops} == {OperationStatus.UNKNOWN}
     asked: Counter[str] = Counter()
     lock = threading.Lock()
@@ -202,7 +196,7 @@ def test_two_reconcilers_at_once_never_query_the_same_operation_twice(
 
     def run() -> None:
         barrier.wait()
-        reconcile_due(engine, [system], policy=fast_policy(), limit=3)
+        LEDGER.reconcile_due(engine, [system], policy=fast_policy(), limit=3)
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for thread in threads:
@@ -220,11 +214,11 @@ def test_the_scheduled_job_settles_unknown_operations_in_the_background(
 ) -> None:
     _, client = supplier
     client.control(orders={"mode": "apply-then-drop", "times": 1})
-    op = perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                 message_id="m-1", policy=fast_policy())
+    op = LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                        message_id="m-1", policy=fast_policy())
     scheduler = BackgroundScheduler()
-    job = add_reconcile_job(scheduler, engine, [client.system()], interval_seconds=0.2,
-                            policy=fast_policy())
+    job = LEDGER.add_reconcile_job(scheduler, engine, [client.system()], interval_seconds=0.2,
+                                   policy=fast_policy())
     assert job.max_instances == 1
     scheduler.start()
     try:

@@ -12,23 +12,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, text
 
 from consumers.settings import ConsumerSettings
-from dedup import (
-    Applied,
-    Evidence,
-    OperationsPurge,
-    Refused,
-    add_operations_retention_job,
-    begin,
-    count_purgeable_operations,
-    mark_unknown,
-    purge_operations,
-    record_outcome,
-    resolve_confirmed,
-)
-from dedup.retention import DEFAULT_DEDUP_WINDOW_SECONDS
+from dedup.ledger import Applied, Evidence, Ledger, OperationsPurge, Refused
+from dedup.ledger.retention import DEFAULT_DEDUP_WINDOW_SECONDS
 from outbox.errors import ConfigurationError
 from tests.integration.cli_support import one_line, outbox
 from tests.integration.databases import fresh_database
+
+LEDGER = Ledger()
 
 DAY = 86_400.0
 WINDOW = 30 * DAY
@@ -39,20 +29,21 @@ def operation(engine: Engine, name: str, *, status: str, age_days: float = 40,
     """An operation with message id *name* in *status*, created *age_days* ago and settled
     *resolved_days* ago (default: when created), each step with its event."""
     with engine.begin() as conn:
-        op = begin(conn, key=f"place-order:{name}", system="supplier", operation="place-order",
-                   request={"item": name}, message_id=name).operation
+        op = LEDGER.begin(conn, key=f"place-order:{name}", system="supplier",
+                          operation="place-order", request={"item": name},
+                          message_id=name).operation
         if status == "confirmed":
-            record_outcome(conn, op.id, Applied(Evidence(reference=f"PO-{name}")))
+            LEDGER.record_outcome(conn, op.id, Applied(Evidence(reference=f"PO-{name}")))
         elif status == "rejected":
-            record_outcome(conn, op.id, Refused(Evidence(detail={"http_status": 422})))
+            LEDGER.record_outcome(conn, op.id, Refused(Evidence(detail={"http_status": 422})))
         elif status == "resolved":  # a human confirmed it after it needed one
-            mark_unknown(conn, op.id, reason="timeout")
+            LEDGER.mark_unknown(conn, op.id, reason="timeout")
             conn.execute(text("UPDATE outboxkit.operations SET status = 'needs-human' "
                               "WHERE id = :i"), {"i": op.id})
-            resolve_confirmed(conn, op.id, evidence=Evidence(reference="PO-portal"),
-                              actor="alice", reason="seen in the supplier portal")
+            LEDGER.resolve_confirmed(conn, op.id, evidence=Evidence(reference="PO-portal"),
+                                     actor="alice", reason="seen in the supplier portal")
         elif status == "unknown":
-            mark_unknown(conn, op.id, reason="timeout")
+            LEDGER.mark_unknown(conn, op.id, reason="timeout")
         elif status != "pending":
             conn.execute(text("UPDATE outboxkit.operations SET status = :s WHERE id = :i"),
                          {"s": status, "i": op.id})
@@ -101,12 +92,12 @@ def test_old_settled_operations_go_with_their_events_open_and_recent_ones_stay(
     assert events_of(engine, old) >= 6  # intent + outcome each (and more for the resolved one)
     kept_events = events_of(engine, stay)
 
-    assert purge_operations(engine, WINDOW) == 3
+    assert LEDGER.purge(engine, WINDOW) == 3
 
     assert remaining(engine) == stay
     assert events_of(engine, old) == 0
     assert events_of(engine, stay) == kept_events
-    assert purge_operations(engine, WINDOW) == 0  # nothing left to do: harmless to repeat
+    assert LEDGER.purge(engine, WINDOW) == 0  # nothing left to do: harmless to repeat
 
 
 def test_dry_run_counts_operations_and_events_and_deletes_nothing(
@@ -115,8 +106,8 @@ def test_dry_run_counts_operations_and_events_and_deletes_nothing(
     old, stay = ledger
     old_events = events_of(engine, old)
     with engine.connect() as conn:
-        assert count_purgeable_operations(conn, WINDOW) == OperationsPurge(3, old_events)
-    assert purge_operations(engine, WINDOW, dry_run=True) == 3
+        assert LEDGER.count_purgeable(conn, WINDOW) == OperationsPurge(3, old_events)
+    assert LEDGER.purge(engine, WINDOW, dry_run=True) == 3
     assert remaining(engine) == old | stay
     assert events_of(engine, old) == old_events
 
@@ -128,7 +119,7 @@ def test_batches_smaller_than_the_set_delete_it_all_one_short_transaction_each(
     recent = operation(engine, "recent", status="confirmed", age_days=2)
     batches: list[OperationsPurge] = []
 
-    assert purge_operations(engine, WINDOW, batch=3, on_batch=batches.append) == 7
+    assert LEDGER.purge(engine, WINDOW, batch=3, on_batch=batches.append) == 7
 
     assert [b.operations for b in batches] == [3, 3, 1]
     assert all(b.events == 2 * b.operations for b in batches)  # intent + call each
@@ -139,7 +130,7 @@ def test_batches_smaller_than_the_set_delete_it_all_one_short_transaction_each(
 def test_max_batches_bounds_one_pass(engine: Engine) -> None:
     for i in range(5):
         operation(engine, f"old-{i}", status="confirmed")
-    assert purge_operations(engine, WINDOW, batch=2, max_batches=1) == 2
+    assert LEDGER.purge(engine, WINDOW, batch=2, max_batches=1) == 2
     assert len(remaining(engine)) == 3
 
 
@@ -149,7 +140,7 @@ def test_a_row_locked_by_someone_else_is_skipped_not_waited_for(engine: Engine) 
     with engine.begin() as other:
         other.execute(text("SELECT 1 FROM outboxkit.operations WHERE id = :i FOR UPDATE"),
                       {"i": busy})
-        assert purge_operations(engine, WINDOW) == 1
+        assert LEDGER.purge(engine, WINDOW) == 1
     assert remaining(engine) == {busy}, f"{free} should have gone, {busy} stayed"
 
 
@@ -170,7 +161,7 @@ def test_an_operation_whose_message_is_still_parked_stays(
             "kafka_offset, message_id, status, replayed_at) VALUES ('orders', 'order.submit', "
             "0, 7, 'm-parked', :s, now() - make_interval(days => :d))"),
             {"s": status, "d": replayed_days or 0})
-    assert purge_operations(engine, WINDOW) == (0 if kept else 1)
+    assert LEDGER.purge(engine, WINDOW) == (0 if kept else 1)
     assert (op in remaining(engine)) is kept
 
 
@@ -180,21 +171,21 @@ class TestTheWindowOutlivesTheDedupWindow:
     ) -> None:
         before = remaining(engine)
         with pytest.raises(ConfigurationError) as refused:
-            purge_operations(engine, 7 * DAY)  # the consumers' default window is 8 days
+            LEDGER.purge(engine, 7 * DAY)  # the consumers' default window is 8 days
         assert "older_than_seconds" in str(refused.value)
         assert "dedup_retention_seconds" in str(refused.value)
         assert "at least 691200 s (8 days)" in str(refused.value)
         with pytest.raises(ConfigurationError), engine.connect() as conn:
-            count_purgeable_operations(conn, 40 * DAY, dedup_window_seconds=60 * DAY)
+            LEDGER.count_purgeable(conn, 40 * DAY, dedup_window_seconds=60 * DAY)
         assert remaining(engine) == before
 
     def test_marks_kept_forever_leave_no_window_known_safe_unless_given(
         self, engine: Engine, ledger: tuple[set[uuid.UUID], set[uuid.UUID]]
     ) -> None:
         with pytest.raises(ConfigurationError, match="keep dedup marks forever"):
-            purge_operations(engine, WINDOW, dedup_window_seconds=0)
+            LEDGER.purge(engine, WINDOW, dedup_window_seconds=0)
         # None: the caller vouches for the window (e.g. checked against its own settings)
-        assert purge_operations(engine, WINDOW, dedup_window_seconds=None) == 3
+        assert LEDGER.purge(engine, WINDOW, dedup_window_seconds=None) == 3
 
     def test_the_default_dedup_window_is_the_consumers_default(self) -> None:
         field = ConsumerSettings.model_fields["dedup_retention_seconds"]
@@ -208,10 +199,10 @@ class TestSchedulerJob:
         _, stay = ledger
         scheduler = BackgroundScheduler()
         with pytest.raises(ConfigurationError, match="older_than_seconds"):
-            add_operations_retention_job(scheduler, engine, older_than_seconds=DAY)
+            LEDGER.add_retention_job(scheduler, engine, older_than_seconds=DAY)
         assert scheduler.get_jobs() == []
-        job = add_operations_retention_job(scheduler, engine, older_than_seconds=WINDOW,
-                                           batch=2)
+        job = LEDGER.add_retention_job(scheduler, engine, older_than_seconds=WINDOW,
+                                       batch=2)
         assert job.max_instances == 1
         job.func()  # the job body, as the scheduler would run it
         assert remaining(engine) == stay
@@ -223,8 +214,8 @@ class TestSchedulerJob:
 
         dead = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none",
                              connect_args={"connect_timeout": 1})
-        job = add_operations_retention_job(BackgroundScheduler(), dead,
-                                           older_than_seconds=WINDOW)
+        job = LEDGER.add_retention_job(BackgroundScheduler(), dead,
+                                       older_than_seconds=WINDOW)
         job.func()
         assert [getattr(r, "event", None) for r in caplog.records] == [
             "dedup.operations_retention_failed"]

@@ -12,22 +12,13 @@ import pytest
 from sqlalchemy import Engine, select
 
 from consumers import HandlerContext
-from dedup import (
-    Evidence,
-    OnSettle,
-    Operation,
-    OperationStatus,
-    begin,
-    perform,
-    reconcile_due,
-    resolve_confirmed,
-    resolve_not_applied,
-)
+from dedup.ledger import Evidence, Ledger, OnSettle, Operation, OperationStatus
 from examples.supplier import Supplier
 from examples.supplier_client import SupplierClient
-from outbox import claim, get_run, history, move
 from outbox.db.tables import agent_runs, operations
 from outbox.errors import ConfigurationError
+from outbox.handle import claim
+from outbox.runs.lifecycle import get_run, history, move
 from tests.integration.operations_support import (
     fast_policy,
     supplier_and_client,
@@ -35,6 +26,8 @@ from tests.integration.operations_support import (
     waiting_run,
 )
 from tests.integration.operations_support import history as op_history
+
+LEDGER = Ledger()
 
 ORDER = {"item": "widget", "qty": 3}
 
@@ -46,9 +39,9 @@ def supplier() -> Iterator[tuple[Supplier, SupplierClient]]:
 
 def _place(engine: Engine, client: SupplierClient, run_id: uuid.UUID, *,
            message_id: str = "m-1", **kwargs: Any) -> Operation:
-    return perform(engine, system=client.system(), operation="place-order", request=ORDER,
-                   message_id=message_id, run_id=run_id, policy=kwargs.pop("policy", fast_policy()),
-                   actor="orders", **kwargs)
+    return LEDGER.perform(engine, system=client.system(), operation="place-order", request=ORDER,
+                          message_id=message_id, run_id=run_id,
+                          policy=kwargs.pop("policy", fast_policy()), actor="orders", **kwargs)
 
 
 def _run(engine: Engine, run_id: uuid.UUID) -> dict[str, Any]:
@@ -78,7 +71,7 @@ def _escalated(engine: Engine, client: SupplierClient, run_id: uuid.UUID,
                    status={"mode": "down"})
     policy = fast_policy(max_checks=1)
     op = _place(engine, client, run_id, policy=policy)
-    reconcile_due(engine, [client.system()], policy=policy)
+    LEDGER.reconcile_due(engine, [client.system()], policy=policy)
     client.control(status={"mode": "normal"})
     with engine.connect() as conn:
         assert get_run(conn, run_id).state.value == "needs-human"
@@ -187,13 +180,13 @@ class TestTheReconciler:
         _, client = supplier
         run_id = waiting_run(engine)
         with engine.begin() as conn:
-            intent = begin(conn, key="place-order:m-1", system="supplier",
-                           operation="place-order", request=ORDER, message_id="m-1",
-                           run_id=run_id, in_flight_grace=0.0)
+            intent = LEDGER.begin(conn, key="place-order:m-1", system="supplier",
+                                  operation="place-order", request=ORDER, message_id="m-1",
+                                  run_id=run_id, in_flight_grace=0.0)
         client.place_order(intent.operation)  # applied; the answer is never recorded
         assert _run(engine, run_id)["state"] == "waiting"
 
-        report = reconcile_due(engine, [client.system()], policy=fast_policy())
+        report = LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
 
         assert report.statuses == {"confirmed": 1}
         run = _run(engine, run_id)
@@ -217,7 +210,7 @@ class TestTheReconciler:
         op = _place(engine, client, run_id)
         assert op.status is OperationStatus.UNKNOWN
         assert _run(engine, run_id)["state"] == "waiting"
-        reconcile_due(engine, [client.system()], policy=fast_policy())
+        LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
         assert _run(engine, run_id)["state"] == "done"
         assert _same_transaction(engine, op, run_id)
 
@@ -229,7 +222,7 @@ class TestTheReconciler:
         run_id = waiting_run(engine)
         op = _place(engine, client, run_id)
         assert op.status is OperationStatus.UNKNOWN
-        reconcile_due(engine, [client.system()], policy=fast_policy())
+        LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
         assert trail(engine, op)[-2:] == [("retry", "pending"), ("call", "confirmed")]
         run = _run(engine, run_id)
         assert (run["state"], run["last_evidence"]["calls"]) == ("done", 2)
@@ -243,7 +236,7 @@ class TestTheReconciler:
         run_id = waiting_run(engine)
         op = _place(engine, client, run_id)
         client.control(orders={"mode": "refuse", "times": 1})
-        reconcile_due(engine, [client.system()], policy=fast_policy())
+        LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
         assert trail(engine, op)[-1] == ("call", "rejected")
         assert _run(engine, run_id)["state"] == "failed"
 
@@ -257,7 +250,7 @@ class TestAPersonsResolution:
         op = _escalated(engine, client, run_id, "apply-then-timeout")
         [order] = client.all_orders()
         with engine.begin() as conn:
-            resolved = resolve_confirmed(
+            resolved = LEDGER.resolve_confirmed(
                 conn, op.id, evidence=Evidence(reference=order["order_id"],
                                                detail={"seen_in": "supplier portal"}),
                 actor="alice@ops", reason="order visible in the portal")
@@ -281,13 +274,13 @@ class TestAPersonsResolution:
         run_id = waiting_run(engine)
         op = _escalated(engine, client, run_id, "drop")
         with engine.begin() as conn:
-            resolve_not_applied(conn, op.id, actor="bob@ops",
-                                reason="supplier support: no order under this key")
+            LEDGER.resolve_not_applied(conn, op.id, actor="bob@ops",
+                                       reason="supplier support: no order under this key")
         run = _run(engine, run_id)
         assert run["state"] == "waiting"
         assert "bob@ops" in run["reason"]
 
-        reconcile_due(engine, [client.system()], policy=fast_policy())
+        LEDGER.reconcile_due(engine, [client.system()], policy=fast_policy())
 
         run = _run(engine, run_id)
         [order] = client.all_orders()
@@ -304,7 +297,7 @@ class TestAPersonsResolution:
             move(conn, run_id, "needs-human", actor="ops", reason="reviewing the order")
         [order] = client.all_orders()
         with engine.begin() as conn:
-            resolve_confirmed(conn, op.id, evidence=Evidence(reference=order["order_id"]),
-                              actor="alice@ops", reason="seen in the portal")
+            LEDGER.resolve_confirmed(conn, op.id, evidence=Evidence(reference=order["order_id"]),
+                                     actor="alice@ops", reason="seen in the portal")
         assert _run(engine, run_id)["state"] == "needs-human"
         assert "not settled" in op_history(engine, op)[-1].detail["run"]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dedup import Evidence, ReconcilePolicy
-from dedup.outcomes import (
+from dedup.ledger import Evidence, ReconcilePolicy
+from dedup.ledger.outcomes import (
     DEFAULT_MAX_VALUE_BYTES,
     bound_events,
     canonical_digest,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dedup import OnSettle
+from dedup.ledger import OnSettle
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "operations.md").read_text()

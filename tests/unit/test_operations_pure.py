@@ -9,11 +9,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-import dedup
-from dedup import (
+import dedup.ledger
+from dedup.ledger import (
     Applied,
     Evidence,
     Found,
+    Ledger,
     NotFound,
     Operation,
     OperationStatus,
@@ -21,20 +22,24 @@ from dedup import (
     Refused,
     System,
     Unclear,
-    idempotency_key,
 )
-from dedup.outcomes import canonical_digest
-from dedup.systems import ask, invoke
+from dedup.ledger.outcomes import canonical_digest
+from dedup.ledger.systems import ask, invoke
 from outbox.errors import ConfigurationError
+
+LEDGER = Ledger()
 
 OPERATIONS_API = {
     "Applied", "CallOutcome", "Evidence", "Found", "Intent", "NotFound", "Operation",
     "OperationError", "OperationEvent", "OperationNotFound", "OperationStatus",
     "ReconcilePolicy", "ReconcileReport", "Refused", "RequestMismatch", "ResolutionRefused",
-    "StatusOutcome", "System", "Unclear", "add_reconcile_job", "begin", "get_operation",
-    "idempotency_key", "list_operations", "mark_unknown", "operation_history", "perform",
-    "reconcile_due", "reconcile_operation", "record_outcome", "resolve_confirmed",
-    "resolve_not_applied", "OnSettle", "count_operations",
+    "StatusOutcome", "System", "Unclear", "OnSettle", "Ledger",
+}
+# The operations, each a method of the Ledger (settings bound once).
+LEDGER_METHODS = {
+    "add_reconcile_job", "begin", "get_operation", "idempotency_key", "list_operations",
+    "mark_unknown", "history", "perform", "reconcile_due", "reconcile_operation",
+    "record_outcome", "resolve_confirmed", "resolve_not_applied", "count_operations",
 }
 
 
@@ -52,9 +57,10 @@ def _operation() -> Operation:
 
 class TestPublicSurface:
     def test_dedup_exports_the_operations_api_sorted_and_importable(self) -> None:
-        assert set(dedup.__all__) >= OPERATIONS_API
-        assert dedup.__all__ == sorted(dedup.__all__)
-        assert all(hasattr(dedup, name) for name in OPERATIONS_API)
+        assert set(dedup.ledger.__all__) >= OPERATIONS_API
+        assert dedup.ledger.__all__ == sorted(dedup.ledger.__all__)
+        assert all(hasattr(dedup.ledger, name) for name in OPERATIONS_API)
+        assert all(callable(getattr(Ledger, name)) for name in LEDGER_METHODS)
 
 
 class TestDigestsAndKeys:
@@ -71,11 +77,11 @@ class TestDigestsAndKeys:
 
     def test_the_key_is_stable_per_message_and_differs_per_operation(self) -> None:
         message = uuid.uuid4()
-        assert idempotency_key(message, "place-order") == idempotency_key(str(message),
-                                                                          "place-order")
-        assert idempotency_key(message, "place-order") != idempotency_key(message, "notify")
+        key = LEDGER.idempotency_key
+        assert key(message, "place-order") == key(str(message), "place-order")
+        assert key(message, "place-order") != key(message, "notify")
         with pytest.raises(ConfigurationError):
-            idempotency_key(message, "")
+            LEDGER.idempotency_key(message, "")
 
 
 class TestPolicy:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from dedup import Applied, Found, NotFound, Operation, OperationStatus, Refused, Unclear
+from dedup.ledger import Applied, Found, NotFound, Operation, OperationStatus, Refused, Unclear
 from examples.supplier import Supplier, start_supplier
 from examples.supplier_client import SupplierClient
 
