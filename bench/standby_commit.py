@@ -17,8 +17,8 @@ import time
 import psycopg
 from sqlalchemy import Engine, create_engine
 
-import outbox
 from outbox.db.dsn import sqlalchemy_url
+from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
 from tests.e2e.pg_failover_support import migrate, pg_pair
 
@@ -32,7 +32,7 @@ def block(engine: Engine, mode: str, n: int) -> float:
         for i in range(n):
             started = time.perf_counter()
             with conn.begin():
-                outbox.emit(conn, Envelope(topic="t", type="step", key=str(i), payload={"i": i}))
+                emit(conn, Envelope(topic="t", type="step", key=str(i), payload={"i": i}))
             took.append(time.perf_counter() - started)
     return statistics.median(took) * 1000
 

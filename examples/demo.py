@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))  # `python examples/demo.py` finds the examples pa
 from examples.supplier_client import SupplierClient  # noqa: E402
 from examples.supplier_order import agent, invariants  # noqa: E402
 from examples.supplier_order.pipeline import Pipeline  # noqa: E402
-from outbox import migrate  # noqa: E402
+from outbox import App  # noqa: E402
 from outbox.db.dsn import redact, sqlalchemy_url  # noqa: E402
 from outbox.testing.services import LocalServices  # noqa: E402
 
@@ -139,7 +139,7 @@ class Demo:
 def main() -> int:
     database_url, bootstrap = endpoints()
     engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
-    migrate(engine)
+    App().migrate(engine)
     topic = f"order.submit.demo-{uuid.uuid4().hex[:6]}"
     console.print(f"PostgreSQL {redact(database_url)}, Kafka {bootstrap}, topic {topic}")
     p = Pipeline(database_url=database_url, bootstrap=bootstrap, topic=topic,

@@ -44,7 +44,7 @@ from examples.supplier_client import SupplierClient  # noqa: E402
 from examples.supplier_order.pipeline import Pipeline, Proc, free_port  # noqa: E402
 from examples.support_agent.agent import durable  # noqa: E402
 from examples.support_agent.config import MODEL_LOG  # noqa: E402
-from outbox import history, migrate  # noqa: E402
+from outbox import App  # noqa: E402
 from outbox.db.dsn import redact, sqlalchemy_url  # noqa: E402
 
 PROMPTS = {
@@ -131,7 +131,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     database_url, bootstrap = endpoints()
     engine = create_engine(sqlalchemy_url(database_url), pool_pre_ping=True)
-    migrate(engine)
+    App().migrate(engine)
     tag = f"demo-agent-{uuid.uuid4().hex[:6]}"
     topic = f"supplier.reorders.{tag}"
     workdir = ROOT / ".services" / "demo-logs" / tag
@@ -207,11 +207,11 @@ class Summary:
         done = [run_id for run_id in self.ids if final[run_id][0] == "done"]
         self.problems += [f"run {run_id} ended {final[run_id][0]}" for run_id in self.ids
                           if run_id not in done]
-        console.print("\n[bold]each run's path[/bold] (outbox.history: from -> to, step, reason)")
+        console.print("\n[bold]each run's path[/bold] (app.history: from -> to, step, reason)")
         with self.engine.connect() as conn:
             for order, run_id in self.run_ids.items():
                 console.print(f"run {run_id} ({order}):", highlight=False)
-                for t in history(conn, run_id):
+                for t in App().history(conn, run_id):
                     console.print(f"    {t.from_state or '-':>8} -> {t.to_state:<8} "
                                   f"{t.step or '-':<24} {t.reason or ''}", highlight=False)
         self.figures.append(f"runs done: {len(done)} of {len(self.ids)}")

@@ -21,7 +21,7 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from outbox.db.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
-from outbox.handle import CP, RunHandle, transition_ends
+from outbox.handle import CP, RunHandle, stored, transition_ends
 from outbox.messages.emit import _emit_async, _emit_many_async
 from outbox.messages.envelope import Envelope
 from outbox.runs import approvals, artifacts, fencing, retry, runlog, steps, workflows
@@ -37,39 +37,7 @@ from outbox.settings import OutboxSettings
 
 T = TypeVar("T")
 
-__all__ = [
-    "AsyncClaimedRun",
-    "apply_confirmation",
-    "claim",
-    "confirmations",
-    "emit",
-    "emit_many",
-    "get_run",
-    "grant",
-    "handle_failure",
-    "history",
-    "load_artifact",
-    "move",
-    "purge",
-    "purge_batch",
-    "purgeable",
-    "read_log",
-    "record",
-    "recorded",
-    "register",
-    "release",
-    "renew",
-    "request_approval",
-    "retire",
-    "revalidate",
-    "revoke",
-    "run_step",
-    "save_checkpoint",
-    "start_run",
-    "store_artifact",
-    "transition",
-    "wake",
-]
+__all__ = ["AsyncClaimedRun"]
 
 
 async def start_run(conn: AsyncConn, *, workflow: str, workflow_version: str,
@@ -146,17 +114,19 @@ async def release(conn: AsyncConn, lease: Lease, *, reason: str | None = None,
 async def move(conn: AsyncConn, run_id: uuid.UUID, to: RunState | str, *, actor: str,
                reason: str | None = None, evidence: Any = None,
                not_before: datetime | timedelta | None = None,
-               settings: OutboxSettings | None = None) -> runs.Run:
-    """Async :func:`outbox.runs.lifecycle.move`."""
+               settings: OutboxSettings | None = None, notify: bool = True) -> runs.Run:
+    """Async :func:`outbox.runs.lifecycle.move`; ``notify=False`` for a transaction that will
+    be prepared."""
     return await run_plan_async(conn, runs.move_plan(
         run_id, to, actor=actor, reason=reason, evidence=evidence, not_before=not_before,
-        settings=settings), settings)
+        settings=settings, notify=notify), settings)
 
 
 async def wake(conn: AsyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
-               settings: OutboxSettings | None = None) -> runs.Run:
-    """Async :func:`outbox.runs.lifecycle.wake`."""
-    return await run_plan_async(conn, runs.wake_plan(run_id, at, settings), settings)
+               settings: OutboxSettings | None = None, notify: bool = True) -> runs.Run:
+    """Async :func:`outbox.runs.lifecycle.wake`; ``notify=False`` for a transaction that will
+    be prepared."""
+    return await run_plan_async(conn, runs.wake_plan(run_id, at, settings, notify), settings)
 
 
 async def get_run(conn: AsyncConn, run_id: uuid.UUID, *,
@@ -203,11 +173,13 @@ async def run_step(conn: AsyncConn, lease: Lease, step_key: str,
 async def handle_failure(conn: AsyncConn, lease: Lease, error: BaseException, *,
                          policy: retry.RetryPolicy, step: str | None = None,
                          rng: random.Random | None = None,
-                         settings: OutboxSettings | None = None) -> retry.RetryOutcome:
-    """Async :func:`outbox.runs.retry.handle_failure`."""
+                         settings: OutboxSettings | None = None,
+                         notify: bool = True) -> retry.RetryOutcome:
+    """Async :func:`outbox.runs.retry.handle_failure`; ``notify=False`` for a transaction that
+    will be prepared."""
     return await run_plan_async(
-        conn, retry.handle_failure_plan(lease, error, policy, step, rng, settings=settings),
-        settings)
+        conn, retry.handle_failure_plan(lease, error, policy, step, rng, settings=settings,
+                                        notify=notify), settings)
 
 
 async def store_artifact(conn: AsyncConn, content: bytes, *,
@@ -282,10 +254,12 @@ async def emit_many(conn: AsyncConn, envelopes: Sequence[Envelope], *,
 async def apply_confirmation(conn: AsyncConn, *, run_id: uuid.UUID,
                              confirmation_id: str | uuid.UUID, outcome: Outcome, evidence: Any,
                              actor: str, reason: str | None = None,
-                             settings: OutboxSettings | None = None) -> bool:
-    """Async :func:`outbox.runs.confirm.apply_confirmation`; never commits."""
+                             settings: OutboxSettings | None = None,
+                             notify: bool = True) -> bool:
+    """Async :func:`outbox.runs.confirm.apply_confirmation`; never commits. ``notify=False``
+    for a transaction that will be prepared."""
     plan = confirmation_plan(run_id, str(confirmation_id), outcome=outcome, evidence=evidence,
-                             actor=actor, reason=reason, settings=settings)
+                             actor=actor, reason=reason, settings=settings, notify=notify)
     return await run_plan_async(conn, plan, settings)
 
 
@@ -336,14 +310,14 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
                          wake_at: datetime | timedelta | None = None) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.transition`; it ends the lease."""
         lease = await transition(self.conn, self._held(), to, step=step, reason=reason,
-                                 evidence=evidence, actor=actor, checkpoint=checkpoint,
+                                 evidence=evidence, actor=actor, checkpoint=stored(checkpoint),
                                  wake_at=wake_at, settings=self.settings)
         self._kept(lease, ends=transition_ends(to))
 
     async def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,
                               log: runlog.Log | None = None) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.save_checkpoint`."""
-        self._kept(await save_checkpoint(self.conn, self._held(), checkpoint, step=step,
+        self._kept(await save_checkpoint(self.conn, self._held(), stored(checkpoint), step=step,
                                          log=log, settings=self.settings))
 
     async def renew(self, lease_seconds: float) -> None:
@@ -358,22 +332,23 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
     async def record(self, step_key: str, result: Any, *, checkpoint: Any = KEEP) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.record`."""
         self._kept(await record(self.conn, self._held(), step_key, result,
-                                checkpoint=checkpoint, settings=self.settings))
+                                checkpoint=stored(checkpoint), settings=self.settings))
 
     async def run_step(self, step_key: str, fn: Callable[[], Awaitable[T]], *,
                        regenerable: bool = False, checkpoint: Any = KEEP) -> steps.StepRun[T]:
         """Async :meth:`outbox.handle.ClaimedRun.run_step`: *fn* is a coroutine function."""
         done = await run_step(self.conn, self._held(), step_key, fn, regenerable=regenerable,
-                              checkpoint=checkpoint, settings=self.settings)
+                              checkpoint=stored(checkpoint), settings=self.settings)
         self._kept(done.lease)
         return done
 
     async def handle_failure(self, error: BaseException, *, policy: retry.RetryPolicy,
-                             step: str | None = None,
-                             rng: random.Random | None = None) -> retry.RetryOutcome:
+                             step: str | None = None, rng: random.Random | None = None,
+                             notify: bool = True) -> retry.RetryOutcome:
         """Async :meth:`outbox.handle.ClaimedRun.handle_failure`; it ends the lease."""
         outcome = await handle_failure(self.conn, self._held(), error, policy=policy,
-                                       step=step, rng=rng, settings=self.settings)
+                                       step=step, rng=rng, settings=self.settings,
+                                       notify=notify)
         self._kept(outcome.lease, ends=f"handle_failure(), which moved the run to "
                                        f"{outcome.state.value!r}")
         return outcome

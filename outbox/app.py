@@ -38,6 +38,7 @@ from outbox import aio
 from outbox.db.execution import AsyncConn, SyncConn
 from outbox.errors import CheckpointInvalid, ConfigurationError
 from outbox.handle import ClaimedRun
+from outbox.operations import Operations
 from outbox.runs import lifecycle
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryPolicy
@@ -75,8 +76,9 @@ class Step:
                                     _first_error(exc)) from exc
 
     def dump(self, checkpoint: Any) -> Any:
-        """*checkpoint* as the JSON value to store (checked against the step's type)."""
-        if checkpoint is None or self.checkpoint_type is Any:
+        """*checkpoint* as the JSON value to store (checked against the step's type; ``None``
+        too, unless the type accepts it: the worker would refuse the run)."""
+        if self.checkpoint_type is Any:
             return checkpoint
         adapter = _adapter(self.checkpoint_type)
         try:
@@ -88,7 +90,7 @@ class Step:
                                     detail) from exc
 
 
-class App:
+class App(Operations):
     """Registered workflows, the settings their runs are written with, and the database the
     worker connects to (``database_url``; default: ``OUTBOXKIT_DATABASE_URL``)."""
 
@@ -98,6 +100,7 @@ class App:
         self.database_url = database_url
         self._steps: dict[tuple[str, str], Step] = {}
         self._by_fn: dict[Callable[..., Any], Step] = {}
+        self._sorted: list[Step] | None = None  # _registered(), until the next registration
 
     @property
     def settings(self) -> OutboxSettings:
@@ -115,6 +118,8 @@ class App:
         tool_schema_version: str | None = None,
         retry: RetryPolicy | None = None,
         step_retry: Mapping[str, RetryPolicy] | None = None,
+        retired: bool = False,
+        retired_reason: str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as version *version* of workflow *name*.
 
@@ -127,7 +132,8 @@ class App:
                 name=name, version=version, on_version_change=VersionPolicy(on_version_change),
                 migrate=migrate, prompt_version=prompt_version,
                 tool_schema_version=tool_schema_version, retry=retry or RetryPolicy(),
-                step_retry=dict(step_retry or {}),
+                step_retry=dict(step_retry or {}), retired=retired,
+                retired_reason=retired_reason,
             )
             if (name, version) in self._steps:
                 raise ConfigurationError(
@@ -136,6 +142,7 @@ class App:
             step = _step(definition, fn)
             self._steps[name, version] = step
             self._by_fn[fn] = step
+            self._sorted = None
             return fn
 
         return register
@@ -143,19 +150,26 @@ class App:
     @property
     def workflows(self) -> list[Workflow]:
         """Every registered version, the newest of each workflow last (what claims get)."""
-        return [s.workflow for s in sorted(self._steps.values(), key=_order)]
+        return [s.workflow for s in self._registered()]
 
-    @property
-    def steps(self) -> list[Step]:
+    def _registered(self) -> list[Step]:
         """Every registered version's :class:`Step`, the newest of each workflow last."""
-        return sorted(self._steps.values(), key=_order)
+        # Sorted once per registration, not per claimed run (the worker asks for every step).
+        if self._sorted is None:
+            self._sorted = sorted(self._steps.values(), key=_order)
+        return list(self._sorted)
 
-    def step_for(self, run: Run) -> Step:
-        """The step function a claimed *run* runs: its pinned version's if registered, else
-        the newest version's (the claim applied that version's policy already)."""
-        if (pinned := self._steps.get((run.workflow, run.workflow_version))) is not None:
-            return pinned
-        return self.step(run.workflow)
+    def _step_for(self, run: Run) -> Step:
+        """The step function a claimed *run* runs (the worker's choice): the registered
+        version its pins match (workflow, prompt and tool-schema versions, as the claim's
+        check), else the newest version's (the claim applied that version's policy already)."""
+        pins = {"workflow_version": run.workflow_version, "prompt_version": run.prompt_version,
+                "tool_schema_version": run.tool_schema_version}
+        versions = [s for s in self._registered() if s.workflow.name == run.workflow]
+        for step in versions:
+            if step.workflow.version_change(pins) is None:
+                return step
+        return versions[-1] if versions else self.step(run.workflow)
 
     def step(self, workflow: str | Callable[..., Any]) -> Step:
         """The registration of a step function, or the newest version of a workflow name."""
@@ -166,7 +180,7 @@ class App:
                     f"{_qualified(workflow)} is not a registered workflow of this app: "
                     "decorate it with @app.workflow(name, version=...)")
             return found
-        versions = [s for s in self.steps if s.workflow.name == workflow]
+        versions = [s for s in self._registered() if s.workflow.name == workflow]
         if not versions:
             known = sorted({name for name, _ in self._steps}) or ["none"]
             raise ConfigurationError(
@@ -175,25 +189,29 @@ class App:
         return versions[-1]
 
     def start_run(self, conn: SyncConn, workflow: str | Callable[..., Any], *,
-                  idempotency_key: str, checkpoint: Any = None) -> Run:
+                  idempotency_key: str, checkpoint: Any = None, notify: bool = True) -> Run:
         """Queue a run of *workflow* (a registered step function, or a name: its newest
         version) with *checkpoint* serialised from its type; never commits.
 
         :func:`outbox.runs.lifecycle.start_run` with the registration's name and versions
         and this app's settings: the run wakes an idle worker when the caller commits.
+        ``notify=False`` for a transaction that will be prepared (no NOTIFY; a worker finds
+        the run by its fallback poll).
         """
         step = self.step(workflow)
         return lifecycle.start_run(conn, checkpoint=step.dump(checkpoint),
                                    idempotency_key=idempotency_key, settings=self.settings,
-                                   **_pins(step.workflow))
+                                   notify=notify, **_pins(step.workflow))
 
     async def start_run_async(self, conn: AsyncConn, workflow: str | Callable[..., Any], *,
-                              idempotency_key: str, checkpoint: Any = None) -> Run:
-        """:meth:`start_run` on an ``AsyncConnection`` / ``AsyncSession``; never commits."""
+                              idempotency_key: str, checkpoint: Any = None,
+                              notify: bool = True) -> Run:
+        """:meth:`start_run` on an ``AsyncConnection`` / ``AsyncSession``; never commits.
+        ``notify=False`` for a transaction that will be prepared."""
         step = self.step(workflow)
         return await aio.start_run(conn, checkpoint=step.dump(checkpoint),
                                    idempotency_key=idempotency_key, settings=self.settings,
-                                   **_pins(step.workflow))
+                                   notify=notify, **_pins(step.workflow))
 
 
 def _pins(workflow: Workflow) -> dict[str, Any]:

@@ -174,12 +174,16 @@ class CheckpointInvalid(RunError):
     """The run's stored checkpoint does not validate as the type its step function declares."""
 
     def __init__(self, run_id: UUID | None, workflow: str, expected: str, detail: str) -> None:
-        where = f"run {run_id}" if run_id is not None else "the checkpoint given"
-        super().__init__(
-            f"{where} of workflow {workflow!r}: the checkpoint is not a valid {expected} "
-            f"({detail}); fix the checkpoint (or the step function's annotation, or migrate "
-            "it with the workflow's migrate=). Retrying will not help."
-        )
+        if run_id is None:  # refused before it was stored: nothing to migrate
+            message = (f"the checkpoint given for workflow {workflow!r} is not a valid "
+                       f"{expected} ({detail}); pass one that is (or fix the step function's "
+                       "annotation). Nothing was written.")
+        else:
+            message = (f"run {run_id} of workflow {workflow!r}: the checkpoint is not a valid "
+                       f"{expected} ({detail}); fix the checkpoint (or the step function's "
+                       "annotation, or migrate it with the workflow's migrate=). Retrying will "
+                       "not help.")
+        super().__init__(message)
         self.run_id, self.workflow, self.expected = run_id, workflow, expected
 
 

@@ -19,12 +19,15 @@ a release; a handled failure; an approval that did not hold) raises
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, Self, cast
 
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 from typing_extensions import TypeVar
 
 from outbox.db.execution import SyncConn
@@ -104,6 +107,15 @@ class RunHandle(Generic[C, CP]):
         return check
 
 
+def stored(checkpoint: Any) -> Any:
+    """*checkpoint* as JSON data: a pydantic model or a dataclass (a typed checkpoint, e.g.
+    ``job.checkpoint`` changed) in pydantic's JSON mode; anything else as given."""
+    if isinstance(checkpoint, BaseModel) or (dataclasses.is_dataclass(checkpoint)
+                                             and not isinstance(checkpoint, type)):
+        return to_jsonable_python(checkpoint)
+    return checkpoint
+
+
 def transition_ends(to: RunState | str) -> str:
     """How :class:`~outbox.errors.LeaseSpent` names a transition (every one ends the lease)."""
     return (f"transition to {RunState(to).value!r} (emit and write before the transition "
@@ -118,14 +130,15 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
                    checkpoint: Any = KEEP, wake_at: datetime | timedelta | None = None) -> None:
         """Move the run (:func:`outbox.runs.lifecycle.transition`); it ends the lease."""
         lease = runs.transition(self.conn, self._held(), to, step=step, reason=reason,
-                                evidence=evidence, actor=actor, checkpoint=checkpoint,
+                                evidence=evidence, actor=actor, checkpoint=stored(checkpoint),
                                 wake_at=wake_at, settings=self.settings)
         self._kept(lease, ends=transition_ends(to))
 
     def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,
                         log: runlog.Log | None = None) -> None:
-        """:func:`outbox.runs.lifecycle.save_checkpoint`."""
-        self._kept(runs.save_checkpoint(self.conn, self._held(), checkpoint, step=step,
+        """:func:`outbox.runs.lifecycle.save_checkpoint`; a pydantic model or a dataclass is
+        stored as its JSON form."""
+        self._kept(runs.save_checkpoint(self.conn, self._held(), stored(checkpoint), step=step,
                                         log=log, settings=self.settings))
 
     def renew(self, lease_seconds: float) -> None:
@@ -140,22 +153,23 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
     def record(self, step_key: str, result: Any, *, checkpoint: Any = KEEP) -> None:
         """:func:`outbox.runs.steps.record`."""
         self._kept(steps.record(self.conn, self._held(), step_key, result,
-                                checkpoint=checkpoint, settings=self.settings))
+                                checkpoint=stored(checkpoint), settings=self.settings))
 
     def run_step(self, step_key: str, fn: Callable[[], T], *, regenerable: bool = False,
                  checkpoint: Any = KEEP) -> steps.StepRun[T]:
         """:func:`outbox.runs.steps.run_step`: the recorded result, or *fn*'s, recorded once."""
         done = steps.run_step(self.conn, self._held(), step_key, fn, regenerable=regenerable,
-                              checkpoint=checkpoint, settings=self.settings)
+                              checkpoint=stored(checkpoint), settings=self.settings)
         self._kept(done.lease)
         return done
 
     def handle_failure(self, error: BaseException, *, policy: retry.RetryPolicy,
-                       step: str | None = None,
-                       rng: random.Random | None = None) -> retry.RetryOutcome:
-        """:func:`outbox.runs.retry.handle_failure`; it ends the lease (requeued or given up)."""
+                       step: str | None = None, rng: random.Random | None = None,
+                       notify: bool = True) -> retry.RetryOutcome:
+        """:func:`outbox.runs.retry.handle_failure`; it ends the lease (requeued or given up).
+        ``notify=False`` for a transaction that will be prepared (two-phase commit)."""
         outcome = retry.handle_failure(self.conn, self._held(), error, policy=policy, step=step,
-                                       rng=rng, settings=self.settings)
+                                       rng=rng, settings=self.settings, notify=notify)
         self._kept(outcome.lease, ends=f"handle_failure(), which moved the run to "
                                        f"{outcome.state.value!r}")
         return outcome

@@ -116,15 +116,14 @@ error for a bad value (shown as `<hidden>`), not in the settings' repr.
 SHARED = """
 ## Shared settings (`OUTBOXKIT_*`)
 
-Read by the application's writes (`outbox.emit`, runs), the relay, consumers and the `outbox`
+Read by the application's writes (`app.emit`, runs), the relay, consumers and the `outbox`
 commands, from the environment only. Give every process of one system the same values.
 
-In code, every public function of `outbox` and `outbox.aio` takes these settings one way:
-a keyword-only `settings: OutboxSettings | None = None`, where `None` means the environment
-(read once per process). Pass `settings=OutboxSettings(schema_name="tenant_a")` to override;
-build it once and reuse it. A claimed run's handle (`outbox.claim`, `outbox.aio.claim`)
-keeps the `settings=` it was claimed with and passes it to every write, so code written
-against the handle never passes it.
+In code, settings are bound once: on the `App` (`App(settings=OutboxSettings(...))`; default:
+the environment, read once per process), whose operations and workers use them, and on the
+handle a claim returns (`app.claim`, or the worker's), which passes them to every write. Pass
+`App(settings=OutboxSettings(schema_name="tenant_a"))` for another schema; no operation takes
+settings of its own.
 
 """
 

@@ -38,9 +38,11 @@ class DaemonSettings(Protocol):
     def shutdown_timeout_seconds(self) -> float: ...
 
 
-def run_daemon(prog: str, build: Callable[[], Daemon], settings: DaemonSettings) -> int:
+def run_daemon(prog: str, build: Callable[[], Daemon], settings: DaemonSettings, *,
+               exit_margin_s: float = 0.0) -> int:
     """Log as *settings* say, build the daemon, stop it gracefully on SIGTERM/SIGINT (within
-    ``shutdown_timeout_seconds``) and run it until then.
+    ``shutdown_timeout_seconds``, plus *exit_margin_s* for a daemon that ends its own grace
+    period itself and needs the time to say what it abandoned) and run it until then.
 
     An error that says what to fix is printed as one line after *prog*: a configuration
     error exits with 2 (before or after connecting: the Kafka client's checks come late),
@@ -52,7 +54,7 @@ def run_daemon(prog: str, build: Callable[[], Daemon], settings: DaemonSettings)
     except OutboxError as exc:
         print(f"{prog}: {redact(str(exc))}", file=sys.stderr)
         return EXIT_CONFIG
-    stop_gracefully_on_signals(daemon.stop, settings.shutdown_timeout_seconds)
+    stop_gracefully_on_signals(daemon.stop, settings.shutdown_timeout_seconds + exit_margin_s)
     try:
         return daemon.run()
     except OutboxError as exc:

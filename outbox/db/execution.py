@@ -3,13 +3,16 @@
 A plan is a generator that yields SQLAlchemy Core statements and receives each one's rows
 back; its return value is the function's result. The same plan runs on a ``Connection`` /
 ``Session`` (:func:`run_plan`) or an ``AsyncConnection`` / ``AsyncSession``
-(:func:`run_plan_async`), so the sync API and its async twin share every decision.
+(:func:`run_plan_async`), so the sync API and its async twin share every decision. A plan
+may also yield a :class:`DriverStatement` (a named query, :func:`outbox.db.queries.driver_sql`,
+and its parameters), sent straight to psycopg: the statements of a worker's hot path.
 Executors never begin, commit or roll back: the caller owns the transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -25,7 +28,19 @@ from outbox.settings import OutboxSettings, default_settings
 
 T = TypeVar("T")
 Rows = Sequence[RowMapping]
-Plan = Generator[Executable, Rows, T]
+
+
+@dataclass(frozen=True)
+class DriverStatement:
+    """Driver SQL (``%(name)s`` placeholders) and its parameters, for a plan to yield: it is
+    sent as is (``exec_driver_sql``; async: :func:`driver_row_async`) and must return exactly
+    one row, which the plan gets back as ``rows[0]`` (read it by column name)."""
+
+    sql: str
+    params: Mapping[str, Any]
+
+
+Plan = Generator[Executable | DriverStatement, Rows, T]
 SyncConn = Connection | Session
 AsyncConn = AsyncConnection | AsyncSession
 
@@ -57,12 +72,17 @@ def run_plan(conn: SyncConn, plan: Plan[T], settings: OutboxSettings | None = No
         statement = next(plan)
         while True:
             try:
-                result = conn.execute(statement, execution_options=opts)
+                if isinstance(statement, DriverStatement):
+                    connection = conn.connection() if isinstance(conn, Session) else conn
+                    rows: Rows = [connection.exec_driver_sql(statement.sql,
+                                                       dict(statement.params)).mappings().one()]
+                else:
+                    rows = _rows(conn.execute(statement, execution_options=opts))
             except ProgrammingError as exc:
                 if (translated := missing_schema(exc, settings)) is None:
                     raise
                 raise translated from exc
-            statement = plan.send(_rows(result))
+            statement = plan.send(rows)
     except StopIteration as stop:
         value: T = stop.value
         return value
@@ -76,12 +96,18 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T],
         statement = next(plan)
         while True:
             try:
-                result = await conn.execute(statement, execution_options=opts)
+                if isinstance(statement, DriverStatement):
+                    connection = (await conn.connection() if isinstance(conn, AsyncSession)
+                                  else conn)
+                    row = await driver_row_async(connection, statement.sql, statement.params)
+                    rows: Rows = [row._asdict()]
+                else:
+                    rows = _rows(await conn.execute(statement, execution_options=opts))
             except ProgrammingError as exc:
                 if (translated := missing_schema(exc, settings)) is None:
                     raise
                 raise translated from exc
-            statement = plan.send(_rows(result))
+            statement = plan.send(rows)
     except StopIteration as stop:
         value: T = stop.value
         return value

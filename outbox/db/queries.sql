@@ -130,6 +130,49 @@ SELECT (SELECT version FROM saved) AS version,
        (SELECT lease_expires_at FROM saved) AS lease_expires_at,
        (SELECT count(*) FROM logged) AS logged
 
+-- name: transition
+-- The one statement of every move of a leased run (outbox.runs.moves.statement; sync and async
+-- send it as is: lifecycle.transition, the handle's job.transition), the end of every step a
+-- worker runs. The fence of save_checkpoint (this run, its lease token and version, running,
+-- not purged) in the UPDATE, which locks the row; the lease ends (owner and expiry cleared, the
+-- token stays: it only grows); the history row goes in only with a moved row, from running (the
+-- fenced state). NULL step keeps the step, NULL evidence the last evidence; keep_checkpoint
+-- keeps the checkpoint (else a NULL one clears it); waiting: not_before is wake_at, or now() +
+-- wake_after, or NULL (only a wake() makes it claimable). Returns only the new version: NULL is
+-- a miss, which outbox.runs.fencing.explain names. Short enough for psycopg's query cache.
+WITH moved AS (
+    UPDATE {schema}.agent_runs
+       SET state = CAST(%(to_state)s AS text),
+           step = COALESCE(CAST(%(step)s AS text), step),
+           reason = CAST(%(reason)s AS text),
+           last_evidence = COALESCE(CAST(%(evidence)s AS jsonb), last_evidence),
+           checkpoint = CASE WHEN CAST(%(keep_checkpoint)s AS boolean) THEN checkpoint
+                             ELSE CAST(%(checkpoint)s AS jsonb) END,
+           not_before = CASE WHEN CAST(%(waiting)s AS boolean)
+                             THEN COALESCE(CAST(%(wake_at)s AS timestamptz),
+                                           now() + CAST(%(wake_after)s AS interval))
+                             ELSE not_before END,
+           finished_at = CASE WHEN CAST(%(finished)s AS boolean) THEN now() ELSE finished_at END,
+           lease_owner = NULL,
+           lease_expires_at = NULL,
+           version = version + 1,
+           updated_at = now()
+     WHERE id = CAST(%(run_id)s AS uuid)
+       AND lease_token = CAST(%(token)s AS bigint)
+       AND version = CAST(%(version)s AS bigint)
+       AND state = 'running'
+       AND purged_at IS NULL
+    RETURNING id, state, step, version, lease_token
+),
+logged AS (
+    INSERT INTO {schema}.run_transitions
+        (run_id, from_state, to_state, step, reason, evidence, actor, lease_token)
+    SELECT id, 'running', state, step, CAST(%(reason)s AS text), CAST(%(evidence)s AS jsonb),
+           CAST(%(actor)s AS text), lease_token
+    FROM moved
+)
+SELECT (SELECT version FROM moved) AS version
+
 -- name: schema_versions_exists
 -- Whether the schema has been migrated at all (:name is the qualified table name).
 SELECT to_regclass(:name)
@@ -143,3 +186,86 @@ SELECT pg_advisory_xact_lock(:key)
 
 -- name: record_migration
 INSERT INTO {schema}.schema_versions (version, name) VALUES (:version, :name)
+
+-- name: claim_run
+-- The claim of one run (outbox.runs.lifecycle.claim and the worker's claims; sync and async send
+-- it as is), the first statement of every step a worker runs. The due probes: one partial index
+-- each (migration 0007), each with its own ORDER BY so PostgreSQL merges them in created_at
+-- order (Merge Append) instead of sorting every runnable run; runs not due yet are never read.
+-- The runnable predicate is checked again on the locked row (a run another worker claimed and
+-- committed since this statement's snapshot is re-read by the lock and skipped); retired
+-- workflows are left out; the workflows filter (NULL: every workflow); the lease columns; the
+-- history row saying how the run was taken. States and LIMIT are written in, not parameters: a
+-- partial index is used only when the planner proves its predicate from constants, and psycopg
+-- prepares a statement after five runs (a generic plan sees parameters, not values). Always one
+-- row: all NULL when nothing was claimed. Short enough for psycopg's query cache (built with
+-- Core it was over 4096 characters, parsed again and its parameters rendered on every claim).
+WITH due AS (
+    (SELECT id, created_at FROM {schema}.agent_runs
+      WHERE state = 'queued' AND not_before IS NULL AND purged_at IS NULL
+        AND (CAST(%(workflows)s AS text[]) IS NULL
+             OR workflow = ANY(CAST(%(workflows)s AS text[])))
+      ORDER BY created_at)
+    UNION ALL
+    (SELECT id, created_at FROM {schema}.agent_runs
+      WHERE state IN ('queued', 'waiting') AND not_before <= now() AND purged_at IS NULL
+        AND (CAST(%(workflows)s AS text[]) IS NULL
+             OR workflow = ANY(CAST(%(workflows)s AS text[])))
+      ORDER BY created_at)
+    UNION ALL
+    (SELECT id, created_at FROM {schema}.agent_runs
+      WHERE state = 'running' AND lease_expires_at <= now() AND purged_at IS NULL
+        AND (CAST(%(workflows)s AS text[]) IS NULL
+             OR workflow = ANY(CAST(%(workflows)s AS text[])))
+      ORDER BY created_at)
+    UNION ALL
+    (SELECT id, created_at FROM {schema}.agent_runs
+      WHERE state = 'running' AND lease_expires_at IS NULL AND purged_at IS NULL
+        AND (CAST(%(workflows)s AS text[]) IS NULL
+             OR workflow = ANY(CAST(%(workflows)s AS text[])))
+      ORDER BY created_at)
+),
+candidate AS (
+    SELECT r.id, r.state, r.lease_expires_at
+      FROM due JOIN {schema}.agent_runs r ON r.id = due.id
+     WHERE (r.state = 'queued' AND coalesce(r.not_before, now()) <= now()
+            OR r.state = 'running' AND coalesce(r.lease_expires_at, now()) <= now()
+            OR r.state = 'waiting' AND r.not_before <= now())
+       AND r.purged_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM {schema}.workflows w
+                        WHERE w.name = r.workflow AND w.retired_at IS NOT NULL)
+       AND (CAST(%(workflows)s AS text[]) IS NULL
+            OR r.workflow = ANY(CAST(%(workflows)s AS text[])))
+     ORDER BY due.created_at
+     LIMIT 1
+       FOR UPDATE OF r SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.agent_runs r
+       SET state = 'running', not_before = NULL, lease_owner = CAST(%(worker)s AS text),
+           lease_token = r.lease_token + 1,
+           lease_expires_at = now() + CAST(%(lease)s AS interval),
+           version = r.version + 1, updated_at = now()
+      FROM candidate
+     WHERE r.id = candidate.id
+    RETURNING r.id, r.workflow, r.workflow_version, r.prompt_version, r.tool_schema_version,
+              r.state, r.step, r.checkpoint, r.last_evidence, r.idempotency_key, r.attempts,
+              r.not_before, r.lease_owner, r.lease_token, r.lease_expires_at, r.version,
+              r.reason, r.created_at, r.updated_at, r.finished_at, r.purged_at,
+              candidate.state AS from_state, candidate.lease_expires_at AS from_expiry
+),
+hist AS (
+    INSERT INTO {schema}.run_transitions
+        (run_id, from_state, to_state, step, reason, actor, lease_token)
+    SELECT id, from_state, 'running', step,
+           CASE WHEN from_state = 'running' AND from_expiry IS NULL
+                THEN 'confirmed, resumed by ' || CAST(%(worker)s AS text)
+                WHEN from_state = 'running'
+                THEN 'lease expired, resumed by ' || CAST(%(worker)s AS text)
+                WHEN from_state = 'waiting'
+                THEN 'woken, resumed by ' || CAST(%(worker)s AS text)
+                ELSE 'claimed by ' || CAST(%(worker)s AS text) END,
+           CAST(%(worker)s AS text), lease_token
+      FROM claimed
+)
+SELECT claimed.* FROM (SELECT 1) AS one LEFT JOIN claimed ON true

@@ -296,6 +296,15 @@ relay_server = Table(
     prefixes=["UNLOGGED"],
 )
 
+# Workers waiting for runs (migration 0011): the runs' wake-ups NOTIFY only while some row's
+# idle_until is in the future (outbox/runs/wakeups.py), so commits pay NOTIFY's lock only then.
+run_workers = Table(
+    "run_workers",
+    metadata,
+    Column("worker", Text, primary_key=True),
+    _ts("idle_until", nullable=False),
+)
+
 # Which cluster the outbox's transaction ids belong to (migration 0010): pg_control_system()'s
 # identifier, one logged row that moves with the data; another cluster's means a restore or a
 # move, and the relays refuse to read until `outbox relay rebase` (relay/history.py).
@@ -367,8 +376,8 @@ Index(
 OPERATION_STATUSES = ("pending", "unknown", "not-applied", "confirmed", "rejected", "needs-human")
 OPERATION_ON_SETTLE = ("finish", "resume")
 
-# The ledger of calls to outside systems (dedup/operations.py). The intent is committed before
-# the call; an outcome we did not see stays open (pending/unknown) until a status query or a
+# The ledger of calls to outside systems (dedup/ledger/operations.py). The intent is committed
+# before the call; an outcome we did not see stays open (pending/unknown) until a status query or a
 # human establishes it, so a second call is never made blindly.
 operations = Table(
     "operations",

@@ -69,13 +69,15 @@ def apply_confirmation(
     actor: str,
     reason: str | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> bool:
     """Move the waiting run *run_id* to *outcome*; True if applied, False if already applied.
 
     Never commits: the move takes effect with the caller's transaction (typically together
     with the consumer's own dedup record). *confirmation_id* identifies the confirmation
     (e.g. the message id the consumer handled); applying it again returns False and writes
-    nothing.
+    nothing. ``outcome="running"`` wakes an idle worker at commit; ``notify=False`` for a
+    transaction that will be prepared (no NOTIFY).
 
     Raises:
         EvidenceRequired: ``done`` without evidence (checked before anything is sent).
@@ -84,7 +86,7 @@ def apply_confirmation(
     """
     plan = confirmation_plan(
         run_id, str(confirmation_id), outcome=outcome, evidence=evidence, actor=actor,
-        reason=reason, settings=settings,
+        reason=reason, settings=settings, notify=notify,
     )
     return run_plan(conn, plan, settings)
 
@@ -118,6 +120,7 @@ def confirmation_plan(
     actor: str,
     reason: str | None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> Plan[bool]:
     """The plan of :func:`apply_confirmation`, for callers composing it with their own writes
     (the operations ledger settles a run together with its operation)."""
@@ -171,7 +174,7 @@ def confirmation_plan(
         where=[~already],
         also=record,
         # moved on (running, no lease): claimable at once, so wake an idle worker
-        woken=wakeups.woken(settings) if outcome == RunState.RUNNING else None,
+        woken=wakeups.woken(settings) if notify and outcome == RunState.RUNNING else None,
     )
     rows = yield stmt
     if rows:

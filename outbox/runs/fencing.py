@@ -13,6 +13,10 @@ A fenced write is a single SQL statement::
 so a stale lease or an illegal move updates nothing *and* records no history. When it
 returns no row, :func:`write` reads the run once to say why (RunNotFound, LeaseLost,
 IllegalTransition, WorkflowRetired) and raises.
+
+The two writes on a worker's per-step path carry the same fence as named queries sent to the
+driver (``outbox/db/queries.sql``: ``save_checkpoint``, :mod:`outbox.runs.runlog`; and
+``transition``, :mod:`outbox.runs.moves`); a miss of theirs is explained by :func:`explain`.
 """
 
 from __future__ import annotations

@@ -22,28 +22,20 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Executable,
-    FromClause,
     RowMapping,
-    Subquery,
     Text,
-    bindparam,
-    case,
     cast,
     exists,
     func,
-    insert,
     literal,
-    literal_column,
     select,
-    union_all,
-    update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session
 
-from outbox.db.execution import Plan, SyncConn, missing_schema, run_plan
+from outbox.db.execution import DriverStatement, Plan, SyncConn, missing_schema, run_plan
+from outbox.db.queries import driver_sql
 from outbox.db.tables import agent_runs, run_transitions, workflows
 from outbox.errors import (
     ConfigurationError,
@@ -52,13 +44,13 @@ from outbox.errors import (
     RunNotFound,
     WorkflowRetired,
 )
-from outbox.runs import fencing, runlog, wakeups
-from outbox.runs.checkpoints import KEEP, Keep, checkpoint_value
+from outbox.runs import fencing, moves, runlog, wakeups
+from outbox.runs.checkpoints import KEEP, checkpoint_value
 from outbox.runs.leases import Lease
-from outbox.runs.states import ALLOWED, FINISHED, RunState, sources
+from outbox.runs.states import FINISHED, RunState, sources
 from outbox.runs.workflows import VersionPolicy, Workflow
 from outbox.runtime.failpoints import failpoint
-from outbox.settings import OutboxSettings
+from outbox.settings import OutboxSettings, default_settings
 
 runs = agent_runs
 MAX_POLICY_SKIPS = 16
@@ -111,6 +103,15 @@ class Claim:
 
     run: Run
     lease: Lease
+
+
+@dataclass(frozen=True)
+class ClaimAttempt:
+    """What one claim did: the run it claimed (or ``None``) and how many runs its version
+    policy moved to ``needs-human`` on the way (more may be waiting when that is not 0)."""
+
+    claim: Claim | None
+    skipped: int
 
 
 @dataclass(frozen=True)
@@ -193,114 +194,29 @@ def start_run_plan(
     raise WorkflowRetired(workflow, rows[0]["retired_reason"] if rows else None)
 
 
-def _runnable() -> ColumnElement[bool]:
-    """What makes a run claimable: queued and due, running with an expired lease, or waiting
-    with a passed timer."""
-    now = func.now()
-    return (
-        (_in_state(runs, RunState.QUEUED) & (func.coalesce(runs.c.not_before, now) <= now))
-        | (_in_state(runs, RunState.RUNNING)
-           & (func.coalesce(runs.c.lease_expires_at, now) <= now))
-        | (_in_state(runs, RunState.WAITING) & (runs.c.not_before <= now))
-    )
-
-
-def _in_state(table: FromClause, *states: RunState) -> ColumnElement[bool]:
-    # Written into the SQL text, not sent as parameters: a partial index is used only when the
-    # planner proves its predicate from constants, and psycopg prepares a statement after five
-    # runs (a generic plan sees parameters, not values, and costs them differently).
-    return table.c.state.in_(
-        bindparam(None, [s.value for s in states], expanding=True, literal_execute=True))
-
-
-def _due_probes(names: Sequence[str] | None) -> Subquery:
-    """The claimable runs' ids in created_at order, one index probe per way of being due.
-
-    An OR of the three states cannot follow an index in created_at order (a scan and a sort
-    of every runnable run per claim), and ``now()`` cannot be in an index predicate. So each
-    probe reads one partial index (migration 0007) and the planner merges them (Merge
-    Append): queued runs with no ``not_before`` in created_at order, read from the start;
-    the timed ones (a past ``not_before``, an expired lease) by time up to ``now()``, sorted.
-    Runs not due yet are never read. Each probe has its own ORDER BY: without it PostgreSQL
-    15 plans the union as one unordered Append and sorts every queued run.
-    """
-    probe = runs.alias("probe")
-    now = func.now()
-    unpurged = probe.c.purged_at.is_(None)
-    ways = [
-        _in_state(probe, RunState.QUEUED) & probe.c.not_before.is_(None),
-        _in_state(probe, RunState.QUEUED, RunState.WAITING) & (probe.c.not_before <= now),
-        _in_state(probe, RunState.RUNNING) & (probe.c.lease_expires_at <= now),
-        _in_state(probe, RunState.RUNNING) & probe.c.lease_expires_at.is_(None),
-    ]
-    selects = []
-    for due in ways:
-        one = select(probe.c.id, probe.c.created_at).where(due, unpurged)
-        if names is not None:
-            one = one.where(probe.c.workflow.in_(list(names)))
-        selects.append(one.order_by(probe.c.created_at))
-    return union_all(*selects).subquery("due")
-
-
 def _claim_once(
-    worker: str, lease_seconds: float, names: Sequence[str] | None
+    worker: str, lease_seconds: float, names: Sequence[str] | None,
+    settings: OutboxSettings | None,
 ) -> Plan[Claim | None]:
-    rows = yield _claim_statement(worker, lease_seconds, None if names is None else tuple(names))
-    if not rows:
+    schema = (settings or default_settings()).schema_name
+    rows = yield _claim_statement(worker, lease_seconds,
+                                  None if names is None else tuple(names), schema)
+    if rows[0]["id"] is None:
         return None
     return Claim(Run.from_row(rows[0]), _lease_from(rows[0]))
 
 
-# A worker claims with the same name, lease and workflows every time: building this statement
-# costs more client CPU (a few ms) than PostgreSQL spends running it, so it is built once.
+# A worker claims with the same name, lease and workflows every time. The claim is the named
+# query ``claim_run`` (outbox/db/queries.sql), sent to psycopg as is: built with Core it cost
+# ~0.5 ms of client CPU per claim (the expanding parameters rendered anew on every execution,
+# and a text over psycopg's 4096-character parse cache), about what PostgreSQL spends on it.
 @functools.lru_cache(maxsize=256)
 def _claim_statement(
-    worker: str, lease_seconds: float, names: tuple[str, ...] | None
-) -> Executable:
-    now = func.now()
-    due = _due_probes(names)
-    # The conditions are checked again on the row being locked: a run another worker claimed
-    # and committed since this statement's snapshot is re-read by the lock and skipped.
-    candidate = (
-        select(runs.c.id, runs.c.state, runs.c.lease_expires_at)
-        .select_from(due.join(runs, runs.c.id == due.c.id))
-        .where(_runnable(), runs.c.purged_at.is_(None), ~fencing.retired_clause())
-    )
-    if names is not None:
-        candidate = candidate.where(runs.c.workflow.in_(list(names)))
-    # LIMIT written in, not a parameter: with a parameter PostgreSQL's generic plan (psycopg
-    # prepares the statement after five runs) costs more than the custom ones, so it planned
-    # every claim anew (0.5-2 ms, as long as running it).
-    candidate_cte = (
-        candidate.order_by(due.c.created_at).limit(literal_column("1"))
-        .with_for_update(skip_locked=True, of=runs).cte("candidate")
-    )
-    claimed = (
-        update(runs)
-        .where(runs.c.id == candidate_cte.c.id)
-        .values(state=RunState.RUNNING.value, lease_owner=worker,
-                lease_token=runs.c.lease_token + 1,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                version=runs.c.version + 1, not_before=None, updated_at=now)
-        .returning(*runs.c, candidate_cte.c.state.label("from_state"),
-                   candidate_cte.c.lease_expires_at.label("from_expiry"))
-        .cte("claimed")
-    )
-    # A running run with no lease at all was moved on by a confirmation (apply_confirmation
-    # with outcome running): no lease expired. A released run has an expiry (now()).
-    reason = case(
-        ((claimed.c.from_state == RunState.RUNNING) & claimed.c.from_expiry.is_(None),
-         f"confirmed, resumed by {worker}"),
-        (claimed.c.from_state == RunState.RUNNING, f"lease expired, resumed by {worker}"),
-        (claimed.c.from_state == RunState.WAITING, f"woken, resumed by {worker}"),
-        else_=f"claimed by {worker}",
-    )
-    history = insert(run_transitions).from_select(
-        ["run_id", "from_state", "to_state", "step", "reason", "actor", "lease_token"],
-        select(claimed.c.id, claimed.c.from_state, literal(RunState.RUNNING.value),
-               claimed.c.step, reason, literal(worker), claimed.c.lease_token),
-    )
-    return select(claimed).add_cte(history.cte("hist"))
+    worker: str, lease_seconds: float, names: tuple[str, ...] | None, schema: str
+) -> DriverStatement:
+    params = {"worker": worker, "lease": timedelta(seconds=lease_seconds),
+              "workflows": None if names is None else list(names)}
+    return DriverStatement(driver_sql("outbox.db", "claim_run", schema), params)
 
 
 def _pinned(run: Run) -> dict[str, str | None]:
@@ -331,8 +247,19 @@ def _apply_version_policy(claim: Claim, workflow: Workflow,
     values: dict[str, Any] = {}
     if policy is VersionPolicy.MIGRATE:
         assert workflow.migrate is not None
-        values["checkpoint"] = checkpoint_value(
-            workflow.migrate(run.checkpoint, run.workflow_version), settings)
+        try:
+            values["checkpoint"] = checkpoint_value(
+                workflow.migrate(run.checkpoint, run.workflow_version), settings)
+        except Exception as exc:  # the user's function: any error, CheckpointTooLarge too
+            # Raised, it would abort every claim that meets this run, on every worker.
+            described = f"{type(exc).__name__}: {exc}"[:500]
+            yield from transition_plan(
+                lease, RunState.NEEDS_HUMAN, step=None,
+                reason=f"migrating the checkpoint ({change}) failed: {described}",
+                evidence={"version_change": change, "policy": policy.value,
+                          "error": described},
+                actor=lease.owner, checkpoint=KEEP, wake_at=None, settings=settings)
+            return None
         values.update(workflow_version=workflow.version)
         if workflow.prompt_version is not None:
             values["prompt_version"] = workflow.prompt_version
@@ -355,6 +282,17 @@ def claim_plan(
     *, worker: str, lease_seconds: float, workflows: Sequence[str | Workflow] | None,
     settings: OutboxSettings | None,
 ) -> Plan[Claim | None]:
+    attempt = yield from claim_attempt_plan(worker=worker, lease_seconds=lease_seconds,
+                                            workflows=workflows, settings=settings)
+    return attempt.claim
+
+
+def claim_attempt_plan(
+    *, worker: str, lease_seconds: float, workflows: Sequence[str | Workflow] | None,
+    settings: OutboxSettings | None,
+) -> Plan[ClaimAttempt]:
+    """:func:`claim_plan` saying how many runs the version policy set aside (a worker that
+    got none after skipping some looks again at once: newer runs may be behind them)."""
     if lease_seconds <= 0:
         raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
     if not worker:
@@ -365,16 +303,18 @@ def claim_plan(
     # any of them runs as is; the others get the policy of the last one given (the newest).
     given = [w for w in workflows or () if isinstance(w, Workflow)]
     code = {w.name: w for w in given}
+    skipped = 0
     for _ in range(MAX_POLICY_SKIPS):
-        claim = yield from _claim_once(worker, lease_seconds, names)
+        claim = yield from _claim_once(worker, lease_seconds, names, settings)
         if claim is None:
-            return None
+            return ClaimAttempt(None, skipped)
         if (workflow := code.get(claim.run.workflow)) is None or _runs_as_pinned(claim, given):
-            return claim
+            return ClaimAttempt(claim, skipped)
         resumed = yield from _apply_version_policy(claim, workflow, settings)
         if resumed is not None:
-            return resumed
-    return None
+            return ClaimAttempt(resumed, skipped)
+        skipped += 1
+    return ClaimAttempt(None, skipped)
 
 
 def _target_values(to: RunState) -> dict[str, Any]:
@@ -397,31 +337,15 @@ def transition_plan(
     actor: str | None, checkpoint: Any, wake_at: datetime | timedelta | None,
     settings: OutboxSettings | None,
 ) -> Plan[Lease]:
-    target = RunState(to)
-    if target not in ALLOWED[RunState.RUNNING]:
-        raise IllegalTransition(lease.run_id, RunState.RUNNING.value, target.value,
-                                "a lease is only held while the run is running")
-    if target is RunState.DONE and evidence is None:
-        raise EvidenceRequired(lease.run_id, target.value)
-    values = _target_values(target)
-    values["reason"] = reason
-    if step is not None:
-        values["step"] = step
-    if evidence is not None:
-        values["last_evidence"] = evidence
-    if not isinstance(checkpoint, Keep):
-        values["checkpoint"] = checkpoint_value(checkpoint, settings)
-    if target is RunState.WAITING:
-        values["not_before"] = _wake_value(wake_at)
-    running = {RunState.RUNNING.value}
-    stmt = fencing.statement(
-        lease.run_id, lease=lease, sources=running, values=values,
-        history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, step=step,
-                                    actor=actor or lease.owner)],
-    )
-    row = yield from fencing.write(stmt, lease.run_id, lease, target, running)
-    assert row is not None
-    return fencing.next_lease(lease, row)
+    # One named query sent straight to psycopg (outbox.runs.moves): the end of every step.
+    rows = yield moves.statement(lease, to, step=step, reason=reason, evidence=evidence,
+                                 actor=actor, checkpoint=checkpoint, wake_at=wake_at,
+                                 settings=settings)
+    if (moved := moves.moved_lease(lease, rows[0])) is None:
+        running = {RunState.RUNNING.value}
+        yield from fencing.explain(lease.run_id, lease, RunState(to).value, running)
+        raise AssertionError("explain raises for a missed fenced write")  # pragma: no cover
+    return moved
 
 
 def renew_plan(lease: Lease, lease_seconds: float) -> Plan[Lease]:
@@ -452,6 +376,7 @@ def release_plan(lease: Lease, reason: str | None) -> Plan[None]:
 def move_plan(
     run_id: uuid.UUID, to: RunState | str, *, actor: str, reason: str | None, evidence: Any,
     not_before: datetime | timedelta | None, settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> Plan[Run]:
     target = RunState(to)
     if target is RunState.RUNNING:
@@ -475,7 +400,7 @@ def move_plan(
     stmt = fencing.statement(
         run_id, lease=None, sources=allowed, values=values, where=where,
         history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, actor=actor)],
-        woken=wakeups.woken(settings) if target is RunState.QUEUED else None,
+        woken=wakeups.woken(settings) if notify and target is RunState.QUEUED else None,
     )
     row = yield from fencing.write(stmt, run_id, None, target, allowed)
     if row is None:  # only the live-lease condition is left to explain the miss
@@ -486,11 +411,11 @@ def move_plan(
 
 
 def wake_plan(run_id: uuid.UUID, at: datetime | timedelta | None,
-              settings: OutboxSettings | None = None) -> Plan[Run]:
+              settings: OutboxSettings | None = None, notify: bool = True) -> Plan[Run]:
     waiting = {RunState.WAITING.value}
     when = func.now() if at is None else _wake_value(at)
     stmt = fencing.statement(run_id, lease=None, sources=waiting, values={"not_before": when},
-                             woken=wakeups.woken(settings))
+                             woken=wakeups.woken(settings) if notify else None)
     row = yield from fencing.write(stmt, run_id, None, RunState.RUNNING, waiting)
     assert row is not None
     return Run.from_row(row)
@@ -649,20 +574,25 @@ def move(
     evidence: Any = None,
     not_before: datetime | timedelta | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> Run:
     """Move a run nobody holds a lease on (an operator's action, e.g. requeue a failed run).
 
     Never commits. Refuses runs whose worker's lease is still live, moves not in the table,
-    purged runs, and requeues of retired workflows (:class:`WorkflowRetired`).
+    purged runs, and requeues of retired workflows (:class:`WorkflowRetired`). A requeue
+    wakes an idle worker at commit (:mod:`outbox.runs.wakeups`); ``notify=False`` for a
+    transaction that will be prepared (PostgreSQL refuses PREPARE after a NOTIFY).
     """
     return run_plan(conn, move_plan(run_id, to, actor=actor, reason=reason, evidence=evidence,
-                                    not_before=not_before, settings=settings), settings)
+                                    not_before=not_before, settings=settings, notify=notify),
+                    settings)
 
 
 def wake(conn: SyncConn, run_id: uuid.UUID, *, at: datetime | timedelta | None = None,
-         settings: OutboxSettings | None = None) -> Run:
-    """Make a ``waiting`` run claimable at *at* (default: now); never commits."""
-    return run_plan(conn, wake_plan(run_id, at, settings), settings)
+         settings: OutboxSettings | None = None, notify: bool = True) -> Run:
+    """Make a ``waiting`` run claimable at *at* (default: now); never commits. It wakes an
+    idle worker at commit; ``notify=False`` for a transaction that will be prepared."""
+    return run_plan(conn, wake_plan(run_id, at, settings, notify), settings)
 
 
 def get_run(conn: SyncConn, run_id: uuid.UUID, *,

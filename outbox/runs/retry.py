@@ -91,7 +91,7 @@ def _evidence(error: BaseException, attempt: int, retryable: bool) -> dict[str, 
 
 def handle_failure_plan(
     lease: Lease, error: BaseException, policy: RetryPolicy, step: str | None,
-    rng: random.Random | None, *, settings: OutboxSettings | None = None,
+    rng: random.Random | None, *, settings: OutboxSettings | None = None, notify: bool = True,
 ) -> Plan[RetryOutcome]:
     runs = agent_runs
     rows = yield select(runs.c.attempts, runs.c.lease_token, runs.c.version,
@@ -124,7 +124,8 @@ def handle_failure_plan(
                   "finished_at": None, **fencing.lease_values(clear=True)}
         # The wake-up makes idle workers look again at when the next run is due.
         stmt = fencing.statement(lease.run_id, lease=lease, sources=sources, values=values,
-                                 history=history, woken=wakeups.woken(settings))
+                                 history=history,
+                                 woken=wakeups.woken(settings) if notify else None)
         moved = yield from fencing.write(stmt, lease.run_id, lease, RunState.QUEUED, sources)
         assert moved is not None
         return RetryOutcome(RunState.QUEUED, attempt, delay, fencing.next_lease(lease, moved))
@@ -158,12 +159,14 @@ def handle_failure(
     step: str | None = None,
     rng: random.Random | None = None,
     settings: OutboxSettings | None = None,
+    notify: bool = True,
 ) -> RetryOutcome:
     """Requeue the run with backoff, or move it to ``policy.give_up_state``; never commits.
 
     Call it from the ``except`` block of a failed step, in a *fresh* transaction (the
     failed one may be aborted), then commit. Raises :class:`LeaseLost` if another worker
-    owns the run: then nothing was written.
+    owns the run: then nothing was written. A requeue wakes an idle worker at commit;
+    ``notify=False`` for a transaction that will be prepared (no NOTIFY).
     """
-    return run_plan(conn, handle_failure_plan(lease, error, policy, step, rng, settings=settings),
-                    settings)
+    return run_plan(conn, handle_failure_plan(lease, error, policy, step, rng, settings=settings,
+                                              notify=notify), settings)

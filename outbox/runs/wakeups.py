@@ -1,4 +1,4 @@
-"""Waking idle workers at commit: a NOTIFY whenever a run becomes claimable by someone else.
+"""Waking idle workers at commit: a NOTIFY when a run becomes claimable, while one waits.
 
 Starting a run, waking a waiting one, an operator's requeue, a confirmation that moves a
 run on and a retry's requeue each add ``pg_notify(<channel>, <workflow>)`` to the select
@@ -6,6 +6,15 @@ list of the statement that makes the change: no extra round trip, and PostgreSQL
 only when the transaction commits (never for one rolled back). The channel is derived from
 the schema name, so workers of another schema in the same database are not woken. A worker
 (:mod:`outbox.worker`) LISTENs on it and claims at once instead of polling.
+
+Like emit's wake-up of the relay (:mod:`outbox.messages.emit`), it fires only while some
+worker has declared itself idle (``run_workers.idle_until`` in the future, read in the same
+statement): a transaction that NOTIFYs takes a database-wide lock at commit, so commits pay
+it only when a worker waits for them, never while every worker is busy or none runs. A worker
+declares itself idle when a claim found nothing and then claims once more, so a commit that
+read the table just before the declaration is found by that claim. ``notify=False`` leaves
+the NOTIFY out altogether: for a transaction that will be prepared (``PREPARE TRANSACTION`` is
+refused after a NOTIFY); a worker then finds the run by its due-time wake-up or fallback poll.
 """
 
 from __future__ import annotations
@@ -14,8 +23,11 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import CTE, ColumnElement, func, literal
+from sqlalchemy import CTE, ColumnElement, case, delete, exists, func, literal, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.dml import Delete, Insert
 
+from outbox.db.tables import run_workers
 from outbox.settings import OutboxSettings, default_settings
 
 _MAX_IDENTIFIER = 63  # PostgreSQL truncates (LISTEN) or refuses (pg_notify) longer names
@@ -32,11 +44,33 @@ def channel(settings: OutboxSettings | None) -> str:
     return name
 
 
-def notify(workflow: ColumnElement[str], settings: OutboxSettings | None) -> ColumnElement[str]:
-    """A select-list item that NOTIFYs the runs channel with *workflow* (fires at commit)."""
-    return func.pg_notify(literal(channel(settings)), workflow).label("notified")
+def notify(workflow: ColumnElement[str], settings: OutboxSettings | None) -> ColumnElement[Any]:
+    """A select-list item that NOTIFYs the runs channel with *workflow* (fires at commit), if
+    a worker waits: ``pg_notify`` is volatile, so the CASE never calls it otherwise."""
+    waiting = exists(select(run_workers.c.worker).where(run_workers.c.idle_until > func.now()))
+    return case((waiting, func.pg_notify(literal(channel(settings)), workflow)),
+                else_=None).label("notified")
 
 
 def woken(settings: OutboxSettings | None) -> Callable[[CTE], ColumnElement[Any]]:
     """:func:`notify` for a fenced write (:func:`outbox.runs.fencing.statement`'s ``woken``)."""
     return lambda moved: notify(moved.c.workflow, settings)
+
+
+def declare_idle(worker: str, seconds: float) -> Insert:
+    """*worker* waits for runs for the next *seconds* (it renews this while it idles)."""
+    until = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, literal(seconds))
+    stmt = pg_insert(run_workers).values(worker=worker, idle_until=until)
+    return stmt.on_conflict_do_update(index_elements=[run_workers.c.worker],
+                                      set_={"idle_until": stmt.excluded.idle_until})
+
+
+def declare_busy(worker: str) -> Delete:
+    """*worker* waits for nothing (every slot busy, or stopping): commits stop notifying it."""
+    return delete(run_workers).where(run_workers.c.worker == worker)
+
+
+def forget_dead() -> Delete:
+    """The declarations of workers gone for an hour (killed before withdrawing theirs)."""
+    an_hour_ago = func.now() - func.make_interval(0, 0, 0, 0, 1)
+    return delete(run_workers).where(run_workers.c.idle_until < an_hour_ago)

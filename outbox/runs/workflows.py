@@ -74,25 +74,24 @@ class Workflow:
         return ", ".join(changes) or None
 
 
-def register_plan(workflow: Workflow) -> Plan[None]:
+def register_plan(workflow: Workflow, *, keep_retirement: bool = False) -> Plan[None]:
+    """*keep_retirement*: a workflow not retired in *workflow* leaves a retirement recorded
+    by an operator in place (a worker's start-up registration: code never un-retires)."""
     wf = workflows_table
     retired_at = func.now() if workflow.retired else None
     stmt = pg_insert(wf).values(
         name=workflow.name, version=workflow.version, retired_at=retired_at,
         retired_reason=workflow.retired_reason if workflow.retired else None,
     )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[wf.c.name],
-        set_={
-            "version": stmt.excluded.version,
+    changes: dict[str, Any] = {"version": stmt.excluded.version, "updated_at": func.now()}
+    if workflow.retired or not keep_retirement:
+        changes.update({
             # keep the first retirement time when it is registered as retired again
             "retired_at": case((stmt.excluded.retired_at.is_(None), None),
                                else_=func.coalesce(wf.c.retired_at, stmt.excluded.retired_at)),
             "retired_reason": stmt.excluded.retired_reason,
-            "updated_at": func.now(),
-        },
-    )
-    yield stmt
+        })
+    yield stmt.on_conflict_do_update(index_elements=[wf.c.name], set_=changes)
     return None
 
 

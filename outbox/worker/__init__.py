@@ -8,11 +8,12 @@
 * :func:`run_worker` / :func:`run_worker_async`: claim runs of the app's workflows and step
   them, woken by NOTIFY, until stopped (docs/worker.md says what each step commits).
 * :class:`WorkerSettings`: ``OUTBOXKIT_WORKER_*``.
-* :class:`Worker`: the daemon object behind both (``run`` / ``run_async`` / ``stop``, the
-  ``http_port`` of its probes).
+
+The daemon object behind both, :class:`outbox.worker.worker.Worker`, is what ``outbox worker``
+runs; it is not part of the public surface.
 """
 
 from outbox.worker.settings import WorkerSettings
-from outbox.worker.worker import Worker, run_worker, run_worker_async
+from outbox.worker.worker import run_worker, run_worker_async
 
-__all__ = ["Worker", "WorkerSettings", "run_worker", "run_worker_async"]
+__all__ = ["WorkerSettings", "run_worker", "run_worker_async"]

@@ -17,11 +17,14 @@ waits the outage out.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Literal
 
 import psycopg
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -47,10 +50,17 @@ be recorded either (its lease expires)."""
 
 # SQLSTATE classes of a server that went away: connection exceptions and shutdowns.
 _GONE = ("08", "57P01", "57P02", "57P03")
+# A server that cannot take writes now: read-only (a failover not finished, a demoted
+# primary) or a statement cancelled by its timeout. Waited out like an outage.
+_BUSY = ("25006", "57014")
 
 
 def is_outage(exc: BaseException) -> bool:
-    """True when *exc* says the database cannot be reached (not that a statement failed)."""
+    """True when *exc* says the database cannot be reached (not that a statement failed).
+
+    Only for errors of the worker's own statements (claims, the failure's record): a step
+    function's errors are judged by the step's connection (:func:`run_sync`), since it may
+    talk to other databases."""
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True
@@ -59,6 +69,23 @@ def is_outage(exc: BaseException) -> bool:
         state = getattr(exc, "sqlstate", None)
         return state is None or state.startswith(_GONE)
     return False
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """:func:`is_outage`, or the server refused for now (read-only, statement timeout)."""
+    if is_outage(exc):
+        return True
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return getattr(orig, "sqlstate", None) in _BUSY
+
+
+def _lost(broke: bool | None, exc: BaseException) -> bool:
+    """True when the database went away under the step: judged by the step's own connection
+    (*broke*: invalidated when the function's part raised), not by the exception's type, for
+    a psycopg ``OperationalError`` from another database the function talks to is the step's
+    failure, for its retry policy. Outside the function's part (connecting, the commit:
+    *broke* ``None``) only the worker's own statements ran: their error says it."""
+    return is_outage(exc) if broke is None else broke
 
 
 def _done_evidence(step: Step) -> dict[str, str]:
@@ -76,8 +103,8 @@ def _failed(step: Step, run: Run, exc: BaseException, outcome: RetryOutcome) -> 
     return "retried" if retried else "gave_up"
 
 
-def _dropped(step: Step, run: Run, exc: BaseException) -> Outcome:
-    if is_outage(exc):
+def _dropped(step: Step, run: Run, exc: BaseException, *, lost: bool = False) -> Outcome:
+    if lost or is_outage(exc):
         log.debug("run %s dropped: database unavailable", run.id)
         return "db_unavailable"
     if isinstance(exc, LeaseLost):
@@ -91,26 +118,49 @@ def _dropped(step: Step, run: Run, exc: BaseException) -> Outcome:
     return "error"
 
 
+@contextlib.contextmanager
+def _transaction(engine: Engine, conn: Connection | None) -> Iterator[Connection]:
+    """A transaction on *conn* (the claim's connection, kept for the step: no second pool
+    checkout), or on a connection of *engine* when there is none or it was invalidated."""
+    if conn is None or conn.invalidated:
+        with engine.begin() as fresh:
+            yield fresh
+    else:
+        with conn.begin():
+            yield conn
+
+
 def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
-             settings: OutboxSettings, actor: str) -> Outcome:
-    """Run a sync step function in a transaction of its own, then finish or fail the run."""
+             settings: OutboxSettings, actor: str, conn: Connection | None = None) -> Outcome:
+    """Run a sync step function in a transaction of its own, then finish or fail the run.
+
+    *conn*: a connection of *engine* to run the transactions on (the worker's, which claimed
+    the run on it), not in a transaction. Any exception of the function is its failure,
+    ``SystemExit`` and ``KeyboardInterrupt`` too (a library calling ``sys.exit``): recorded by
+    the retry policy, never the worker's end.
+    """
+    broke: bool | None = None
     try:
         checkpoint = step.load(run)
-        with engine.begin() as conn:
-            job: ClaimedRun = ClaimedRun(conn, run, lease, settings=settings,
+        with _transaction(engine, conn) as tx:
+            job: ClaimedRun = ClaimedRun(tx, run, lease, settings=settings,
                                          checkpoint=checkpoint)
-            step.fn(job)
-            if job.spent:
-                return "moved"
-            job.transition(RunState.DONE, reason="the step function returned",
-                           evidence=_done_evidence(step), actor=actor)
-            return "done"
-    except Exception as exc:
-        if is_outage(exc) or isinstance(exc, LeaseLost):
-            return _dropped(step, run, exc)
+            try:
+                step.fn(job)
+                ended: Outcome = "moved" if job.spent else "done"
+                if not job.spent:
+                    job.transition(RunState.DONE, reason="the step function returned",
+                                   evidence=_done_evidence(step), actor=actor)
+            except BaseException:
+                broke = tx.invalidated  # read before the rollback closes it
+                raise
+        return ended
+    except BaseException as exc:
+        if (lost := _lost(broke, exc)) or isinstance(exc, LeaseLost):
+            return _dropped(step, run, exc, lost=lost)
         try:
-            with engine.begin() as conn:
-                outcome = ClaimedRun(conn, run, lease, settings=settings).handle_failure(
+            with _transaction(engine, conn) as tx:
+                outcome = ClaimedRun(tx, run, lease, settings=settings).handle_failure(
                     exc, policy=step.workflow.retry_for(run.step), step=run.step)
         except Exception as second:
             return _dropped(step, run, second)
@@ -119,21 +169,29 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
 
 async def run_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
                     settings: OutboxSettings, actor: str) -> Outcome:
-    """:func:`run_sync` for an ``async def`` step function, on an ``AsyncEngine``."""
+    """:func:`run_sync` for an ``async def`` step function, on an ``AsyncEngine``; only a
+    cancellation (the worker abandoning it at shutdown) is not the step's failure."""
+    broke: bool | None = None
     try:
         checkpoint = step.load(run)
         async with engine.begin() as conn:
             job: AsyncClaimedRun = AsyncClaimedRun(conn, run, lease, settings=settings,
                                                    checkpoint=checkpoint)
-            await step.fn(job)
-            if job.spent:
-                return "moved"
-            await job.transition(RunState.DONE, reason="the step function returned",
-                                 evidence=_done_evidence(step), actor=actor)
-            return "done"
-    except Exception as exc:
-        if is_outage(exc) or isinstance(exc, LeaseLost):
-            return _dropped(step, run, exc)
+            try:
+                await step.fn(job)
+                ended: Outcome = "moved" if job.spent else "done"
+                if not job.spent:
+                    await job.transition(RunState.DONE, reason="the step function returned",
+                                         evidence=_done_evidence(step), actor=actor)
+            except BaseException:
+                broke = conn.invalidated  # read before the rollback closes it
+                raise
+        return ended
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        if (lost := _lost(broke, exc)) or isinstance(exc, LeaseLost):
+            return _dropped(step, run, exc, lost=lost)
         try:
             async with engine.begin() as conn:
                 outcome = await AsyncClaimedRun(conn, run, lease, settings=settings

@@ -3,7 +3,10 @@
 One asyncio loop claims (each claim its own committed transaction, on an ``AsyncEngine``)
 while fewer than ``concurrency`` steps are in flight; ``async def`` step functions run as
 tasks on that loop, sync ones in a thread pool on a sync ``Engine``
-(:mod:`outbox.worker.steps` says what each step commits). Idle, it waits for a NOTIFY, the
+(:mod:`outbox.worker.steps` says what each step commits). When every step function is sync,
+each claim runs in the pool thread that then runs its step, on one connection of the sync
+``Engine`` (no event loop round trip, one pool checkout per step); the loop is told what the
+claim found as soon as it committed. Idle, it waits for a NOTIFY, the
 next due time or the fallback poll (:mod:`outbox.worker.wakeup`).
 
 Like the relay and the consumer runner it serves ``/healthz``, ``/readyz`` and ``/metrics``
@@ -23,27 +26,34 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import Engine
+import psycopg
+from psycopg.rows import dict_row
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, NoResultFound, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from outbox import aio
-from outbox.app import App
+from outbox.app import App, Step
 from outbox.backoff import Backoff
 from outbox.db.dsn import connect_args, engine_for, redact, sqlalchemy_url
-from outbox.db.execution import options
+from outbox.db.execution import DriverStatement, Plan, missing_schema, options, run_plan_async
 from outbox.errors import ConfigurationError
+from outbox.runs import wakeups
 from outbox.runs.leases import Lease
-from outbox.runs.lifecycle import Run
+from outbox.runs.lifecycle import Claim, Run, claim_attempt_plan
 from outbox.runs.wakeups import channel
+from outbox.runs.workflows import register_plan
 from outbox.runtime.lifecycle import Lifecycle
 from outbox.runtime.metrics import MetricFamilies
+from outbox.settings import OutboxSettings
 from outbox.worker import steps
 from outbox.worker.settings import WorkerSettings
 from outbox.worker.wakeup import NEXT_DUE, Listener
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Reconnect pauses while the database is down: 0.2 s doubling up to 5 s (no log per attempt).
 OUTAGE = Backoff(base=0.2, cap=5.0)
@@ -68,7 +78,7 @@ class Worker:
     """Runs *app*'s workflows until stopped: :meth:`run` blocks, :meth:`run_async` awaits."""
 
     def __init__(self, app: App, settings: WorkerSettings | None = None) -> None:
-        if not app.steps:
+        if not app.workflows:
             raise ConfigurationError("the app has no workflows: register step functions with "
                                      "@app.workflow(name, version=...) before running a worker")
         self.app = app
@@ -88,6 +98,9 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._failures = 0
         self._listener: Listener | None = None
+        self._idle = False  # declared in run_workers: commits NOTIFY while it is
+        self._declared_at = 0.0
+        self._workflows = app.workflows
         self.abandoned = False
         """True once a step was abandoned at shutdown (a sync one may still run in its thread)."""
 
@@ -139,15 +152,17 @@ class Worker:
         if self.lifecycle.stopping.is_set():
             self._poke.set()
         settings = self.settings
+        registered = self.app._registered()
+        self._workflows = self.app.workflows  # what every claim passes (sorted once)
         async_engine = create_async_engine(
             sqlalchemy_url(self.url), connect_args=connect_args(self.url),
             # claims and the due-time query, plus one per async step in flight
-            pool_size=2 + (settings.concurrency if any(s.is_async for s in self.app.steps)
+            pool_size=2 + (settings.concurrency if any(s.is_async for s in registered)
                            else 0),
             max_overflow=2, pool_pre_ping=True)
         sync_engine: Engine | None = None
         pool = None
-        if any(not s.is_async for s in self.app.steps):
+        if any(not s.is_async for s in registered):
             sync_engine = engine_for(self.url, pool_size=settings.concurrency, max_overflow=2,
                                      pool_pre_ping=True)
             pool = concurrent.futures.ThreadPoolExecutor(settings.concurrency,
@@ -159,10 +174,14 @@ class Worker:
             background.append(asyncio.create_task(self._stop_on(stop), name="worker-stop"))
         self.lifecycle.serve_http(settings.http_host, settings.http_port, self.metrics.registry)
         log.info("worker %s starting: %s, concurrency %d, database %s", self.name,
-                 ", ".join(s.name for s in self.app.steps), settings.concurrency,
+                 ", ".join(s.name for s in registered), settings.concurrency,
                  redact(self.url), extra={"event": "worker.start"})
         try:
             await self._dispatch(async_engine, sync_engine, pool)
+            if self._idle:
+                # Best effort (the database may be down): a declaration left behind expires.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._declare(async_engine, idle=False), 2.0)
             return await self._drain()
         finally:
             for task in background:
@@ -184,6 +203,10 @@ class Worker:
                         pool: concurrent.futures.Executor | None) -> None:
         assert self._poke is not None
         registered = False
+        # Every step function sync: each claim and its step run in one pool thread, on one
+        # connection of the sync engine (no event loop round trip, no second checkout).
+        threaded = sync_engine is not None and not any(s.is_async
+                                                       for s in self.app._registered())
         while not self.lifecycle.stopping.is_set():
             self.lifecycle.beat()
             self._poke.clear()  # before looking: a NOTIFY from now on is not lost
@@ -193,46 +216,149 @@ class Worker:
                     await self._register(engine)
                     registered = True
                 if len(self._tasks) < self.settings.concurrency:
-                    claimed, due = await self._claim(engine)
+                    if threaded:
+                        assert sync_engine is not None
+                        assert pool is not None
+                        claimed, due, skipped = await self._claim_threaded(sync_engine, pool)
+                    else:
+                        claimed, due, skipped = await self._claim(engine)
                     self._recovered()
                     if claimed is not None:
-                        self._start(claimed.run, claimed.lease, engine, sync_engine, pool)
+                        if not threaded:
+                            self._start(claimed.run, claimed.lease, engine, sync_engine, pool)
                         continue  # look for more at once
+                    if skipped:
+                        continue  # runs set aside by the version policy: newer ones may wait
+                    if await self._declare_idle(engine):
+                        continue  # a commit that did not see the declaration: claim once more
                     # A few ms late, so the run is due by the database's clock when we look.
                     timeout = timeout if due is None else max(0.0, min(timeout, due + 0.005))
+                elif self._idle:
+                    await self._declare(engine, idle=False)  # every slot busy: no NOTIFY needed
             except Exception as exc:
-                if not steps.is_outage(exc):
-                    raise
+                # Never raised out of the loop: a worker that dies here dies again on restart.
+                self._idle = False
                 await self._outage(exc)
                 continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), timeout)
 
     async def _register(self, engine: AsyncEngine) -> None:
-        """Record each workflow's newest version (and retirement) in the database."""
+        """Record each workflow's newest version (and a retirement the code declares) in the
+        database; a retirement an operator recorded stays: starting a worker never undoes it."""
         newest = {w.name: w for w in self.app.workflows}
+        settings = self.app.settings
         async with engine.begin() as conn:
             for workflow in newest.values():
-                await aio.register(conn, workflow, settings=self.app.settings)
+                await run_plan_async(conn, register_plan(workflow, keep_retirement=True),
+                                     settings)
+            await conn.execute(wakeups.forget_dead(), execution_options=options(settings))
 
-    async def _claim(self, engine: AsyncEngine
-                     ) -> tuple[aio.AsyncClaimedRun | None, float | None]:
+    async def _claim(self, engine: AsyncEngine) -> tuple[Claim | None, float | None, int]:
         """A claimed run; or none and the seconds until the next run is due (``None``: no
         timer pending), read in the claim's transaction: both see the same ``now()``, so a
-        run due by then is claimed and one due after it is counted, none falls in between."""
+        run due by then is claimed and one due after it is counted, none falls in between.
+        Last, how many runs the version policy moved to needs-human on the way."""
+        settings = self.app.settings
         async with engine.begin() as conn:
-            claimed = await aio.claim(conn, worker=self.name,
-                                      lease_seconds=self.settings.lease_seconds,
-                                      workflows=self.app.workflows, settings=self.app.settings)
-            if claimed is not None:
-                return claimed, None
-            due = (await conn.execute(NEXT_DUE, execution_options=options(self.app.settings))
-                   ).scalar()
-            return None, None if due is None else float(due)
+            attempt = await run_plan_async(conn, claim_attempt_plan(
+                worker=self.name, lease_seconds=self.settings.lease_seconds,
+                workflows=self._workflows, settings=settings), settings)
+            if attempt.claim is not None or attempt.skipped:
+                return attempt.claim, None, attempt.skipped
+            due = (await conn.execute(NEXT_DUE, execution_options=options(settings))).scalar()
+            return None, None if due is None else float(due), 0
+
+    async def _claim_threaded(self, engine: Engine, pool: concurrent.futures.Executor
+                              ) -> tuple[Claim | None, float | None, int]:
+        """:meth:`_claim` in a pool thread on the sync *engine*; a claimed run's step then runs
+        in that thread on the claim's connection (its task is started here). What the claim
+        found is told back as soon as it committed, so the loop claims on meanwhile."""
+        loop = asyncio.get_running_loop()
+        told: asyncio.Future[tuple[Claim | None, float | None, int, Step | None]] = \
+            loop.create_future()
+
+        def tell(result: Any, error: BaseException | None) -> None:
+            if told.done():  # the loop stopped waiting (cancelled)
+                return
+            if error is not None:
+                told.set_exception(error)
+            else:
+                told.set_result(result)
+
+        def tell_loop(result: Any, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                loop.call_soon_threadsafe(tell, result, error)
+
+        work = loop.run_in_executor(pool, self._claim_and_step, engine, tell_loop)
+        claimed, due, skipped, step = await told
+        if claimed is not None:
+            assert step is not None
+            # with a run claimed, the thread returns the step's outcome (None: nothing claimed)
+            self._track(step.name, claimed.run, cast("Awaitable[steps.Outcome]", work))
+        return claimed, due, skipped
+
+    def _claim_and_step(self, engine: Engine,
+                        tell: Callable[[Any, BaseException | None], Any]) -> steps.Outcome | None:
+        """In a pool thread: claim (committed), :func:`tell` the loop what it found, then run
+        the claimed run's step on the same connection. ``None``: nothing claimed."""
+        settings = self.app.settings
+        try:
+            conn = engine.connect()
+        except Exception as exc:  # the claim's: the loop's outage handling says what
+            tell(None, exc)
+            return None
+        except BaseException as exc:
+            tell(None, RuntimeError(f"the claim was interrupted by {type(exc).__name__}"))
+            raise
+        with conn:
+            try:
+                with conn.begin():
+                    attempt = _run_plan_direct(conn, claim_attempt_plan(
+                        worker=self.name, lease_seconds=self.settings.lease_seconds,
+                        workflows=self._workflows, settings=settings), settings)
+                    due = None
+                    if attempt.claim is None and not attempt.skipped:
+                        due = conn.execute(NEXT_DUE, execution_options=options(settings)
+                                           ).scalar()
+                claimed = attempt.claim
+                step = None if claimed is None else self.app._step_for(claimed.run)
+            except BaseException as exc:
+                tell(None, exc if isinstance(exc, Exception) else RuntimeError(
+                    f"the claim was interrupted by {type(exc).__name__}"))
+                if isinstance(exc, Exception):
+                    return None
+                raise
+            tell((claimed, None if due is None else float(due), attempt.skipped, step), None)
+            if claimed is None or step is None:
+                return None
+            return steps.run_sync(step, claimed.run, claimed.lease, engine,
+                                  settings=settings, actor=self.name, conn=conn)
+
+    async def _declare_idle(self, engine: AsyncEngine) -> bool:
+        """Say this worker waits for runs (the runs' wake-ups NOTIFY only while one does), or
+        renew that; True when it just started waiting. Only while LISTENing: a NOTIFY nobody
+        hears would cost every commit for nothing."""
+        if not self.listening:
+            return False
+        if self._idle and time.monotonic() - self._declared_at < self.settings.poll_seconds:
+            return False
+        started = not self._idle
+        await self._declare(engine, idle=True)
+        return started
+
+    async def _declare(self, engine: AsyncEngine, *, idle: bool) -> None:
+        # Renewed at least every 2 poll_seconds while idle (the wait never exceeds one).
+        ttl = 2 * self.settings.poll_seconds + 10.0
+        statement = (wakeups.declare_idle(self.name, ttl) if idle
+                     else wakeups.declare_busy(self.name))
+        async with engine.begin() as conn:
+            await conn.execute(statement, execution_options=options(self.app.settings))
+        self._idle, self._declared_at = idle, time.monotonic()
 
     def _start(self, run: Run, lease: Lease, engine: AsyncEngine, sync_engine: Engine | None,
                pool: concurrent.futures.Executor | None) -> None:
-        step = self.app.step_for(run)
+        step = self.app._step_for(run)
         settings, name = self.app.settings, self.name
         work: Awaitable[steps.Outcome]
         if step.is_async:
@@ -242,7 +368,10 @@ class Worker:
             assert pool is not None
             work = asyncio.get_running_loop().run_in_executor(pool, functools.partial(
                 steps.run_sync, step, run, lease, sync_engine, settings=settings, actor=name))
-        task = asyncio.create_task(self._timed(step.name, work), name=f"step-{run.id}")
+        self._track(step.name, run, work)
+
+    def _track(self, workflow: str, run: Run, work: Awaitable[steps.Outcome]) -> None:
+        task = asyncio.create_task(self._timed(workflow, work), name=f"step-{run.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -252,7 +381,9 @@ class Worker:
         outcome: str = "error"
         try:
             outcome = await work
-        except Exception:
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # a SystemExit from a step must not end the worker
             log.exception("a step of %s failed unexpectedly; its lease expires", workflow,
                           extra={"event": "worker.step_error", "workflow": workflow})
         finally:
@@ -265,11 +396,22 @@ class Worker:
                 self._poke.set()  # a slot is free
 
     async def _outage(self, exc: BaseException) -> None:
-        """Wait before trying again; the first failure of an outage is its one log line."""
+        """Wait before trying again; the first failure of an outage is its one log line.
+
+        An outage, a read-only server (a failover not finished) or a statement timeout is
+        waited out; any other error too, but logged with its traceback: it is a bug or a
+        misconfiguration, and dying would only repeat it after every restart."""
         self._failures += 1
         if self._failures == 1:
             reason = redact((str(exc).splitlines() or [type(exc).__name__])[0])
-            self.lifecycle.set_ready(False, f"database unavailable ({reason}); waiting for it")
+            if steps.is_unavailable(exc):
+                cause = f"database unavailable ({reason}); waiting for it"
+            else:
+                log.error("worker %s: claiming failed unexpectedly (%s: %s); trying again with "
+                          "a growing pause", self.name, type(exc).__name__, reason,
+                          exc_info=exc, extra={"event": "worker.claim_error"})
+                cause = f"claiming fails ({type(exc).__name__}); trying again"
+            self.lifecycle.set_ready(False, cause)
         assert self._poke is not None
         self._poke.clear()
         with contextlib.suppress(TimeoutError):
@@ -290,14 +432,64 @@ class Worker:
         _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
         if not pending:
             return 0
-        log.warning("worker %s: %d steps did not finish within %.0f s; abandoned (nothing of "
-                    "them commits, their leases expire)", self.name, len(pending), grace,
-                    extra={"event": "worker.abandoned"})
+        log.warning("worker %s: %d steps did not finish within %.0f s; abandoned: an async one "
+                    "is cancelled and rolls back; a sync one's thread cannot be stopped, so "
+                    "until the process exits it may still commit (fencing keeps it single); "
+                    "unless it does, its lease expires and another worker resumes the run",
+                    self.name, len(pending), grace, extra={"event": "worker.abandoned"})
         self.abandoned = True
         for task in pending:
             task.cancel()  # an async step's transaction rolls back; a thread cannot be stopped
         await asyncio.wait(pending, timeout=1.0)
         return 1
+
+
+def _run_plan_direct(conn: Connection, plan: Plan[T], settings: OutboxSettings) -> T:
+    """:func:`~outbox.db.execution.run_plan` sending its driver statements (the claim) to
+    psycopg's cursor, inside the transaction *conn* began: SQLAlchemy's result for a driver
+    statement describes each of its columns anew (the claim returns the whole run), which cost
+    about as much client CPU as psycopg's own work. Errors are SQLAlchemy's, as through it; a
+    lost connection invalidates *conn*, as SQLAlchemy does."""
+    opts = options(settings)
+    try:
+        statement = next(plan)
+        while True:
+            try:
+                if isinstance(statement, DriverStatement) and conn.in_transaction() \
+                        and not conn.invalidated:
+                    rows: list[Any] = [_driver_row(conn, statement)]
+                elif isinstance(statement, DriverStatement):
+                    rows = [conn.exec_driver_sql(statement.sql, dict(statement.params))
+                            .mappings().one()]
+                else:
+                    result = conn.execute(statement, execution_options=opts)
+                    rows = list(result.mappings().all()) if result.returns_rows else []
+            except ProgrammingError as exc:
+                if (translated := missing_schema(exc, settings)) is None:
+                    raise
+                raise translated from exc
+            statement = plan.send(rows)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+
+
+def _driver_row(conn: Connection, statement: DriverStatement) -> Mapping[str, Any]:
+    dbapi = conn.connection.dbapi_connection
+    driver = conn.connection.driver_connection
+    try:
+        with driver.cursor(row_factory=dict_row) as cursor:  # type: ignore[union-attr]
+            cursor.execute(statement.sql, statement.params)
+            row = cursor.fetchone()
+    except psycopg.Error as exc:
+        gone = conn.dialect.is_disconnect(exc, dbapi, None)  # type: ignore[arg-type]
+        if gone:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(statement.sql, statement.params, exc, psycopg.Error,
+                                  dialect=conn.dialect, connection_invalidated=gone) from exc
+    if row is None:
+        raise NoResultFound("the statement returned no row; it must return one")
+    return cast("Mapping[str, Any]", row)
 
 
 def run_worker(app: App, *, settings: WorkerSettings | None = None,

@@ -24,9 +24,10 @@ import psycopg
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-import outbox
 from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.handle import claim
 from outbox.messages.envelope import Envelope
+from outbox.runs.lifecycle import start_run
 from outbox.testing import postgres
 from outbox.testing.pg_standby import failover_url, start_standby
 from outbox.testing.postgres import PostgresCluster
@@ -152,9 +153,9 @@ class Writer:
         self.attempts += 1
         try:
             with engine.begin() as conn:
-                outbox.start_run(conn, workflow=WORKFLOW, workflow_version="1",
+                start_run(conn, workflow=WORKFLOW, workflow_version="1",
                                  idempotency_key=f"{WORKFLOW}-{n}")
-                job = outbox.claim(conn, worker="pg-failover-writer", lease_seconds=60,
+                job = claim(conn, worker="pg-failover-writer", lease_seconds=60,
                                    workflows=[WORKFLOW])
                 assert job is not None, "the run just started was not claimable"
                 message_id = job.emit(Envelope(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 
-from outbox import claim
 from outbox.db.dsn import sqlalchemy_url
+from outbox.handle import claim
 
 
 def tool(calls: Path, name: str) -> dict[str, str]:

@@ -34,8 +34,8 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine
 
-import outbox
 from outbox.db.dsn import sqlalchemy_url, with_database
+from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
 from outbox.testing.pg_standby import promote
 from outbox.testing.processes import free_port, port_open
@@ -356,7 +356,7 @@ def emit_one(url: str, topic: str, key: str) -> uuid.UUID:
         engine = create_engine(sqlalchemy_url(url), connect_args={"connect_timeout": 3})
         try:
             with engine.begin() as conn:
-                ids.append(outbox.emit(conn, Envelope(topic=topic, type="item", key=key,
+                ids.append(emit(conn, Envelope(topic=topic, type="item", key=key,
                                                       payload={"key": key})))
         finally:
             engine.dispose()

@@ -9,7 +9,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine
 
-from outbox import claim, get_run, request_approval, start_run, transition
+from outbox.handle import claim
+from outbox.runs.approvals import request_approval
+from outbox.runs.lifecycle import get_run, start_run, transition
 from outbox.runs.states import RunState
 from tests.integration.cli_support import one_line, outbox
 

@@ -7,7 +7,8 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
-from outbox import claim, start_run, transition
+from outbox.handle import claim
+from outbox.runs.lifecycle import start_run, transition
 from tests.integration.cli_support import outbox
 
 

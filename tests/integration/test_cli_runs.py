@@ -8,13 +8,16 @@ import uuid
 import pytest
 from sqlalchemy import Engine
 
-from dedup import begin
-from outbox import claim, start_run, transition
+from dedup.ledger import Ledger
+from outbox.handle import claim
 from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
+from outbox.runs.lifecycle import start_run, transition
 from relay.claims import Published, claim_messages, record
 from relay.lanes import LaneManager
 from tests.integration.cli_support import one_line, outbox
+
+LEDGER = Ledger()
 
 
 @pytest.fixture
@@ -174,8 +177,9 @@ def test_requeue_refuses_a_run_whose_operation_has_no_settled_outcome_unless_for
     outcome is still to be learnt: settle the operation first (that settles the run)."""
     run_id = _run_in(engine, "needs-human", "rq-open-op")
     with engine.begin() as conn:
-        intent = begin(conn, key=f"place:{run_id}", system="supplier", operation="place-order",
-                       request={"item": "widget"}, run_id=run_id, message_id=str(uuid.uuid4()))
+        intent = LEDGER.begin(conn, key=f"place:{run_id}", system="supplier",
+                              operation="place-order", request={"item": "widget"}, run_id=run_id,
+                              message_id=str(uuid.uuid4()))
     refused = outbox("runs", "requeue", str(run_id), "--reason", "again", "--actor", "alice",
                      "--database-url", database_url)
     assert refused.returncode == 1

@@ -16,8 +16,9 @@ from sqlalchemy import Connection, Engine, insert, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import aio, claim
+from outbox import aio
 from outbox.db.tables import relays
+from outbox.handle import claim
 from outbox.messages.emit import emit, emit_many
 from outbox.messages.envelope import Envelope
 from outbox.messages.lanes import lane_for

@@ -11,9 +11,13 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from outbox import aio, claim, get_run, purge_batch, read_log, save_checkpoint, start_run
+from outbox import aio
 from outbox.db.dsn import sqlalchemy_url
 from outbox.errors import CheckpointTooLarge, ConfigurationError, LeaseLost
+from outbox.handle import claim
+from outbox.runs.lifecycle import get_run, save_checkpoint, start_run
+from outbox.runs.retention import purge_batch
+from outbox.runs.runlog import read_log
 from outbox.settings import OutboxSettings
 
 

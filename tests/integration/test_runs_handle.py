@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from outbox import ClaimedRun, Envelope, LeaseLost, LeaseSpent, RetryPolicy, aio, claim
+from outbox import ClaimedRun, Envelope, LeaseLost, LeaseSpent, RetryPolicy, aio
 from outbox.db.dsn import sqlalchemy_url
 from outbox.db.tables import agent_runs, outbox_messages
+from outbox.handle import claim
 from outbox.runs.lifecycle import get_run, start_run
 from tests.integration.conftest import Snapshot
 

@@ -22,10 +22,11 @@ import pytest
 from kafka import KafkaProducer
 from sqlalchemy import Engine, create_engine
 
-from outbox import Envelope, emit
+from outbox import Envelope
 from outbox.db.dsn import sqlalchemy_url
 from outbox.db.migrate import migrate
 from outbox.kafka import Admin, Connection, TopicPartition, backend
+from outbox.messages.emit import emit
 from outbox.testing.kafka_cluster import KafkaCluster
 from outbox.testing.processes import pid_alive, stop_pid
 from outbox.testing.services import LocalServices, main

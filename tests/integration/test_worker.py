@@ -14,22 +14,14 @@ import psycopg
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
-from outbox import (
-    App,
-    ClaimedRun,
-    Envelope,
-    RetryPolicy,
-    RunState,
-    VersionPolicy,
-    claim,
-    get_run,
-    history,
-    start_run,
-)
+from outbox import App, ClaimedRun, Envelope, RetryPolicy, RunState, VersionPolicy
 from outbox.aio import AsyncClaimedRun
-from outbox.runs.wakeups import channel
+from outbox.handle import claim
+from outbox.runs.lifecycle import get_run, history, start_run
+from outbox.runs.wakeups import channel, declare_idle
 from outbox.testing.processes import free_port
-from outbox.worker import Worker, WorkerSettings, run_worker_async
+from outbox.worker import WorkerSettings, run_worker_async
+from outbox.worker.worker import Worker
 from tests.integration.worker_support import run_in, running, wait_for
 
 
@@ -297,6 +289,8 @@ class TestWakeUps:
 
         with psycopg.connect(database_url, autocommit=True) as listener:
             listener.execute(f"LISTEN {channel(app.settings)}")
+            with engine.begin() as conn:
+                conn.execute(declare_idle("w-1", 60))  # a worker waits: commits notify
             with engine.begin() as conn:
                 app.start_run(conn, step, idempotency_key="k")
                 assert list(listener.notifies(timeout=0.2, stop_after=1)) == []  # not before

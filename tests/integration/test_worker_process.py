@@ -55,6 +55,33 @@ def test_sigterm_lets_the_step_in_flight_finish_and_exits_0(
     assert done.state == "done"
 
 
+def test_sigterm_with_a_step_outliving_the_grace_abandons_it_says_so_and_exits_1(
+        engine: Engine, database_url: str, tmp_path: Path) -> None:
+    """The worker's own grace period ends before the signal handler's deadline, so its
+    abandonment runs (and is logged) instead of the process being cut short."""
+    marker = tmp_path / "started"
+    env = {**os.environ, "OUTBOXKIT_DATABASE_URL": database_url,
+           "WORKER_TEST_MARKER": str(marker), "OUTBOXKIT_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}
+    proc = subprocess.Popen(
+        [str(OUTBOX), "worker", "tests.integration.worker_app:app", "--name", "w-slow"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with engine.begin() as conn:
+            run = worker_app.app.start_run(conn, worker_app.nap, idempotency_key="k",
+                                           checkpoint=worker_app.Nap(seconds=30))
+        wait_for(marker.exists, what="the step to start")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr
+    assert "1 steps did not finish within 1 s; abandoned" in stderr
+    assert "fencing keeps it single" in stderr
+    assert run_in(engine, run.id, "running", timeout=1).state == "running"  # its lease expires
+
+
 @pytest.fixture
 def own_cluster() -> Iterator[PostgresCluster]:
     base = Path(tempfile.mkdtemp(prefix="outboxkit-worker-"))

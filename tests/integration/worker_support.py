@@ -10,8 +10,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from outbox import App, Run, get_run
-from outbox.worker import Worker, WorkerSettings
+from outbox import App, Run
+from outbox.runs.lifecycle import get_run
+from outbox.worker import WorkerSettings
+from outbox.worker.worker import Worker
 
 
 @contextmanager

@@ -40,7 +40,7 @@ class TestRegistration:
         @app.workflow("c", version="1")
         def c(job: ClaimedRun) -> None: ...  # type: ignore[type-arg]
 
-        steps = {s.workflow.name: s for s in app.steps}
+        steps = {"a": app.step(a), "b": app.step(b), "c": app.step(c)}
         assert (steps["a"].checkpoint_type, steps["a"].is_async) == (Order, False)
         assert (steps["b"].checkpoint_type, steps["b"].is_async) == (Point, True)
         assert steps["c"].checkpoint_type is Any
@@ -127,3 +127,72 @@ class TestCheckpoints:
         with pytest.raises(CheckpointInvalid, match=r"not a valid Order \(qty: Field required"):
             app.step(m).dump({"item": "x"})
         assert issubclass(CheckpointInvalid, RunError)  # final for every RetryPolicy
+
+
+class TestReviewFixes:
+    def test_workflow_takes_retired_and_retired_reason_like_workflow(self) -> None:
+        app = App()
+
+        @app.workflow("old", version="1", retired=True, retired_reason="replaced by new")
+        def old(job: ClaimedRun[Any]) -> None: ...
+
+        definition = app.step(old).workflow
+        assert (definition.retired, definition.retired_reason) == (True, "replaced by new")
+
+    def test_no_checkpoint_for_a_typed_step_is_refused_at_start_without_migrate_advice(
+            self) -> None:
+        """A run the worker would refuse is not queued: None is validated too."""
+        app = App()
+
+        @app.workflow("order", version="1")
+        def decide(job: ClaimedRun[Order]) -> None: ...
+
+        with pytest.raises(CheckpointInvalid, match="the checkpoint given for workflow "
+                                                    "'order' is not a valid Order") as caught:
+            app.step(decide).dump(None)
+        assert "migrate" not in str(caught.value)
+
+    def test_no_checkpoint_is_fine_for_a_type_that_accepts_none(self) -> None:
+        app = App()
+
+        @app.workflow("maybe", version="1")
+        def maybe(job: ClaimedRun[Order | None]) -> None: ...
+
+        assert app.step(maybe).dump(None) is None
+
+    def test_the_worker_internals_are_private_one_public_spelling_each(self) -> None:
+        app = App()
+        assert not hasattr(app, "steps")
+        assert not hasattr(app, "step_for")
+        assert callable(app.step)
+        assert app.workflows == []
+
+    def test_a_run_runs_the_version_its_pins_match_prompt_and_tool_schema_too(self) -> None:
+        """As the claim's version check: a run pinned to version 1 under another prompt is
+        not version 1's (the claim applied the newest's policy), so the newest runs it."""
+        import uuid  # noqa: PLC0415
+        from datetime import UTC, datetime  # noqa: PLC0415
+
+        from outbox.runs.lifecycle import Run  # noqa: PLC0415
+        from outbox.runs.states import RunState  # noqa: PLC0415
+
+        app = App()
+
+        @app.workflow("wf", version="1", prompt_version="p1", on_version_change="continue")
+        def one(job: ClaimedRun[Any]) -> None: ...
+
+        @app.workflow("wf", version="2", prompt_version="p2", on_version_change="continue")
+        def two(job: ClaimedRun[Any]) -> None: ...
+
+        now = datetime.now(UTC)
+
+        def run(version: str, prompt: str) -> Run:
+            return Run(id=uuid.uuid4(), workflow="wf", workflow_version=version,
+                       prompt_version=prompt, tool_schema_version=None,
+                       state=RunState.RUNNING, step=None, checkpoint=None, last_evidence=None,
+                       idempotency_key="k", attempts=0, not_before=None, reason=None,
+                       created_at=now, updated_at=now, finished_at=None, purged_at=None)
+
+        assert app._step_for(run("1", "p1")).fn is one
+        assert app._step_for(run("1", "p-old")).fn is two
+        assert app._step_for(run("2", "p2")).fn is two

@@ -6,5 +6,5 @@ import outbox.worker
 
 
 def test_the_worker_exports_its_runner_and_settings_sorted() -> None:
-    assert outbox.worker.__all__ == ["Worker", "WorkerSettings", "run_worker", "run_worker_async"]
+    assert outbox.worker.__all__ == ["WorkerSettings", "run_worker", "run_worker_async"]
     assert all(hasattr(outbox.worker, name) for name in outbox.worker.__all__)
