@@ -347,7 +347,8 @@ def wakeup_latencies(url: str, *, rate: float, seconds: float, deadline: float) 
                 app.start_run(conn, wake, idempotency_key=f"wake-{n}", checkpoint={})
                 conn.commit()
                 committed[f"wake-{n}"] = time.time()
-            _wait_done(conn, f"wake-{count - 1}", deadline)
+            # Every run, not only the last started: steps run 4 at a time, in any order.
+            _wait_all_done(conn, "wake-%", count, deadline)
             from sqlalchemy import text  # noqa: PLC0415
 
             rows = conn.execute(text(
@@ -374,6 +375,21 @@ def _wait_done(conn: Any, key: str, deadline: float) -> None:
             return
         time.sleep(0.01)
     raise RuntimeError(f"run {key} not done within {deadline:.0f} s")
+
+
+def _wait_all_done(conn: Any, pattern: str, count: int, deadline: float) -> None:
+    from sqlalchemy import text  # noqa: PLC0415
+
+    end = time.monotonic() + deadline
+    done = 0
+    while time.monotonic() < end:
+        done = conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs WHERE state = 'done' "
+                                 "AND idempotency_key LIKE :p"), {"p": pattern}).scalar()
+        conn.rollback()
+        if done >= count:
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"{done} of {count} runs done within {deadline:.0f} s")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -74,8 +74,8 @@ def run_plan(conn: SyncConn, plan: Plan[T], settings: OutboxSettings | None = No
             try:
                 if isinstance(statement, DriverStatement):
                     connection = conn.connection() if isinstance(conn, Session) else conn
-                    rows: Rows = [connection.exec_driver_sql(statement.sql,
-                                                       dict(statement.params)).mappings().one()]
+                    rows: Rows = [driver_row(connection, statement.sql,
+                                             statement.params)._asdict()]
                 else:
                     rows = _rows(conn.execute(statement, execution_options=opts))
             except ProgrammingError as exc:
@@ -111,6 +111,36 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T],
     except StopIteration as stop:
         value: T = stop.value
         return value
+
+
+def driver_row(conn: Connection, sql: str, params: Mapping[str, Any]) -> Any:
+    """The one row of driver SQL *sql* (attributes by column name), on *conn*; never commits.
+
+    :func:`driver_row_async`'s sync twin, for the same reason: inside a transaction SQLAlchemy
+    began, the statement goes straight to psycopg's cursor (SQLAlchemy's result describes
+    each column anew: about as much client CPU as psycopg's own work). Errors are
+    SQLAlchemy's, as through SQLAlchemy; a lost connection invalidates *conn*, as SQLAlchemy
+    does. The first statement of a transaction goes through SQLAlchemy, which begins it.
+    """
+    if conn.invalidated or not conn.in_transaction():
+        return conn.exec_driver_sql(sql, dict(params)).one()
+    dbapi = conn.connection.dbapi_connection
+    driver = conn.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):  # an async engine's, driven through run_sync
+        return conn.exec_driver_sql(sql, dict(params)).one()
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+    except psycopg.Error as exc:
+        gone = conn.dialect.is_disconnect(exc, dbapi, None)  # type: ignore[arg-type]
+        if gone:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=conn.dialect,
+                                  connection_invalidated=gone) from exc
+    if row is None:
+        raise NoResultFound("the statement returned no row; it must return one")
+    return row
 
 
 async def driver_row_async(conn: AsyncConnection, sql: str, params: Mapping[str, Any]) -> Any:

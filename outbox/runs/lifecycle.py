@@ -34,7 +34,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.orm import Session
 
-from outbox.db.execution import DriverStatement, Plan, SyncConn, missing_schema, run_plan
+from outbox.db.execution import (
+    DriverStatement,
+    Plan,
+    SyncConn,
+    driver_row,
+    missing_schema,
+    run_plan,
+)
 from outbox.db.queries import driver_sql
 from outbox.db.tables import agent_runs, run_transitions, workflows
 from outbox.errors import (
@@ -537,7 +544,7 @@ def save_checkpoint(conn: SyncConn, lease: Lease, checkpoint: Any, *, step: str 
     sql, params = runlog.save_statement(lease, checkpoint, step, log, settings)
     connection = conn.connection() if isinstance(conn, Session) else conn
     try:
-        row = connection.exec_driver_sql(sql, params).one()
+        row = driver_row(connection, sql, params)
     except ProgrammingError as exc:
         if (translated := missing_schema(exc, settings)) is None:
             raise

@@ -26,19 +26,16 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-import psycopg
-from psycopg.rows import dict_row
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, NoResultFound, ProgrammingError
+from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outbox.app import App, Step
 from outbox.backoff import Backoff
 from outbox.db.dsn import connect_args, engine_for, redact, sqlalchemy_url
-from outbox.db.execution import DriverStatement, Plan, missing_schema, options, run_plan_async
+from outbox.db.execution import options, run_plan, run_plan_async
 from outbox.errors import ConfigurationError
 from outbox.runs import wakeups
 from outbox.runs.leases import Lease
@@ -47,7 +44,6 @@ from outbox.runs.wakeups import channel
 from outbox.runs.workflows import register_plan
 from outbox.runtime.lifecycle import Lifecycle
 from outbox.runtime.metrics import MetricFamilies
-from outbox.settings import OutboxSettings
 from outbox.worker import steps
 from outbox.worker.settings import WorkerSettings
 from outbox.worker.wakeup import NEXT_DUE, Listener
@@ -314,7 +310,7 @@ class Worker:
         with conn:
             try:
                 with conn.begin():
-                    attempt = _run_plan_direct(conn, claim_attempt_plan(
+                    attempt = run_plan(conn, claim_attempt_plan(
                         worker=self.name, lease_seconds=self.settings.lease_seconds,
                         workflows=self._workflows, settings=settings), settings)
                     due = None
@@ -442,54 +438,6 @@ class Worker:
             task.cancel()  # an async step's transaction rolls back; a thread cannot be stopped
         await asyncio.wait(pending, timeout=1.0)
         return 1
-
-
-def _run_plan_direct(conn: Connection, plan: Plan[T], settings: OutboxSettings) -> T:
-    """:func:`~outbox.db.execution.run_plan` sending its driver statements (the claim) to
-    psycopg's cursor, inside the transaction *conn* began: SQLAlchemy's result for a driver
-    statement describes each of its columns anew (the claim returns the whole run), which cost
-    about as much client CPU as psycopg's own work. Errors are SQLAlchemy's, as through it; a
-    lost connection invalidates *conn*, as SQLAlchemy does."""
-    opts = options(settings)
-    try:
-        statement = next(plan)
-        while True:
-            try:
-                if isinstance(statement, DriverStatement) and conn.in_transaction() \
-                        and not conn.invalidated:
-                    rows: list[Any] = [_driver_row(conn, statement)]
-                elif isinstance(statement, DriverStatement):
-                    rows = [conn.exec_driver_sql(statement.sql, dict(statement.params))
-                            .mappings().one()]
-                else:
-                    result = conn.execute(statement, execution_options=opts)
-                    rows = list(result.mappings().all()) if result.returns_rows else []
-            except ProgrammingError as exc:
-                if (translated := missing_schema(exc, settings)) is None:
-                    raise
-                raise translated from exc
-            statement = plan.send(rows)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
-
-
-def _driver_row(conn: Connection, statement: DriverStatement) -> Mapping[str, Any]:
-    dbapi = conn.connection.dbapi_connection
-    driver = conn.connection.driver_connection
-    try:
-        with driver.cursor(row_factory=dict_row) as cursor:  # type: ignore[union-attr]
-            cursor.execute(statement.sql, statement.params)
-            row = cursor.fetchone()
-    except psycopg.Error as exc:
-        gone = conn.dialect.is_disconnect(exc, dbapi, None)  # type: ignore[arg-type]
-        if gone:
-            conn.invalidate(exc)
-        raise DBAPIError.instance(statement.sql, statement.params, exc, psycopg.Error,
-                                  dialect=conn.dialect, connection_invalidated=gone) from exc
-    if row is None:
-        raise NoResultFound("the statement returned no row; it must return one")
-    return cast("Mapping[str, Any]", row)
 
 
 def run_worker(app: App, *, settings: WorkerSettings | None = None,

@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, event, insert, text
+import pytest
+from sqlalchemy import Engine, insert, text
 
+from outbox.db import execution
 from outbox.db.tables import agent_runs
 from outbox.runs import lifecycle as runs
 from outbox.runs import workflows
@@ -26,7 +28,7 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def test_a_claim_with_a_deep_queue_reads_the_claim_index_not_the_whole_table(
-        runs_engine: Engine) -> None:
+        runs_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     # 50,000 queued runs, and beside them runs that are not due: far timers, delayed
     # retries, live leases. None of them may be read by a sequential scan or sorted.
     with runs_engine.begin() as conn:
@@ -43,21 +45,24 @@ def test_a_claim_with_a_deep_queue_reads_the_claim_index_not_the_whole_table(
             FROM generate_series(1, 50000) AS g"""))
         conn.execute(text("ANALYZE outboxkit.agent_runs"))
     sent: list[tuple[str, Any]] = []
+    # The claim is a named statement sent straight to psycopg (SQLAlchemy's statement events
+    # do not see it): record what it sends.
+    send = execution.driver_row
 
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        sent.append((statement, parameters))
+    def record(conn: Any, sql: str, params: Any) -> Any:
+        sent.append((sql, params))
+        return send(conn, sql, params)
 
-    with runs_engine.connect() as conn:
-        event.listen(conn, "before_cursor_execute", record)
-        with conn.begin() as tx:
-            assert runs.claim(conn, worker="w", lease_seconds=60) is not None
-            (statement, parameters), = sent
-            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-            cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
-            row = cursor.fetchone()
-            assert row is not None
-            plan = row[0][0]["Plan"]
-            tx.rollback()
+    monkeypatch.setattr(execution, "driver_row", record)
+    with runs_engine.connect() as conn, conn.begin() as tx:
+        assert runs.claim(conn, worker="w", lease_seconds=60) is not None
+        (statement, parameters), = sent
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
+        row = cursor.fetchone()
+        assert row is not None
+        plan = row[0][0]["Plan"]
+        tx.rollback()
     nodes = list(_nodes(plan))
     shape = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
     indexes = {n.get("Index Name") for n in nodes}
