@@ -43,7 +43,7 @@ from outbox.runs import lifecycle
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryPolicy
 from outbox.runs.workflows import Migration, VersionPolicy, Workflow
-from outbox.settings import OutboxSettings, default_settings
+from outbox.settings import OutboxSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,16 +96,11 @@ class App(Operations):
 
     def __init__(self, *, settings: OutboxSettings | None = None,
                  database_url: str | None = None) -> None:
-        self._settings = settings
+        super().__init__(settings=settings)
         self.database_url = database_url
         self._steps: dict[tuple[str, str], Step] = {}
         self._by_fn: dict[Callable[..., Any], Step] = {}
         self._sorted: list[Step] | None = None  # _registered(), until the next registration
-
-    @property
-    def settings(self) -> OutboxSettings:
-        """The settings every write of this app uses (default: from the environment)."""
-        return self._settings or default_settings()
 
     def workflow(
         self,

@@ -26,15 +26,19 @@ from outbox.runs.confirm import Confirmation, Outcome
 from outbox.runs.lifecycle import Run, Transition
 from outbox.runs.states import RunState
 from outbox.runs.workflows import Workflow, retire
-from outbox.settings import OutboxSettings
+from outbox.settings import OutboxSettings, default_settings
 
 
 class Operations:
     """Run and message operations bound to :attr:`settings` (the base of :class:`~outbox.App`)."""
 
+    def __init__(self, *, settings: OutboxSettings | None = None) -> None:
+        self._settings = settings
+
     @property
-    def settings(self) -> OutboxSettings:  # pragma: no cover - App defines it
-        raise NotImplementedError
+    def settings(self) -> OutboxSettings:
+        """The settings every operation uses (default: from the environment)."""
+        return self._settings or default_settings()
 
     # -- runs -------------------------------------------------------------------------------
 
