@@ -287,8 +287,14 @@ class Worker:
                 loop.call_soon_threadsafe(tell, result, error)
 
         work = loop.run_in_executor(pool, self._claim_and_step, engine, tell_loop)
-        claimed, due, skipped, step = await told
-        if claimed is not None:
+        try:
+            claimed, due, skipped, step = await told
+        except Exception:
+            await work  # its connection back in the pool before the loop may dispose of it
+            raise
+        if claimed is None:
+            await work  # the same: nothing else waits for this thread
+        else:
             assert step is not None
             # with a run claimed, the thread returns the step's outcome (None: nothing claimed)
             self._track(step.name, claimed.run, cast("Awaitable[steps.Outcome]", work))
