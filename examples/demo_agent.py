@@ -8,7 +8,7 @@ separate OS process.
 
 What happens:
 1. three customers ask about late orders (three agent runs, examples/support_agent);
-2. the worker (``python -m examples.support_agent.worker``) drives them: the model looks the
+2. the worker (``outbox worker examples.support_agent.worker:app``) drives them: the model looks the
    order up (a read-only tool, inline), then decides to reorder (an effect tool: a Kafka
    message through the outbox, committed with the run's move to ``waiting``);
 3. on purpose, the worker is SIGKILLed right after it committed the model's decision to
@@ -63,7 +63,8 @@ class Processes(Pipeline):
     example's worker and consumer."""
 
     COMMANDS = {
-        "worker": ["-m", "examples.support_agent.worker", "--worker", "{name}"],
+        "worker": ["-m", "outbox.cli.main", "worker", "examples.support_agent.worker:app",
+                   "--name", "{name}", "--poll-seconds", "1"],
         "consumer": ["-m", "consumers", "examples.support_agent.consumer:app"],
     }
 

@@ -24,12 +24,13 @@ rest: claim, transactions, retries, wake-ups.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -45,20 +46,42 @@ from outbox.runs.retry import RetryPolicy
 from outbox.runs.workflows import Migration, VersionPolicy, Workflow
 from outbox.settings import OutboxSettings
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from outbox.runs.leases import Lease
+    from outbox.runs.states import RunState
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _SHAPE = "(job: ClaimedRun[T]) for a def, (job: AsyncClaimedRun[T]) for an async def"
 
 
+class Driven(Protocol):
+    """What :meth:`App.register_agent` takes (an :class:`outbox_agents.DurableAgent`): a
+    workflow whose turn commits as it goes, in transactions of its own."""
+
+    @property
+    def workflow(self) -> Workflow: ...
+
+    async def drive(self, engine: AsyncEngine, run: Run, lease: Lease, *,
+                    settings: OutboxSettings | None, deps: Any) -> RunState:
+        """Drive the claimed *run* until it waits, ends or needs a person; the state it
+        left the run in (``running``: its lease was lost)."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class Step:
     """One registered version of a workflow: its definition, its function and its checkpoint
-    type (``Any``: the JSON as stored)."""
+    type (``Any``: the JSON as stored). *drives*: the function is a :class:`Driven`'s turn,
+    called with the engine, the run and its lease, committing by itself."""
 
     workflow: Workflow
     fn: Callable[..., Any]
     is_async: bool
     checkpoint_type: Any
+    drives: bool = False
 
     @property
     def name(self) -> str:
@@ -99,7 +122,7 @@ class App(Operations):
         super().__init__(settings=settings)
         self.database_url = database_url
         self._steps: dict[tuple[str, str], Step] = {}
-        self._by_fn: dict[Callable[..., Any], Step] = {}
+        self._by_fn: dict[Any, Step] = {}
         self._sorted: list[Step] | None = None  # _registered(), until the next registration
 
     def workflow(
@@ -130,17 +153,28 @@ class App(Operations):
                 step_retry=dict(step_retry or {}), retired=retired,
                 retired_reason=retired_reason,
             )
-            if (name, version) in self._steps:
-                raise ConfigurationError(
-                    f"workflow {name!r} version {version!r} is registered twice (by "
-                    f"{_qualified(self._steps[name, version].fn)} and {_qualified(fn)})")
-            step = _step(definition, fn)
-            self._steps[name, version] = step
-            self._by_fn[fn] = step
-            self._sorted = None
+            self._add(_step(definition, fn), fn)
             return fn
 
         return register
+
+    def register_agent(self, agent: Driven, *, deps: Any = None) -> None:
+        """Run *agent* (an :class:`outbox_agents.DurableAgent`) on this app's worker: its runs
+        are claimed like any workflow's, and each turn drives the agent until the run waits,
+        ends or needs a person, committing at every step boundary. *deps*: the agent's
+        dependencies for every turn. Start its runs with ``agent.start(...)``."""
+        fn = functools.partial(agent.drive, deps=deps)
+        self._add(Step(agent.workflow, fn, True, Any, drives=True), agent)
+
+    def _add(self, step: Step, key: Any) -> None:
+        name, version = step.workflow.name, step.workflow.version
+        if (name, version) in self._steps:
+            raise ConfigurationError(
+                f"workflow {name!r} version {version!r} is registered twice (by "
+                f"{_qualified(self._steps[name, version].fn)} and {_qualified(key)})")
+        self._steps[name, version] = step
+        self._by_fn[key] = step
+        self._sorted = None
 
     @property
     def workflows(self) -> list[Workflow]:
@@ -292,7 +326,9 @@ def _shown(annotation: Any) -> str:
     return repr(annotation).replace("typing.", "")
 
 
-def _qualified(fn: Callable[..., Any]) -> str:
+def _qualified(fn: Any) -> str:
+    if isinstance(fn, functools.partial):
+        fn = fn.func
     name = getattr(fn, "__qualname__", None) or repr(fn)
     module = getattr(fn, "__module__", None)
     return f"{module}.{name}" if module else name

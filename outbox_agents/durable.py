@@ -27,7 +27,6 @@ Every write carries the lease: a worker whose lease was taken over writes nothin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -55,6 +54,7 @@ from outbox.aio import AsyncClaimedRun
 from outbox.db.execution import AsyncConn
 from outbox.errors import ConfigurationError, InvalidMessage, LeaseLost, LeaseSpent
 from outbox.messages.envelope import Envelope
+from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryPolicy
 from outbox.runs.states import RunState
@@ -169,7 +169,8 @@ class DurableAgent(Generic[DepsT, OutputT]):
     async def work(self, engine: AsyncEngine, *, worker: str,
                    deps: DepsT | None = None) -> Progress | None:
         """Claim one runnable run of this agent and drive it until it waits, needs a person,
-        or ends; ``None`` when no run is runnable. Commits as it goes."""
+        or ends; ``None`` when no run is runnable. Commits as it goes. (A worker does this
+        for you: :meth:`outbox.App.register_agent` and ``outbox worker``.)"""
         if id(engine) not in self._registered:
             async with engine.begin() as conn:
                 await aio.register(conn, self.workflow, settings=self.settings)
@@ -179,26 +180,30 @@ class DurableAgent(Generic[DepsT, OutputT]):
                                   workflows=[self.workflow], settings=self.settings)
         if job is None:
             return None
+        return await self._turn(engine, job.run, job.lease, self.settings, deps)
+
+    async def drive(self, engine: AsyncEngine, run: Run, lease: Lease, *,
+                    settings: OutboxSettings | None, deps: DepsT | None) -> RunState:
+        """One turn with *run*, claimed by a worker (:meth:`outbox.App.register_agent`): the
+        state it leaves the run in. The worker's lease is set to this agent's
+        *lease_seconds* first when the two differ by more than half."""
+        progress = await self._turn(engine, run, lease, self.settings or settings, deps,
+                                    align_lease=True)
+        return progress.state
+
+    async def _turn(self, engine: AsyncEngine, run: Run, lease: Lease,
+                    settings: OutboxSettings | None, deps: DepsT | None, *,
+                    align_lease: bool = False) -> Progress:
         # One connection for the whole turn, in autocommit: a step's save is one statement,
         # its own transaction, in one round trip (0.5 ms against 0.9 ms with BEGIN/COMMIT,
         # half the client CPU); a checkout per step cost more than the statement.
         async with engine.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return await _Drive(self, engine, conn, job, deps).run()
-
-    async def serve(self, engine: AsyncEngine, *, worker: str, deps: DepsT | None = None,
-                    stop: asyncio.Event | None = None, poll_seconds: float = 0.5) -> int:
-        """:meth:`work` in a loop until *stop* is set; returns how many runs it advanced."""
-        stop = stop or asyncio.Event()
-        advanced = 0
-        while not stop.is_set():
-            progress = await self.work(engine, worker=worker, deps=deps)
-            if progress is not None:
-                advanced += 1
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), poll_seconds)
-        return advanced
+            job: AsyncClaimedRun = AsyncClaimedRun(conn, run, lease, settings=settings)
+            drive = _Drive(self, engine, conn, job, deps)
+            if align_lease:
+                await drive.align_lease()
+            return await drive.run()
 
     async def output(self, conn: AsyncConn, run_id: uuid.UUID) -> OutputT:
         """The output of the finished run *run_id*, as the agent's output type."""
@@ -514,6 +519,14 @@ class _Drive(Generic[DepsT, OutputT]):
         if not state.results and not state.approved:
             return state
         return state.model_copy(update={"results": {}, "approved": []})
+
+    async def align_lease(self) -> None:
+        """A worker claimed with its own lease: hold this agent's instead (a killed worker's
+        run is then taken over after the agent's *lease_seconds*, as with :meth:`work`)."""
+        left = (self.job.lease.expires_at - datetime.now(UTC)).total_seconds()
+        if abs(left - self.durable.lease_seconds) > self.durable.lease_seconds / 2:
+            async with self.saving() as handle:
+                await handle.renew(self.durable.lease_seconds)
 
     async def renew_if_needed(self) -> None:
         left = (self.job.lease.expires_at - datetime.now(UTC)).total_seconds()

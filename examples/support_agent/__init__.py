@@ -7,7 +7,7 @@ and resumes with its order reference. ``make demo-agent`` runs it while killing 
 
 * :mod:`.agent` — the agent, its tools and the :class:`outbox_agents.DurableAgent` (what you write);
 * :mod:`.script` — the scripted model standing in for an LLM (no network, no API key);
-* :mod:`.worker` — ``python -m examples.support_agent.worker``: drives the runs;
+* :mod:`.worker` — ``outbox worker examples.support_agent.worker:app``: drives the runs;
 * :mod:`.consumer` — ``python -m consumers examples.support_agent.consumer:app``;
 * :mod:`.real_model` — the same agent on a real model provider.
 """

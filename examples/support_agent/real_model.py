@@ -5,7 +5,7 @@
     export OUTBOXKIT_DATABASE_URL=postgresql://...
     python -m examples.support_agent.real_model "Where is my order A-1001?"
 
-That queues one run; the worker (``python -m examples.support_agent.worker``, which drives
+That queues one run; the worker (``outbox worker examples.support_agent.worker:app``, which drives
 this agent whenever ``OUTBOXKIT_AGENT_MODEL`` is set), the relay and the consumer of the
 example take it from there, exactly as with the scripted model. Any pydantic-ai model name
 works (``anthropic:claude-...``, ``google-gla:gemini-...``, each with its provider's key

@@ -190,13 +190,38 @@ async def run_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
-        if (lost := _lost(broke, exc)) or isinstance(exc, LeaseLost):
-            return _dropped(step, run, exc, lost=lost)
-        try:
-            async with engine.begin() as conn:
-                outcome = await AsyncClaimedRun(conn, run, lease, settings=settings
-                                                ).handle_failure(
-                    exc, policy=step.workflow.retry_for(run.step), step=run.step)
-        except Exception as second:
-            return _dropped(step, run, second)
-        return _failed(step, run, exc, outcome)
+        return await _failed_async(step, run, lease, engine, exc, settings=settings,
+                                   lost=_lost(broke, exc))
+
+
+_DRIVEN: dict[RunState, Outcome] = {RunState.DONE: "done", RunState.RUNNING: "lease_lost",
+                                    RunState.QUEUED: "retried", RunState.FAILED: "gave_up"}
+
+
+async def run_driven(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
+                     settings: OutboxSettings) -> Outcome:
+    """A :class:`~outbox.app.Driven` workflow's turn (a durable agent's): it commits as it
+    goes and records its own failures; what escapes it (its failure's record failing too, a
+    database outage) is handled as :func:`run_async`'s."""
+    try:
+        state = await step.fn(engine, run, lease, settings=settings)
+        return _DRIVEN.get(state, "moved")
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        return await _failed_async(step, run, lease, engine, exc, settings=settings,
+                                   lost=is_outage(exc))
+
+
+async def _failed_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine,
+                        exc: BaseException, *, settings: OutboxSettings, lost: bool) -> Outcome:
+    if lost or isinstance(exc, LeaseLost):
+        return _dropped(step, run, exc, lost=lost)
+    try:
+        async with engine.begin() as conn:
+            outcome = await AsyncClaimedRun(conn, run, lease, settings=settings
+                                            ).handle_failure(
+                exc, policy=step.workflow.retry_for(run.step), step=run.step)
+    except Exception as second:
+        return _dropped(step, run, second)
+    return _failed(step, run, exc, outcome)

@@ -363,7 +363,9 @@ class Worker:
         step = self.app._step_for(run)
         settings, name = self.app.settings, self.name
         work: Awaitable[steps.Outcome]
-        if step.is_async:
+        if step.drives:
+            work = steps.run_driven(step, run, lease, engine, settings=settings)
+        elif step.is_async:
             work = steps.run_async(step, run, lease, engine, settings=settings, actor=name)
         else:
             assert sync_engine is not None
