@@ -192,8 +192,11 @@ INSERT INTO {schema}.schema_versions (version, name) VALUES (:version, :name)
 -- it as is), the first statement of every step a worker runs. The due probes: one partial index
 -- each (migration 0007), each with its own ORDER BY so PostgreSQL merges them in created_at
 -- order (Merge Append) instead of sorting every runnable run; runs not due yet are never read.
--- The runnable predicate is checked again on the locked row (a run another worker claimed and
--- committed since this statement's snapshot is re-read by the lock and skipped); retired
+-- Each candidate is fetched by primary key (the LATERAL), checked again and locked there (a
+-- run another worker claimed and committed since this statement's snapshot is re-read by the
+-- lock and skipped): joined to the probes instead, the planner could pick a scan of the whole
+-- table, reading the dead rows of every run claimed so far on each claim (worker steps/s
+-- 650 -> 1,430 on 2 cores, bench/worker_bench.py's 4-process drain); retired
 -- workflows are left out; the workflows filter (NULL: every workflow); the lease columns; the
 -- history row saying how the run was taken. States and LIMIT are written in, not parameters: a
 -- partial index is used only when the planner proves its predicate from constants, and psycopg
@@ -226,19 +229,21 @@ WITH due AS (
       ORDER BY created_at)
 ),
 candidate AS (
-    SELECT r.id, r.state, r.lease_expires_at
-      FROM due JOIN {schema}.agent_runs r ON r.id = due.id
-     WHERE (r.state = 'queued' AND coalesce(r.not_before, now()) <= now()
-            OR r.state = 'running' AND coalesce(r.lease_expires_at, now()) <= now()
-            OR r.state = 'waiting' AND r.not_before <= now())
-       AND r.purged_at IS NULL
-       AND NOT EXISTS (SELECT 1 FROM {schema}.workflows w
-                        WHERE w.name = r.workflow AND w.retired_at IS NOT NULL)
-       AND (CAST(%(workflows)s AS text[]) IS NULL
-            OR r.workflow = ANY(CAST(%(workflows)s AS text[])))
+    SELECT c.id, c.state, c.lease_expires_at
+      FROM due CROSS JOIN LATERAL (
+        SELECT r.id, r.state, r.lease_expires_at FROM {schema}.agent_runs r
+         WHERE r.id = due.id
+           AND (r.state = 'queued' AND coalesce(r.not_before, now()) <= now()
+                OR r.state = 'running' AND coalesce(r.lease_expires_at, now()) <= now()
+                OR r.state = 'waiting' AND r.not_before <= now())
+           AND r.purged_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM {schema}.workflows w
+                            WHERE w.name = r.workflow AND w.retired_at IS NOT NULL)
+           AND (CAST(%(workflows)s AS text[]) IS NULL
+                OR r.workflow = ANY(CAST(%(workflows)s AS text[])))
+           FOR UPDATE OF r SKIP LOCKED) c
      ORDER BY due.created_at
      LIMIT 1
-       FOR UPDATE OF r SKIP LOCKED
 ),
 claimed AS (
     UPDATE {schema}.agent_runs r

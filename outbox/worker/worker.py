@@ -5,9 +5,10 @@ while fewer than ``concurrency`` steps are in flight; ``async def`` step functio
 tasks on that loop, sync ones in a thread pool on a sync ``Engine``
 (:mod:`outbox.worker.steps` says what each step commits). When every step function is sync,
 each claim runs in the pool thread that then runs its step, on one connection of the sync
-``Engine`` (no event loop round trip, one pool checkout per step); the loop is told what the
-claim found as soon as it committed. Idle, it waits for a NOTIFY, the
-next due time or the fallback poll (:mod:`outbox.worker.wakeup`).
+``Engine``, and that thread goes on claiming and stepping while runs are claimable (no event
+loop round trip per step, one pool checkout per streak); the loop is told what the first
+claim found as soon as it committed. Idle, it waits for a NOTIFY, the next due time or the
+fallback poll (:mod:`outbox.worker.wakeup`).
 
 Like the relay and the consumer runner it serves ``/healthz``, ``/readyz`` and ``/metrics``
 (:class:`~outbox.runtime.Lifecycle`), waits out a database outage with one warning per
@@ -27,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -296,14 +297,18 @@ class Worker:
             await work  # the same: nothing else waits for this thread
         else:
             assert step is not None
-            # with a run claimed, the thread returns the step's outcome (None: nothing claimed)
-            self._track(step.name, claimed.run, cast("Awaitable[steps.Outcome]", work))
+            # with a run claimed, the thread goes on stepping; it returns the last outcome
+            self._track(step.name, claimed.run, work, counted=True)
         return claimed, due, skipped
 
     def _claim_and_step(self, engine: Engine,
                         tell: Callable[[Any, BaseException | None], Any]) -> steps.Outcome | None:
         """In a pool thread: claim (committed), :func:`tell` the loop what it found, then run
-        the claimed run's step on the same connection. ``None``: nothing claimed."""
+        the claimed run's step on the same connection; and go on claiming and stepping there
+        while runs are claimable and the worker is not stopping (no event loop round trip
+        per step: the loop learns of the first claim only). The last step's outcome;
+        ``None``: nothing claimed. A later claim that fails ends the thread quietly: the
+        loop's next claim meets the same error and says what it is."""
         settings = self.app.settings
         try:
             conn = engine.connect()
@@ -313,29 +318,41 @@ class Worker:
         except BaseException as exc:
             tell(None, RuntimeError(f"the claim was interrupted by {type(exc).__name__}"))
             raise
+        outcome: steps.Outcome | None = None
+        first = True
         with conn:
-            try:
-                with conn.begin():
-                    attempt = run_plan(conn, claim_attempt_plan(
-                        worker=self.name, lease_seconds=self.settings.lease_seconds,
-                        workflows=self._workflows, settings=settings), settings)
-                    due = None
-                    if attempt.claim is None and not attempt.skipped:
-                        due = conn.execute(NEXT_DUE, execution_options=options(settings)
-                                           ).scalar()
-                claimed = attempt.claim
-                step = None if claimed is None else self.app._step_for(claimed.run)
-            except BaseException as exc:
-                tell(None, exc if isinstance(exc, Exception) else RuntimeError(
-                    f"the claim was interrupted by {type(exc).__name__}"))
-                if isinstance(exc, Exception):
-                    return None
-                raise
-            tell((claimed, None if due is None else float(due), attempt.skipped, step), None)
-            if claimed is None or step is None:
-                return None
-            return steps.run_sync(step, claimed.run, claimed.lease, engine,
-                                  settings=settings, actor=self.name, conn=conn)
+            while True:
+                try:
+                    with conn.begin():
+                        attempt = run_plan(conn, claim_attempt_plan(
+                            worker=self.name, lease_seconds=self.settings.lease_seconds,
+                            workflows=self._workflows, settings=settings), settings)
+                        due = None
+                        if first and attempt.claim is None and not attempt.skipped:
+                            due = conn.execute(NEXT_DUE, execution_options=options(settings)
+                                               ).scalar()
+                    claimed = attempt.claim
+                    step = None if claimed is None else self.app._step_for(claimed.run)
+                except BaseException as exc:
+                    if first:
+                        tell(None, exc if isinstance(exc, Exception) else RuntimeError(
+                            f"the claim was interrupted by {type(exc).__name__}"))
+                    if isinstance(exc, Exception):
+                        return outcome
+                    raise
+                if first:
+                    tell((claimed, None if due is None else float(due), attempt.skipped,
+                          step), None)
+                    first = False
+                if claimed is None or step is None:
+                    return outcome
+                started = time.perf_counter()
+                outcome = steps.run_sync(step, claimed.run, claimed.lease, engine,
+                                         settings=settings, actor=self.name, conn=conn)
+                self._count(step.name, outcome, time.perf_counter() - started)
+                if (outcome in ("db_unavailable", "error") or conn.invalidated
+                        or self.lifecycle.stopping.is_set()):
+                    return outcome
 
     async def _declare_idle(self, engine: AsyncEngine) -> bool:
         """Say this worker waits for runs (the runs' wake-ups NOTIFY only while one does), or
@@ -374,15 +391,20 @@ class Worker:
                 steps.run_sync, step, run, lease, sync_engine, settings=settings, actor=name))
         self._track(step.name, run, work)
 
-    def _track(self, workflow: str, run: Run, work: Awaitable[steps.Outcome]) -> None:
-        task = asyncio.create_task(self._timed(workflow, work), name=f"step-{run.id}")
+    def _track(self, workflow: str, run: Run, work: Awaitable[steps.Outcome | None], *,
+               counted: bool = False) -> None:
+        """Run *work* as a task the drain waits for; *counted*: it counts its steps itself
+        (:meth:`_claim_and_step`, which may run several)."""
+        task = asyncio.create_task(self._timed(workflow, work, counted),
+                                   name=f"step-{run.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _timed(self, workflow: str, work: Awaitable[steps.Outcome]) -> None:
+    async def _timed(self, workflow: str, work: Awaitable[steps.Outcome | None],
+                     counted: bool) -> None:
         started = time.perf_counter()
         self.metrics.in_flight.inc()
-        outcome: str = "error"
+        outcome: str | None = "error"
         try:
             outcome = await work
         except asyncio.CancelledError:
@@ -392,12 +414,17 @@ class Worker:
                           extra={"event": "worker.step_error", "workflow": workflow})
         finally:
             self.metrics.in_flight.dec()
-            self.metrics.steps.labels(workflow, outcome).inc()
-            self.metrics.duration.labels(workflow).observe(time.perf_counter() - started)
+            if not counted and outcome is not None:
+                self._count(workflow, outcome, time.perf_counter() - started)
             if outcome == "db_unavailable":
                 self.lifecycle.set_ready(False, "database unavailable")
             if self._poke is not None:
                 self._poke.set()  # a slot is free
+
+    def _count(self, workflow: str, outcome: str, seconds: float) -> None:
+        # Thread-safe (prometheus_client locks): the pool threads count their own steps.
+        self.metrics.steps.labels(workflow, outcome).inc()
+        self.metrics.duration.labels(workflow).observe(seconds)
 
     async def _outage(self, exc: BaseException) -> None:
         """Wait before trying again; the first failure of an outage is its one log line.

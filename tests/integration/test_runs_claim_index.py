@@ -44,6 +44,40 @@ def test_a_claim_with_a_deep_queue_reads_the_claim_index_not_the_whole_table(
                    CASE WHEN g % 100 = 1 THEN now() + interval '1 hour' END
             FROM generate_series(1, 50000) AS g"""))
         conn.execute(text("ANALYZE outboxkit.agent_runs"))
+    nodes = _claim_plan(runs_engine, monkeypatch)
+    shape = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
+    indexes = {n.get("Index Name") for n in nodes}
+    assert "agent_runs_claim_queued_idx" in indexes, shape
+    assert "agent_runs_claim_expired_idx" in indexes, shape
+    assert ("Seq Scan", "agent_runs", None) not in shape, str(shape)
+    # The queued backlog is merged in index order, not sorted.
+    assert any(n["Node Type"] == "Merge Append" for n in nodes), shape
+
+
+def test_a_fresh_backlog_of_one_workflow_fetches_each_candidate_by_its_key(
+        runs_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shape of a queue filled at once and analysed, claimed for named workflows (what the
+    worker sends): the candidate's row is fetched by primary key, never by a scan of the
+    table joined to the probes (which read dead rows of every claimed run on each claim)."""
+    with runs_engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO outboxkit.agent_runs
+                (id, workflow, workflow_version, state, idempotency_key, created_at)
+            SELECT gen_random_uuid(), 'fresh', '1', 'queued', 'fresh-' || g,
+                   now() - interval '1 day' + g * interval '1 ms'
+            FROM generate_series(1, 6000) AS g"""))
+    with runs_engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("VACUUM ANALYZE outboxkit.agent_runs"))
+    nodes = _claim_plan(runs_engine, monkeypatch, names=["fresh"])
+    shape = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
+    assert ("Seq Scan", "agent_runs", None) not in shape, str(shape)
+    assert ("Index Scan", "agent_runs", "agent_runs_pkey") in shape, str(shape)
+
+
+def _claim_plan(engine: Engine, monkeypatch: pytest.MonkeyPatch,
+                names: list[str] | None = None) -> list[dict[str, Any]]:
+    """The nodes of the plan of the claim statement a claim sends (EXPLAIN, its parameters)."""
     sent: list[tuple[str, Any]] = []
     # The claim is a named statement sent straight to psycopg (SQLAlchemy's statement events
     # do not see it): record what it sends.
@@ -54,23 +88,17 @@ def test_a_claim_with_a_deep_queue_reads_the_claim_index_not_the_whole_table(
         return send(conn, sql, params)
 
     monkeypatch.setattr(execution, "driver_row", record)
-    with runs_engine.connect() as conn, conn.begin() as tx:
-        assert runs.claim(conn, worker="w", lease_seconds=60) is not None
+    definitions = None if names is None else [
+        workflows.Workflow(name=name, version="1") for name in names]
+    with engine.connect() as conn, conn.begin() as tx:
+        assert runs.claim(conn, worker="w", lease_seconds=60, workflows=definitions) is not None
         (statement, parameters), = sent
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
         row = cursor.fetchone()
         assert row is not None
-        plan = row[0][0]["Plan"]
         tx.rollback()
-    nodes = list(_nodes(plan))
-    shape = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes]
-    indexes = {n.get("Index Name") for n in nodes}
-    assert "agent_runs_claim_queued_idx" in indexes, shape
-    assert "agent_runs_claim_expired_idx" in indexes, shape
-    assert ("Seq Scan", "agent_runs", None) not in shape, str(shape)
-    # The queued backlog is merged in index order, not sorted.
-    assert any(n["Node Type"] == "Merge Append" for n in nodes), shape
+    return list(_nodes(row[0][0]["Plan"]))
 
 
 def _run(conn: Any, name: str, minute: int, state: str, *, workflow: str = "w",
