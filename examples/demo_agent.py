@@ -64,7 +64,7 @@ class Processes(Pipeline):
 
     COMMANDS = {
         "worker": ["-m", "outbox.cli.main", "worker", "examples.support_agent.worker:app",
-                   "--name", "{name}", "--poll-seconds", "1"],
+                   "--name", "{name}", "--poll-seconds", "1", "--concurrency", "1"],
         "consumer": ["-m", "consumers", "examples.support_agent.consumer:app"],
     }
 

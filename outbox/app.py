@@ -163,6 +163,12 @@ class App(Operations):
         are claimed like any workflow's, and each turn drives the agent until the run waits,
         ends or needs a person, committing at every step boundary. *deps*: the agent's
         dependencies for every turn. Start its runs with ``agent.start(...)``."""
+        own = getattr(agent, "settings", None)
+        if own is not None and own.schema_name != self.settings.schema_name:
+            raise ConfigurationError(
+                f"agent {agent.workflow.name!r} writes its runs to schema {own.schema_name!r} "
+                f"but this app's worker claims from {self.settings.schema_name!r}: give both "
+                "the same OutboxSettings (or leave the agent's unset)")
         fn = functools.partial(agent.drive, deps=deps)
         self._add(Step(agent.workflow, fn, True, Any, drives=True), agent)
 
@@ -227,7 +233,7 @@ class App(Operations):
         ``notify=False`` for a transaction that will be prepared (no NOTIFY; a worker finds
         the run by its fallback poll).
         """
-        step = self.step(workflow)
+        step = _startable(self.step(workflow))
         return lifecycle.start_run(conn, checkpoint=step.dump(checkpoint),
                                    idempotency_key=idempotency_key, settings=self.settings,
                                    notify=notify, **_pins(step.workflow))
@@ -237,10 +243,18 @@ class App(Operations):
                               notify: bool = True) -> Run:
         """:meth:`start_run` on an ``AsyncConnection`` / ``AsyncSession``; never commits.
         ``notify=False`` for a transaction that will be prepared."""
-        step = self.step(workflow)
+        step = _startable(self.step(workflow))
         return await aio.start_run(conn, checkpoint=step.dump(checkpoint),
                                    idempotency_key=idempotency_key, settings=self.settings,
                                    notify=notify, **_pins(step.workflow))
+
+
+def _startable(step: Step) -> Step:
+    if step.drives:  # its runs start from the agent's own state
+        raise ConfigurationError(
+            f"workflow {step.workflow.name!r} is a registered agent: start its runs with "
+            "the agent's start(conn, prompt, key=...)")
+    return step
 
 
 def _pins(workflow: Workflow) -> dict[str, Any]:

@@ -155,6 +155,9 @@ class DurableAgent(Generic[DepsT, OutputT]):
     def name(self) -> str:
         return self.workflow.name
 
+    def __repr__(self) -> str:
+        return f"DurableAgent({self.name!r}, version={self.workflow.version!r})"
+
     async def start(self, conn: AsyncConn, prompt: str, *, key: str) -> Run:
         """Queue a run of the agent on *prompt*, or return the run *key* already started;
         in the caller's transaction (never commits)."""
@@ -271,7 +274,9 @@ class _Drive(Generic[DepsT, OutputT]):
             log.warning("run %s: %s; this worker stops", self.run_id, exc,
                         extra={"event": "agents.lease_lost", "run_id": str(self.run_id)})
             return self.progress(RunState.RUNNING, str(exc))
-        except Exception as exc:
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a tool's SystemExit too: the run's failure, not ours
             return await self.fail(exc)
 
     def load(self) -> AgentState:
@@ -282,7 +287,7 @@ class _Drive(Generic[DepsT, OutputT]):
                 f"run {self.run_id}'s checkpoint is not a durable agent's state (was it "
                 f"started with DurableAgent.start?): {exc}") from exc
 
-    async def fail(self, error: Exception) -> Progress:
+    async def fail(self, error: BaseException) -> Progress:
         log.warning("run %s failed a step: %r", self.run_id, error,
                     extra={"event": "agents.step_failed", "run_id": str(self.run_id)})
         try:

@@ -154,8 +154,10 @@ class Worker:
         async_engine = create_async_engine(
             sqlalchemy_url(self.url), connect_args=connect_args(self.url),
             # claims and the due-time query, plus one per async step in flight
-            pool_size=2 + (settings.concurrency if any(s.is_async for s in registered)
-                           else 0),
+            # (two for an agent's turn: its autocommit connection and its transactions)
+            pool_size=2 + settings.concurrency * (
+                2 if any(s.drives for s in registered)
+                else 1 if any(s.is_async for s in registered) else 0),
             max_overflow=2, pool_pre_ping=True)
         sync_engine: Engine | None = None
         pool = None
@@ -181,9 +183,17 @@ class Worker:
                     await asyncio.wait_for(self._declare(async_engine, idle=False), 2.0)
             return await self._drain()
         finally:
+            # Cancelled or raised out of the loop (no stop() on the way): the claim threads
+            # must not go on claiming after this worker is gone.
+            self.lifecycle.stop()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if self._tasks and not self.abandoned:
+                # Cancelled, so not drained: the steps in flight finish (no more claims) and
+                # hand their connections back before the engines go, within the grace.
+                await asyncio.wait(set(self._tasks),
+                                   timeout=self.settings.shutdown_timeout_seconds)
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
             await async_engine.dispose()
@@ -291,10 +301,12 @@ class Worker:
         try:
             claimed, due, skipped, step = await told
         except Exception:
-            await work  # its connection back in the pool before the loop may dispose of it
+            # Its connection back in the pool before the loop may dispose of it (waited for,
+            # not awaited: the claim's error is the one to handle, not the thread's).
+            await asyncio.wait({work})
             raise
         if claimed is None:
-            await work  # the same: nothing else waits for this thread
+            await asyncio.wait({work})  # the same: nothing else waits for this thread
         else:
             assert step is not None
             # with a run claimed, the thread goes on stepping; it returns the last outcome
@@ -337,6 +349,11 @@ class Worker:
                     if first:
                         tell(None, exc if isinstance(exc, Exception) else RuntimeError(
                             f"the claim was interrupted by {type(exc).__name__}"))
+                    elif isinstance(exc, Exception):
+                        # The loop's own next claim meets it and says what it is; an outage
+                        # makes the worker not ready at once.
+                        log.debug("a claim after a step failed: %r", exc)
+                        return "db_unavailable" if steps.is_unavailable(exc) else outcome
                     if isinstance(exc, Exception):
                         return outcome
                     raise

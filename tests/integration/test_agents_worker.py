@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox import App, ClaimedRun
 from outbox.errors import ConfigurationError
 from outbox.runs.retry import RetryPolicy
+from outbox.settings import OutboxSettings
 from outbox_agents import effect_message_id
 from tests.integration.agents_support import Script, drive, outbox_rows, support_agent
 from tests.integration.worker_support import run_in, running, wait_for
@@ -95,6 +96,23 @@ def test_an_agent_registered_twice_is_refused_naming_its_workflow(database_url: 
     app = App(database_url=database_url)
     app.register_agent(durable)
     with pytest.raises(ConfigurationError, match=r"workflow 'support' version .* twice"):
+        app.register_agent(durable)
+
+
+def test_an_agents_runs_are_started_by_the_agent_not_start_run(
+        engine: Engine, database_url: str) -> None:
+    durable = support_agent(Script())
+    app = App(database_url=database_url)
+    app.register_agent(durable)
+    with engine.begin() as conn, pytest.raises(
+            ConfigurationError, match=r"'support' is a registered agent: start its runs"):
+        app.start_run(conn, "support", idempotency_key="k")
+
+
+def test_an_agent_writing_to_another_schema_is_refused(database_url: str) -> None:
+    durable = support_agent(Script(), settings=OutboxSettings(schema_name="elsewhere"))
+    app = App(database_url=database_url)
+    with pytest.raises(ConfigurationError, match="schema 'elsewhere' but this app's worker"):
         app.register_agent(durable)
 
 

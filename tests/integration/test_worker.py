@@ -4,6 +4,7 @@ each step commits, retries, versions, concurrency, wake-ups, probes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import urllib.request
@@ -239,6 +240,92 @@ class TestConcurrency:
 
         asyncio.run(scenario())
         assert sorted(met) == ["i0", "i1", "i2"]
+
+
+class TestClaimThreads:
+    """All-sync apps: a claim thread goes on claiming and stepping while runs are claimable."""
+
+    def test_a_streak_counts_every_step_once(self, engine: Engine, database_url: str) -> None:
+        app = App(database_url=database_url)
+
+        @app.workflow("many", version="1")
+        def many(job: ClaimedRun[Any]) -> None:
+            return None
+
+        with engine.begin() as conn:
+            runs = [app.start_run(conn, many, idempotency_key=f"k{i}") for i in range(30)]
+        with running(app, concurrency=2) as worker:
+            for run in runs:
+                run_in(engine, run.id, "done")
+            wait_for(lambda: _count(worker, "many@1", "done") == 30, what="30 steps counted")
+            durations = worker.metrics.registry.get_sample_value(
+                "outboxkit_worker_step_seconds_count", {"workflow": "many@1"})
+        assert durations == 30
+        assert _count(worker, "many@1", "done") == 30
+
+    def test_a_stop_during_a_backlog_ends_the_streaks_after_their_step(
+            self, engine: Engine, database_url: str) -> None:
+        app = App(database_url=database_url)
+        started = threading.Event()
+        release = threading.Event()
+
+        @app.workflow("slow", version="1")
+        def slow(job: ClaimedRun[Any]) -> None:
+            started.set()
+            release.wait(10)
+
+        with engine.begin() as conn:
+            runs = [app.start_run(conn, slow, idempotency_key=f"k{i}") for i in range(20)]
+        worker = Worker(app, WorkerSettings(poll_seconds=30.0, concurrency=1))
+        codes: list[int] = []
+        thread = threading.Thread(target=lambda: codes.append(worker.run()), daemon=True)
+        thread.start()
+        assert started.wait(10)
+        worker.stop()
+        release.set()
+        thread.join(15)
+        assert not thread.is_alive()
+        assert codes == [0]
+        with engine.connect() as conn:
+            states = [get_run(conn, r.id).state for r in runs]
+        assert states.count(RunState.DONE) == 1  # the one in flight; nothing claimed after
+        assert states.count(RunState.QUEUED) == 19
+
+    def test_a_cancelled_worker_stops_its_claim_threads(
+            self, engine: Engine, database_url: str) -> None:
+        """No stop(): the task running the worker is cancelled (Ctrl-C under asyncio.run)."""
+        app = App(database_url=database_url)
+        gate = threading.Event()
+
+        @app.workflow("gated", version="1")
+        def gated(job: ClaimedRun[Any]) -> None:
+            gate.wait(10)
+
+        with engine.begin() as conn:
+            runs = [app.start_run(conn, gated, idempotency_key=f"k{i}") for i in range(20)]
+
+        async def main() -> None:
+            task = asyncio.create_task(run_worker_async(
+                app, settings=WorkerSettings(poll_seconds=30.0, concurrency=1,
+                                             shutdown_timeout_seconds=1)))
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: wait_for(lambda: _states(engine, runs).count(RunState.RUNNING),
+                                       what="a step to start"))
+            task.cancel()
+            await asyncio.sleep(0.05)  # the worker is cancelled, its step still in flight
+            gate.set()  # the step ends: a claim thread that went on would claim the next run
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+        time.sleep(0.3)
+        states = _states(engine, runs)
+        assert states.count(RunState.QUEUED) == 19, states
+
+
+def _states(engine: Engine, runs: list[Any]) -> list[RunState]:
+    with engine.connect() as conn:
+        return [get_run(conn, r.id).state for r in runs]
 
 
 class TestWakeUps:
