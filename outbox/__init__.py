@@ -32,6 +32,7 @@ from outbox.handle import ClaimedRun
 from outbox.messages.envelope import Envelope
 from outbox.runs.lifecycle import Run, Transition
 from outbox.runs.retry import RetryPolicy
+from outbox.runs.signals import Signal
 from outbox.runs.states import RunState
 from outbox.runs.workflows import VersionPolicy, Workflow
 
@@ -57,6 +58,7 @@ __all__ = [
     "RunNotFound",
     "RunState",
     "SchemaError",
+    "Signal",
     "StepAlreadyRecorded",
     "Transition",
     "VersionPolicy",

@@ -24,7 +24,16 @@ from outbox.db.execution import AsyncConn, driver_row_async, missing_schema, run
 from outbox.handle import CP, RunHandle, stored, transition_ends
 from outbox.messages.emit import _emit_async, _emit_many_async
 from outbox.messages.envelope import Envelope
-from outbox.runs import approvals, artifacts, fencing, retry, runlog, steps, workflows
+from outbox.runs import (
+    approvals,
+    artifacts,
+    fencing,
+    retry,
+    runlog,
+    signals,
+    steps,
+    workflows,
+)
 from outbox.runs import lifecycle as runs
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
@@ -359,6 +368,20 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
         check = await revalidate(self.conn, self._held(), approval_id, scope=scope,
                                  settings=self.settings)
         return self._after_check(check, approval_id)
+
+    async def receive(self, name: str) -> signals.Signal | None:
+        """Async :meth:`outbox.handle.ClaimedRun.receive`."""
+        return await run_plan_async(self.conn, signals.receive_plan(self._held(), name),
+                                    self.settings)
+
+    async def wait_for_signal(self, *names: str, until: datetime | timedelta | None = None,
+                              step: str | None = None, reason: str | None = None,
+                              actor: str | None = None) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.wait_for_signal`; it ends the lease."""
+        lease = await run_plan_async(self.conn, signals.wait_plan(
+            self._held(), names, until=until, step=step, reason=reason, actor=actor,
+            settings=self.settings), self.settings)
+        self._kept(lease, ends=transition_ends(RunState.WAITING))
 
     async def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
         """Async :meth:`outbox.handle.ClaimedRun.emit`."""

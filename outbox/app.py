@@ -28,7 +28,8 @@ import functools
 import inspect
 import re
 import typing
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -36,13 +37,14 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from outbox import aio
-from outbox.db.execution import AsyncConn, SyncConn
+from outbox.db.execution import AsyncConn, Plan, SyncConn, run_plan, run_plan_async
 from outbox.errors import CheckpointInvalid, ConfigurationError
 from outbox.handle import ClaimedRun
 from outbox.operations import Operations
 from outbox.runs import lifecycle
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryPolicy
+from outbox.runs.signals import check_name, send_plan
 from outbox.runs.workflows import Migration, VersionPolicy, Workflow
 from outbox.settings import OutboxSettings
 
@@ -138,6 +140,7 @@ class App(Operations):
         step_retry: Mapping[str, RetryPolicy] | None = None,
         retired: bool = False,
         retired_reason: str | None = None,
+        signals: Collection[str] | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as version *version* of workflow *name*.
 
@@ -152,6 +155,8 @@ class App(Operations):
                 tool_schema_version=tool_schema_version, retry=retry or RetryPolicy(),
                 step_retry=dict(step_retry or {}), retired=retired,
                 retired_reason=retired_reason,
+                signals=None if signals is None else frozenset(
+                    check_name(n) for n in signals),
             )
             self._add(_step(definition, fn), fn)
             return fn
@@ -237,6 +242,32 @@ class App(Operations):
         return lifecycle.start_run(conn, checkpoint=step.dump(checkpoint),
                                    idempotency_key=idempotency_key, settings=self.settings,
                                    notify=notify, **_pins(step.workflow))
+
+    def signal(self, conn: SyncConn, run_id: uuid.UUID, name: str, *, signal_id: str,
+               payload: Any = None, sender: str, notify: bool = True) -> bool:
+        """Send run *run_id* the signal *name* in the caller's transaction (never commits):
+        kept until the run takes it (``job.receive(name)``), waking it now if it waits for
+        *name*. True if recorded, False if *signal_id* was already (sent once, whatever the
+        retries). Refused, nothing written: a finished run, a name its workflow (registered
+        here with ``signals=``) does not declare, *signal_id* reused for another signal.
+        ``notify=False`` for a transaction that will be prepared."""
+        return run_plan(conn, self._signal_plan(run_id, name, payload, signal_id=signal_id,
+                                                sender=sender, notify=notify), self.settings)
+
+    async def signal_async(self, conn: AsyncConn, run_id: uuid.UUID, name: str, *,
+                           signal_id: str, payload: Any = None, sender: str,
+                           notify: bool = True) -> bool:
+        """:meth:`signal` on an ``AsyncConnection`` / ``AsyncSession``; never commits."""
+        return await run_plan_async(conn, self._signal_plan(
+            run_id, name, payload, signal_id=signal_id, sender=sender, notify=notify),
+            self.settings)
+
+    def _signal_plan(self, run_id: uuid.UUID, name: str, payload: Any, *, signal_id: str,
+                     sender: str, notify: bool) -> Plan[bool]:
+        accepted = {s.workflow.name: s.workflow.signals for s in self._registered()
+                    if s.workflow.signals is not None}
+        return send_plan(run_id, name, payload, signal_id=signal_id, sender=sender,
+                         accepted=accepted, settings=self.settings, notify=notify)
 
     async def start_run_async(self, conn: AsyncConn, workflow: str | Callable[..., Any], *,
                               idempotency_key: str, checkpoint: Any = None,

@@ -30,12 +30,12 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from typing_extensions import TypeVar
 
-from outbox.db.execution import SyncConn
+from outbox.db.execution import SyncConn, run_plan
 from outbox.errors import LeaseSpent
 from outbox.messages.emit import emit as emit_one
 from outbox.messages.emit import emit_many as emit_several
 from outbox.messages.envelope import Envelope
-from outbox.runs import approvals, retry, runlog, steps
+from outbox.runs import approvals, retry, runlog, signals, steps
 from outbox.runs import lifecycle as runs
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.leases import Lease
@@ -180,6 +180,23 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
         check = approvals.revalidate(self.conn, self._held(), approval_id, scope=scope,
                                      settings=self.settings)
         return self._after_check(check, approval_id)
+
+    def receive(self, name: str) -> signals.Signal | None:
+        """Take the oldest signal *name* sent to this run and not taken yet (``None``: none
+        is there), in this transaction: a step that rolls back leaves it for the next
+        attempt (:mod:`outbox.runs.signals`)."""
+        return run_plan(self.conn, signals.receive_plan(self._held(), name), self.settings)
+
+    def wait_for_signal(self, *names: str, until: datetime | timedelta | None = None,
+                        step: str | None = None, reason: str | None = None,
+                        actor: str | None = None) -> None:
+        """Move the run to ``waiting`` until a signal of one of *names* arrives (or *until*:
+        then it is claimed with none); claimable at once if one is already there. It ends
+        the lease."""
+        lease = run_plan(self.conn, signals.wait_plan(
+            self._held(), names, until=until, step=step, reason=reason, actor=actor,
+            settings=self.settings), self.settings)
+        self._kept(lease, ends=transition_ends(RunState.WAITING))
 
     def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
         """:func:`outbox.messages.emit.emit`, fenced by the lease; the message gets this run's id.

@@ -8,6 +8,7 @@ Each reads ``--database-url`` / ``OUTBOXKIT_DATABASE_URL``, prints data as a tab
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -26,11 +27,13 @@ from outbox.cli.main import (
     one_line_errors,
     open_engine,
 )
+from outbox.db.execution import run_plan
 from outbox.db.tables import RUN_STATES, operations
 from outbox.errors import IllegalTransition
 from outbox.messages.backlog import Listed, list_messages, retry_messages, run_messages
 from outbox.runs.lifecycle import RunView, get_run, history, list_runs, move, view_run
 from outbox.runs.retention import DEFAULT_STATES, purge, purgeable
+from outbox.runs.signals import send_plan
 from outbox.runs.states import RunState, sources
 from outbox.settings import OutboxSettings
 
@@ -183,6 +186,34 @@ def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, force: bool,
                 f"pass --force if its worker must decide again anyway")
         move(conn, run_id, RunState.QUEUED, actor=actor, reason=reason)
     click.echo(f"run {run_id}: {before.value} → queued (by {actor}: {reason})")
+
+
+@runs_group.command("signal")
+@click.argument("run_id", type=click.UUID)
+@click.argument("name")
+@click.option("--id", "signal_id", required=True,
+              help="The signal's id: sending the same id again sends nothing.")
+@click.option("--payload", default="null", show_default=True,
+              help="The signal's payload, as JSON.")
+@click.option("--sender", default=lambda: os.environ.get("USER", ""), show_default="$USER",
+              help="Who sends it; kept with the signal.")
+@database_url_option
+@one_line_errors
+def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, sender: str,
+                database_url: str | None) -> None:
+    """Send a run the named signal NAME (kept until it takes it; wakes it if it waits for
+    NAME)."""
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON ({exc})", param_hint="--payload") from exc
+    if not sender:
+        raise click.UsageError("say who sends it: --sender (no $USER to default to)")
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        sent = run_plan(conn, send_plan(run_id, name, value, signal_id=signal_id,
+                                        sender=sender))
+    click.echo(f"run {run_id}: signal {name!r} ({signal_id}) "
+               + ("sent" if sent else "was already sent; nothing more"))
 
 
 def _unsettled_operations(conn: Any, run_id: uuid.UUID) -> list[tuple[Any, str, str]]:

@@ -247,7 +247,8 @@ candidate AS (
 ),
 claimed AS (
     UPDATE {schema}.agent_runs r
-       SET state = 'running', not_before = NULL, lease_owner = CAST(%(worker)s AS text),
+       SET state = 'running', not_before = NULL, awaits_signals = NULL,
+           lease_owner = CAST(%(worker)s AS text),
            lease_token = r.lease_token + 1,
            lease_expires_at = now() + CAST(%(lease)s AS interval),
            version = r.version + 1, updated_at = now()

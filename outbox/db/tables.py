@@ -104,6 +104,7 @@ agent_runs = Table(
     _ts("updated_at", nullable=False, default_now=True),
     _ts("finished_at"),
     _ts("purged_at"),
+    Column("awaits_signals", ARRAY(Text)),  # migration 0012
     CheckConstraint(
         "state IN ('queued', 'running', 'waiting', 'done', 'failed', 'needs-human')",
         name="agent_runs_state_check",
@@ -257,6 +258,21 @@ confirmations = Table(
     Column("evidence", JSONB),  # migration 0008
     CheckConstraint("outcome IN ('running', 'done', 'failed')", name="confirmations_outcome_check"),
 )
+
+# Named signals a run is sent (migration 0012, outbox/runs/signals.py), kept until it takes them.
+run_signals = Table(
+    "run_signals",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("agent_runs.id"), primary_key=True),
+    Column("signal_id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("payload", JSONB),
+    Column("sender", Text, nullable=False),
+    _ts("sent_at", nullable=False, default_now=True),
+    _ts("received_at"),
+)
+Index("run_signals_pending_idx", run_signals.c.run_id, run_signals.c.name,
+      run_signals.c.sent_at, postgresql_where=text("received_at IS NULL"))
 
 # --- relay coordination (migration 0002) ---------------------------------------------------
 

@@ -48,6 +48,8 @@ class Workflow:
     step_retry: Mapping[str, RetryPolicy] = field(default_factory=dict)
     retired: bool = False
     retired_reason: str | None = None
+    signals: frozenset[str] | None = None
+    """The signal names its runs take (``None``: any; see :mod:`outbox.runs.signals`)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.version:
