@@ -244,3 +244,29 @@ def test_the_async_twins_send_wait_and_take_the_same_way(
 
     got = asyncio.run(scenario())
     assert (got.name, got.payload, got.sender) == ("paid", [1, 2], "async")
+
+
+def test_a_signal_sent_while_the_wait_commits_waits_for_it_and_wakes_the_run(
+        engine: Engine, database_url: str) -> None:
+    """The send blocks on the run's row, locked by the wait, and finds the run waiting for it
+    once the step commits: no signal falls between the step's look and its wait."""
+    app, order = _app(database_url)
+    run, job = _claimed(engine, app, order)
+    sent: list[bool] = []
+    with engine.connect() as conn, conn.begin():
+        handle = job.on(conn)
+        assert handle.receive("paid") is None
+        handle.wait_for_signal("paid", until=timedelta(hours=1))
+
+        def send() -> None:
+            with engine.begin() as other:
+                sent.append(app.signal(other, run.id, "paid", signal_id="p", sender="x"))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(0.5)
+        assert sender.is_alive()  # waiting for the step's row lock
+    sender.join(10)
+    assert sent == [True]
+    state = _state(engine, run.id)
+    assert (state.state, state.due) == ("waiting", True)
