@@ -10,8 +10,8 @@ as evidence. Attempts are bounded by ``max_attempts``; nothing loops.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -45,8 +45,20 @@ class RetryPolicy:
     final: tuple[type[BaseException], ...] = ()
     give_up_state: RunState = RunState.FAILED
     """Where the run goes when attempts are exhausted or the error is final."""
+    catch: Mapping[type[BaseException], str] = field(default_factory=dict)
+    """Instead of giving up, go on at another step: for the first of these error types the
+    error is an instance of, the run is queued again at that step (attempts from zero), the
+    error as its evidence (``job.run.last_evidence``), as Step Functions' Catch follows its
+    Retry. Not applied to outboxkit's own run errors (:class:`RunError`), in a retired workflow, nor
+    when the failing step is that step already (a fallback that fails gives up)."""
 
     def __post_init__(self) -> None:
+        for kind, target in self.catch.items():
+            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+                raise ConfigurationError(f"catch keys are exception types, got {kind!r}")
+            if not isinstance(target, str) or not target:
+                raise ConfigurationError(
+                    f"catch[{kind.__name__}] must name the step to go on at, got {target!r}")
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {self.max_attempts}")
         check_backoff(self.initial_backoff, self.multiplier, self.max_backoff, self.jitter,
@@ -66,6 +78,15 @@ class RetryPolicy:
         return Backoff(base=self.initial_backoff, factor=self.multiplier, cap=self.max_backoff,
                        jitter=self.jitter)
 
+    def caught(self, error: BaseException, step: str | None) -> str | None:
+        """The step *error* sends the run to instead of giving up (``None``: give up)."""
+        if isinstance(error, RunError):
+            return None
+        for kind, target in self.catch.items():
+            if isinstance(error, kind):
+                return None if target == step else target
+        return None
+
     def is_retryable(self, error: BaseException) -> bool:
         """True when *error* may be retried (final types win over retryable ones)."""
         if isinstance(error, (RunError, *self.final)):
@@ -82,6 +103,8 @@ class RetryOutcome:
     attempts: int
     delay: float | None
     lease: Lease
+    caught: str | None = None
+    """The step the run goes on at, when the policy's ``catch`` took the error."""
 
 
 def _evidence(error: BaseException, attempt: int, retryable: bool) -> dict[str, Any]:
@@ -129,6 +152,11 @@ def handle_failure_plan(
         moved = yield from fencing.write(stmt, lease.run_id, lease, RunState.QUEUED, sources)
         assert moved is not None
         return RetryOutcome(RunState.QUEUED, attempt, delay, fencing.next_lease(lease, moved))
+    caught = None if row["retired"] else policy.caught(error, step)
+    if caught is not None:
+        return (yield from _catch_plan(lease, caught, attempt=attempt, evidence=evidence,
+                                       described=described, step=step, settings=settings,
+                                       notify=notify))
     target = RunState(policy.give_up_state)
     if not retryable:
         reason = f"final error on attempt {attempt}: {described}"
@@ -148,6 +176,31 @@ def handle_failure_plan(
     moved = yield from fencing.write(stmt, lease.run_id, lease, target, sources)
     assert moved is not None
     return RetryOutcome(target, attempt, None, fencing.next_lease(lease, moved))
+
+
+def _catch_plan(lease: Lease, caught: str, *, attempt: int, evidence: dict[str, Any],
+                described: str, step: str | None, settings: OutboxSettings | None,
+                notify: bool) -> Plan[RetryOutcome]:
+    """Queue the run again at step *caught*, attempts from zero, the error as evidence."""
+    sources: Collection[str] = {RunState.RUNNING}
+    reason = f"caught on attempt {attempt}: {described}"
+    evidence = {**evidence, "caught_at": step, "continues_at": caught}
+    history = [
+        fencing.HistoryRow(RunState.FAILED, reason=reason, evidence=evidence, step=step,
+                           actor=lease.owner),
+        fencing.HistoryRow(RunState.QUEUED, from_state=RunState.FAILED,
+                           reason=f"goes on at step {caught!r}", evidence=evidence,
+                           step=caught, actor="retry-policy"),
+    ]
+    values = {"state": RunState.QUEUED.value, "step": caught, "attempts": 0,
+              "not_before": None, "reason": reason, "last_evidence": evidence,
+              "finished_at": None, **fencing.lease_values(clear=True)}
+    stmt = fencing.statement(lease.run_id, lease=lease, sources=sources, values=values,
+                             history=history, woken=wakeups.woken(settings) if notify else None)
+    moved = yield from fencing.write(stmt, lease.run_id, lease, RunState.QUEUED, sources)
+    assert moved is not None
+    return RetryOutcome(RunState.QUEUED, attempt, 0.0, fencing.next_lease(lease, moved),
+                        caught=caught)
 
 
 def handle_failure(

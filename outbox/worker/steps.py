@@ -40,11 +40,12 @@ from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "moved", "retried", "gave_up", "lease_lost", "db_unavailable",
-                  "error"]
+Outcome = Literal["done", "moved", "retried", "caught", "gave_up", "lease_lost",
+                  "db_unavailable", "error"]
 """How a step ended (the ``outcome`` label of ``outboxkit_worker_steps_total``): ``done`` the
 function returned and the worker finished the run; ``moved`` the function moved it itself;
-``retried`` / ``gave_up`` it raised and the retry policy requeued / gave up; ``lease_lost``
+``retried`` / ``caught`` / ``gave_up`` it raised and the retry policy requeued it / sent it
+to its catch step / gave up; ``lease_lost``
 dropped; ``db_unavailable`` dropped for a database outage; ``error`` the failure could not
 be recorded either (its lease expires)."""
 
@@ -94,13 +95,20 @@ def _done_evidence(step: Step) -> dict[str, str]:
 
 def _failed(step: Step, run: Run, exc: BaseException, outcome: RetryOutcome) -> Outcome:
     retried = outcome.state is RunState.QUEUED
+    ended: Outcome
+    if outcome.caught is not None:
+        then, event, ended = (f"caught: goes on at step {outcome.caught!r}",
+                              "worker.step_caught", "caught")
+    elif retried:
+        then, event, ended = (f"retry in {outcome.delay:.1f} s (attempt {outcome.attempts})",
+                              "worker.step_retried", "retried")
+    else:
+        then, event, ended = (f"gave up: now {outcome.state.value}", "worker.step_gave_up",
+                              "gave_up")
     log.warning("run %s (%s) step %s raised %s: %s; %s", run.id, step.name, run.step,
-                type(exc).__name__, str(exc)[:200],
-                f"retry in {outcome.delay:.1f} s (attempt {outcome.attempts})" if retried
-                else f"gave up: now {outcome.state.value}",
-                extra={"event": "worker.step_retried" if retried else "worker.step_gave_up",
-                       "run_id": str(run.id), "workflow": step.name})
-    return "retried" if retried else "gave_up"
+                type(exc).__name__, str(exc)[:200], then,
+                extra={"event": event, "run_id": str(run.id), "workflow": step.name})
+    return ended
 
 
 def _dropped(step: Step, run: Run, exc: BaseException, *, lost: bool = False) -> Outcome:
