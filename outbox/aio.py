@@ -27,6 +27,7 @@ from outbox.messages.envelope import Envelope
 from outbox.runs import (
     approvals,
     artifacts,
+    children,
     fencing,
     retry,
     runlog,
@@ -376,12 +377,27 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
 
     async def wait_for_signal(self, *names: str, until: datetime | timedelta | None = None,
                               step: str | None = None, reason: str | None = None,
-                              actor: str | None = None) -> None:
+                              actor: str | None = None, checkpoint: Any = KEEP) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.wait_for_signal`; it ends the lease."""
         lease = await run_plan_async(self.conn, signals.wait_plan(
             self._held(), names, until=until, step=step, reason=reason, actor=actor,
-            settings=self.settings), self.settings)
+            settings=self.settings, checkpoint=stored(checkpoint)), self.settings)
         self._kept(lease, ends=transition_ends(RunState.WAITING))
+
+    async def wait_for_children(self, join: children.Join = "all", *,
+                                until: datetime | timedelta | None = None,
+                                step: str | None = None, reason: str | None = None,
+                                actor: str | None = None, checkpoint: Any = KEEP) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.wait_for_children`; it ends the lease."""
+        lease = await run_plan_async(self.conn, children.wait_plan(
+            self._held(), join, until=until, step=step, reason=reason, actor=actor,
+            settings=self.settings, checkpoint=stored(checkpoint)), self.settings)
+        self._kept(lease, ends=transition_ends(RunState.WAITING))
+
+    async def children(self) -> list[runs.Run]:
+        """Async :meth:`outbox.handle.ClaimedRun.children`."""
+        return await run_plan_async(self.conn, children.children_plan(self.run.id),
+                                    self.settings)
 
     async def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
         """Async :meth:`outbox.handle.ClaimedRun.emit`."""

@@ -39,9 +39,10 @@ from pydantic_core import PydanticSerializationError
 from outbox import aio
 from outbox.db.execution import AsyncConn, Plan, SyncConn, run_plan, run_plan_async
 from outbox.errors import CheckpointInvalid, ConfigurationError
-from outbox.handle import ClaimedRun
+from outbox.handle import ClaimedRun, RunHandle
 from outbox.operations import Operations
 from outbox.runs import lifecycle
+from outbox.runs.children import child_key
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryPolicy
 from outbox.runs.signals import check_name, send_plan
@@ -229,19 +230,39 @@ class App(Operations):
         return versions[-1]
 
     def start_run(self, conn: SyncConn, workflow: str | Callable[..., Any], *,
-                  idempotency_key: str, checkpoint: Any = None, notify: bool = True) -> Run:
+                  idempotency_key: str, checkpoint: Any = None, notify: bool = True,
+                  parent: RunHandle[Any, Any] | None = None) -> Run:
         """Queue a run of *workflow* (a registered step function, or a name: its newest
         version) with *checkpoint* serialised from its type; never commits.
 
         :func:`outbox.runs.lifecycle.start_run` with the registration's name and versions
         and this app's settings: the run wakes an idle worker when the caller commits.
-        ``notify=False`` for a transaction that will be prepared (no NOTIFY; a worker finds
-        the run by its fallback poll).
+        *parent*: the handle of the step starting it as a child (:mod:`outbox.runs.children`;
+        the key is then the parent's). ``notify=False`` for a transaction that will be
+        prepared (no NOTIFY; a worker finds the run by its fallback poll).
         """
+        return run_plan(conn, self._start_plan(workflow, idempotency_key, checkpoint, notify,
+                                               parent), self.settings)
+
+    async def start_run_async(self, conn: AsyncConn, workflow: str | Callable[..., Any], *,
+                              idempotency_key: str, checkpoint: Any = None,
+                              notify: bool = True,
+                              parent: RunHandle[Any, Any] | None = None) -> Run:
+        """:meth:`start_run` on an ``AsyncConnection`` / ``AsyncSession``; never commits.
+        ``notify=False`` for a transaction that will be prepared."""
+        return await run_plan_async(conn, self._start_plan(
+            workflow, idempotency_key, checkpoint, notify, parent), self.settings)
+
+    def _start_plan(self, workflow: str | Callable[..., Any], key: str, checkpoint: Any,
+                    notify: bool, parent: RunHandle[Any, Any] | None) -> Plan[Run]:
         step = _startable(self.step(workflow))
-        return lifecycle.start_run(conn, checkpoint=step.dump(checkpoint),
-                                   idempotency_key=idempotency_key, settings=self.settings,
-                                   notify=notify, **_pins(step.workflow))
+        parent_id = None
+        if parent is not None:
+            parent._held()  # a step whose lease ended starts nothing (LeaseSpent)
+            parent_id, key = parent.run.id, child_key(parent.run.id, key)
+        return lifecycle.start_run_plan(
+            checkpoint=step.dump(checkpoint), idempotency_key=key, settings=self.settings,
+            notify=notify, parent_id=parent_id, **_pins(step.workflow))
 
     def signal(self, conn: SyncConn, run_id: uuid.UUID, name: str, *, signal_id: str,
                payload: Any = None, sender: str, notify: bool = True) -> bool:
@@ -264,20 +285,10 @@ class App(Operations):
 
     def _signal_plan(self, run_id: uuid.UUID, name: str, payload: Any, *, signal_id: str,
                      sender: str, notify: bool) -> Plan[bool]:
-        accepted = {s.workflow.name: s.workflow.signals for s in self._registered()
-                    if s.workflow.signals is not None}
+        accepted = {(s.workflow.name, s.workflow.version): s.workflow.signals
+                    for s in self._registered() if s.workflow.signals is not None}
         return send_plan(run_id, name, payload, signal_id=signal_id, sender=sender,
                          accepted=accepted, settings=self.settings, notify=notify)
-
-    async def start_run_async(self, conn: AsyncConn, workflow: str | Callable[..., Any], *,
-                              idempotency_key: str, checkpoint: Any = None,
-                              notify: bool = True) -> Run:
-        """:meth:`start_run` on an ``AsyncConnection`` / ``AsyncSession``; never commits.
-        ``notify=False`` for a transaction that will be prepared."""
-        step = _startable(self.step(workflow))
-        return await aio.start_run(conn, checkpoint=step.dump(checkpoint),
-                                   idempotency_key=idempotency_key, settings=self.settings,
-                                   notify=notify, **_pins(step.workflow))
 
 
 def _startable(step: Step) -> Step:

@@ -35,7 +35,7 @@ from outbox.errors import LeaseSpent
 from outbox.messages.emit import emit as emit_one
 from outbox.messages.emit import emit_many as emit_several
 from outbox.messages.envelope import Envelope
-from outbox.runs import approvals, retry, runlog, signals, steps
+from outbox.runs import approvals, children, retry, runlog, signals, steps
 from outbox.runs import lifecycle as runs
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.leases import Lease
@@ -189,14 +189,30 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
 
     def wait_for_signal(self, *names: str, until: datetime | timedelta | None = None,
                         step: str | None = None, reason: str | None = None,
-                        actor: str | None = None) -> None:
+                        actor: str | None = None, checkpoint: Any = KEEP) -> None:
         """Move the run to ``waiting`` until a signal of one of *names* arrives (or *until*:
         then it is claimed with none); claimable at once if one is already there. It ends
         the lease."""
         lease = run_plan(self.conn, signals.wait_plan(
             self._held(), names, until=until, step=step, reason=reason, actor=actor,
-            settings=self.settings), self.settings)
+            settings=self.settings, checkpoint=stored(checkpoint)), self.settings)
         self._kept(lease, ends=transition_ends(RunState.WAITING))
+
+    def wait_for_children(self, join: children.Join = "all", *,
+                          until: datetime | timedelta | None = None, step: str | None = None,
+                          reason: str | None = None, actor: str | None = None,
+                          checkpoint: Any = KEEP) -> None:
+        """Move the run to ``waiting`` until *join* of its children (``"all"``, ``"first"`` or
+        a number) are finished, or *until*; claimable at once if they already are
+        (:mod:`outbox.runs.children`). It ends the lease."""
+        lease = run_plan(self.conn, children.wait_plan(
+            self._held(), join, until=until, step=step, reason=reason, actor=actor,
+            settings=self.settings, checkpoint=stored(checkpoint)), self.settings)
+        self._kept(lease, ends=transition_ends(RunState.WAITING))
+
+    def children(self) -> list[runs.Run]:
+        """The runs this run started (``app.start_run(..., parent=job)``), oldest first."""
+        return run_plan(self.conn, children.children_plan(self.run.id), self.settings)
 
     def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
         """:func:`outbox.messages.emit.emit`, fenced by the lease; the message gets this run's id.

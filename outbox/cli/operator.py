@@ -204,8 +204,8 @@ def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, s
     """Send a run the named signal NAME (kept until it takes it; wakes it if it waits for
     NAME)."""
     try:
-        value = json.loads(payload)
-    except json.JSONDecodeError as exc:
+        value = json.loads(payload, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError) as exc:
         raise click.BadParameter(f"not JSON ({exc})", param_hint="--payload") from exc
     if not sender:
         raise click.UsageError("say who sends it: --sender (no $USER to default to)")
@@ -214,6 +214,10 @@ def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, s
                                         sender=sender))
     click.echo(f"run {run_id}: signal {name!r} ({signal_id}) "
                + ("sent" if sent else "was already sent; nothing more"))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value PostgreSQL stores")
 
 
 def _unsettled_operations(conn: Any, run_id: uuid.UUID) -> list[tuple[Any, str, str]]:

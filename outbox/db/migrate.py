@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, TextClause
 
 from outbox.db.hashing import stable_hash64
-from outbox.db.queries import DIALECT, quote_identifier, sql
+from outbox.db.queries import DIALECT, quote_identifier, runs_channel, sql
 from outbox.errors import SchemaError
 from outbox.settings import OutboxSettings, default_settings
 
@@ -37,7 +37,10 @@ class Migration:
 
     def sql(self, schema: str) -> str:
         # Plain replacement, not str.format: SQL is full of braces ('{}'::jsonb).
-        return self.template.replace("{schema}", quote_identifier(schema))
+        # {runs_channel}: the runs' NOTIFY channel as a SQL literal (a trigger wakes workers).
+        channel = "'" + runs_channel(schema).replace("'", "''") + "'"
+        return (self.template.replace("{schema}", quote_identifier(schema))
+                .replace("{runs_channel}", channel))
 
 
 @functools.cache

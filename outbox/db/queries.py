@@ -22,6 +22,7 @@ cached per (package, name, schema).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 import re
 from collections.abc import Mapping
@@ -41,6 +42,20 @@ _PREPARER = DIALECT.identifier_preparer
 def quote_identifier(name: str) -> str:
     """*name* as a PostgreSQL identifier, quoted only when it has to be (Core's own rule)."""
     return _PREPARER.quote_schema(name)
+
+
+_MAX_IDENTIFIER = 63  # PostgreSQL truncates (LISTEN) or refuses (pg_notify) longer names
+
+
+def runs_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of the runs in *schema* (``<schema>_runs``;
+    :mod:`outbox.runs.wakeups`)."""
+    name = f"{schema}_runs"
+    if len(name) > _MAX_IDENTIFIER:
+        # Long schema names: a digest keeps two such schemas on different channels.
+        digest = hashlib.sha256(schema.encode()).hexdigest()[:8]
+        name = f"{schema[:_MAX_IDENTIFIER - 14]}_{digest}_runs"
+    return name
 
 
 def parse(source: str, origin: str) -> dict[str, str]:

@@ -133,7 +133,8 @@ def statement(
     moved = (
         update(runs)
         .where(*conditions)
-        .values({"version": runs.c.version + 1, "updated_at": func.now(), **values})
+        .values({"version": runs.c.version + 1, "updated_at": func.now(),
+                 **_waits_end(values), **values})
         .returning(*runs.c, old.c.state.label("from_state"))
         .cte("moved")
     )
@@ -143,6 +144,14 @@ def statement(
     if also is not None:
         result = result.add_cte(also(moved).cte("also"))
     return result
+
+def _waits_end(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A change of state ends what a waiting run waited for (signals, children): only the
+    write that sets them (a wait) keeps them. The claim clears them as well."""
+    if "state" not in values:
+        return {}
+    return {"awaits_signals": None, "awaits_children": None}
+
 
 def probe(run_id: uuid.UUID) -> Select[Any]:
     """Read what explains a missed write: the row, its workflow's retirement and the DB clock."""

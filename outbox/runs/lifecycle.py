@@ -85,6 +85,8 @@ class Run:
     updated_at: datetime
     finished_at: datetime | None
     purged_at: datetime | None
+    parent_id: uuid.UUID | None = None
+    """The run whose step started this one (:mod:`outbox.runs.children`)."""
 
     @property
     def purged(self) -> bool:
@@ -101,6 +103,7 @@ class Run:
             attempts=row["attempts"], not_before=row["not_before"], reason=row["reason"],
             created_at=row["created_at"], updated_at=row["updated_at"],
             finished_at=row["finished_at"], purged_at=row["purged_at"],
+            parent_id=row.get("parent_id"),
         )
 
 
@@ -158,22 +161,25 @@ def _lease_from(row: RowMapping) -> Lease:
 def start_run_plan(
     *, workflow: str, workflow_version: str, idempotency_key: str, checkpoint: Any,
     prompt_version: str | None, tool_schema_version: str | None,
-    settings: OutboxSettings | None, notify: bool = True,
+    settings: OutboxSettings | None, notify: bool = True, parent_id: uuid.UUID | None = None,
 ) -> Plan[Run]:
+    """*parent_id*: a child run (:mod:`outbox.runs.children`); its key's run, if started
+    already, must have been started with the same checkpoint."""
     if not idempotency_key:
         raise ConfigurationError("idempotency_key must be a non-empty string")
     values = select(
         literal(uuid.uuid4()), literal(workflow), literal(workflow_version),
         literal(prompt_version), literal(tool_schema_version),
         literal(RunState.QUEUED.value), checkpoint_value(checkpoint, settings),
-        literal(idempotency_key),
+        literal(idempotency_key), literal(parent_id, runs.c.parent_id.type),
     ).where(~exists(
         select(workflows.c.name).where(workflows.c.name == workflow,
                                        workflows.c.retired_at.is_not(None))))
     inserted = (
         pg_insert(runs)
         .from_select(["id", "workflow", "workflow_version", "prompt_version",
-                      "tool_schema_version", "state", "checkpoint", "idempotency_key"], values)
+                      "tool_schema_version", "state", "checkpoint", "idempotency_key",
+                      "parent_id"], values)
         .on_conflict_do_nothing(index_elements=[runs.c.idempotency_key])
         .returning(*runs.c, literal(None).label("from_state"))
         .cte("inserted")
@@ -196,6 +202,10 @@ def start_run_plan(
                 f"idempotency key {idempotency_key!r} already started run {existing.id} of "
                 f"workflow {existing.workflow!r}, not {workflow!r}: use a key unique per workflow"
             )
+        if parent_id is not None and existing.checkpoint != checkpoint:
+            raise ConfigurationError(
+                f"child key {idempotency_key!r} already started run {existing.id} with another "
+                "checkpoint: a child's key names one input (use a new key for new input)")
         return existing
     rows = yield select(workflows.c.retired_reason).where(workflows.c.name == workflow)
     raise WorkflowRetired(workflow, rows[0]["retired_reason"] if rows else None)
@@ -333,7 +343,8 @@ def _target_values(to: RunState) -> dict[str, Any]:
     return values
 
 
-def _wake_value(wake_at: datetime | timedelta | None) -> Any:
+def wake_value(wake_at: datetime | timedelta | None) -> Any:
+    """*wake_at* as a SQL value: a delay from the database's ``now()``, or the time given."""
     if isinstance(wake_at, timedelta):
         return func.now() + wake_at
     return wake_at
@@ -402,7 +413,7 @@ def move_plan(
         | (func.coalesce(runs.c.lease_expires_at, func.now()) <= func.now()),
     ]
     if target is RunState.QUEUED:
-        values.update(attempts=0, finished_at=None, not_before=_wake_value(not_before))
+        values.update(attempts=0, finished_at=None, not_before=wake_value(not_before))
         where.append(~fencing.retired_clause())
     stmt = fencing.statement(
         run_id, lease=None, sources=allowed, values=values, where=where,
@@ -420,7 +431,7 @@ def move_plan(
 def wake_plan(run_id: uuid.UUID, at: datetime | timedelta | None,
               settings: OutboxSettings | None = None, notify: bool = True) -> Plan[Run]:
     waiting = {RunState.WAITING.value}
-    when = func.now() if at is None else _wake_value(at)
+    when = func.now() if at is None else wake_value(at)
     stmt = fencing.statement(run_id, lease=None, sources=waiting, values={"not_before": when},
                              woken=wakeups.woken(settings) if notify else None)
     row = yield from fencing.write(stmt, run_id, None, RunState.RUNNING, waiting)

@@ -29,14 +29,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, func, insert, literal, select, update
+from sqlalchemy import exists, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, run_signals
 from outbox.errors import ConfigurationError, IllegalTransition, RunNotFound
 from outbox.runs import fencing, wakeups
-from outbox.runs.checkpoints import json_value
+from outbox.runs.checkpoints import KEEP, checkpoint_value, json_value
 from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import wake_value
 from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
 
@@ -72,12 +74,13 @@ def check_name(name: Any) -> str:
 
 
 def send_plan(run_id: uuid.UUID, name: str, payload: Any, *, signal_id: str, sender: str,
-              accepted: Mapping[str, Collection[str]] | None = None,
+              accepted: Mapping[tuple[str, str], Collection[str]] | None = None,
               settings: OutboxSettings | None = None, notify: bool = True) -> Plan[bool]:
     """Keep signal *name* for run *run_id*; True if recorded, False if *signal_id* was.
 
-    *accepted*: by workflow name, the signal names it declares, for the workflows the sender
-    knows (an :class:`outbox.App` that registered them); another name is refused for those.
+    *accepted*: by (workflow, version), the signal names it declares, for the versions the
+    sender knows (an :class:`outbox.App` that registered them); another name is refused for
+    a run pinned to one of those.
     """
     check_name(name)
     if not isinstance(signal_id, str) or not signal_id:
@@ -86,29 +89,35 @@ def send_plan(run_id: uuid.UUID, name: str, payload: Any, *, signal_id: str, sen
     if not sender:
         raise ConfigurationError("sender must name who sends the signal")
     r, s = agent_runs, run_signals
-    rows = yield (select(r.c.state, r.c.awaits_signals, r.c.purged_at, r.c.workflow)
+    rows = yield (select(r.c.state, r.c.awaits_signals, r.c.purged_at, r.c.workflow,
+                         r.c.workflow_version)
                   .where(r.c.id == run_id).with_for_update())
     if not rows:
         raise RunNotFound(run_id)
     run = rows[0]
-    declared = (accepted or {}).get(run["workflow"])
+    declared = (accepted or {}).get((run["workflow"], run["workflow_version"]))
     if declared is not None and name not in declared:
         raise ConfigurationError(
-            f"workflow {run['workflow']!r} takes no signal {name!r} (it declares: "
-            f"{', '.join(sorted(declared)) or 'none'})")
-    prior = yield select(s.c.name, s.c.payload).where(s.c.run_id == run_id,
-                                                      s.c.signal_id == signal_id)
+            f"workflow {run['workflow']!r} version {run['workflow_version']!r} takes no "
+            f"signal {name!r} (it declares: {', '.join(sorted(declared)) or 'none'})")
+    value = json_value(payload)
+    # Compared as jsonb, both sides through the same serialiser: a retried send of the same
+    # payload is the same signal whatever its key order, tuples or number formatting.
+    prior = yield select(s.c.name, (s.c.payload == value).label("same")).where(
+        s.c.run_id == run_id, s.c.signal_id == signal_id)
     if prior:
-        if (prior[0]["name"], prior[0]["payload"]) != (name, payload):
-            raise ConfigurationError(
-                f"signal id {signal_id!r} of run {run_id} was sent as {prior[0]['name']!r} "
-                "with another payload; a signal id names one signal")
-        return False
+        return _duplicate(prior[0], run_id, signal_id, name)
     if run["state"] in FINISHED or run["purged_at"] is not None:
         raise IllegalTransition(run_id, run["state"], RunState.WAITING.value,
                                 f"signal {name!r} cannot be delivered to a finished run")
-    yield insert(s).values(run_id=run_id, signal_id=signal_id, name=name,
-                           payload=json_value(payload), sender=sender)
+    inserted = yield (pg_insert(s).values(run_id=run_id, signal_id=signal_id, name=name,
+                                          payload=value, sender=sender)
+                      .on_conflict_do_nothing(index_elements=[s.c.run_id, s.c.signal_id])
+                      .returning(s.c.signal_id))
+    if not inserted:  # a send of the same id committed meanwhile (REPEATABLE READ callers)
+        prior = yield select(s.c.name, (s.c.payload == value).label("same")).where(
+            s.c.run_id == run_id, s.c.signal_id == signal_id)
+        return _duplicate(prior[0], run_id, signal_id, name)
     if run["state"] == RunState.WAITING and name in (run["awaits_signals"] or ()):
         stmt = fencing.statement(run_id, lease=None, sources=_WAITING,
                                  values={"not_before": func.now(), "awaits_signals": None},
@@ -117,29 +126,39 @@ def send_plan(run_id: uuid.UUID, name: str, payload: Any, *, signal_id: str, sen
     return True
 
 
+def _duplicate(prior: Mapping[Any, Any], run_id: uuid.UUID, signal_id: str, name: str) -> bool:
+    if prior["name"] != name or not prior["same"]:
+        raise ConfigurationError(
+            f"signal id {signal_id!r} of run {run_id} was sent as {prior['name']!r} with "
+            "another payload; a signal id names one signal")
+    return False
+
+
 def receive_plan(lease: Lease, name: str) -> Plan[Signal | None]:
     """Take the oldest signal *name* the run has not taken, fenced by *lease*."""
     check_name(name)
     r, s = agent_runs, run_signals
+    # The lease, read under a share lock (as emit's fence): a claim taking the run over
+    # waits for this transaction, or this one sees it and takes nothing.
+    held = yield (select(r.c.id).where(
+        r.c.id == lease.run_id, r.c.lease_token == lease.token, r.c.version == lease.version,
+        r.c.state == RunState.RUNNING.value, r.c.purged_at.is_(None)).with_for_update(read=True))
+    if not held:
+        yield from fencing.explain(lease.run_id, lease, RunState.RUNNING.value,
+                                   {RunState.RUNNING.value})
+        raise AssertionError("explain raises for a lease that does not hold")  # not reached
     oldest = (select(s.c.signal_id).where(s.c.run_id == lease.run_id, s.c.name == name,
                                           s.c.received_at.is_(None))
               .order_by(s.c.sent_at, s.c.signal_id).limit(1).with_for_update()
               .scalar_subquery())
-    held = exists(select(r.c.id).where(
-        r.c.id == lease.run_id, r.c.lease_token == lease.token, r.c.version == lease.version,
-        r.c.state == RunState.RUNNING.value))
-    rows = yield (update(s).where(s.c.run_id == lease.run_id, s.c.signal_id == oldest, held)
+    rows = yield (update(s).where(s.c.run_id == lease.run_id, s.c.signal_id == oldest)
                   .values(received_at=func.now()).returning(*s.c))
-    if rows:
-        return Signal.from_row(rows[0])
-    yield from fencing.explain(lease.run_id, lease, RunState.RUNNING.value,
-                               {RunState.RUNNING.value})
-    return None
+    return Signal.from_row(rows[0]) if rows else None
 
 
 def wait_plan(lease: Lease, names: Collection[str], *, until: datetime | timedelta | None,
               step: str | None, reason: str | None, actor: str | None,
-              settings: OutboxSettings | None) -> Plan[Lease]:
+              settings: OutboxSettings | None, checkpoint: Any = KEEP) -> Plan[Lease]:
     """Move the run to ``waiting`` for *names* (until *until*), or make it claimable at once
     when one of them is already there; ends the lease."""
     wanted = sorted({check_name(n) for n in names})
@@ -154,23 +173,17 @@ def wait_plan(lease: Lease, names: Collection[str], *, until: datetime | timedel
     )).label("pending"))
     pending = bool(rows[0]["pending"])
     note = reason or f"waits for signal {' or '.join(wanted)}"
-    wake: Any = func.now() if pending else (None if until is None else _when(until))
+    wake: Any = func.now() if pending else (None if until is None else wake_value(until))
     stmt = fencing.statement(
         lease.run_id, lease=lease, sources={RunState.RUNNING.value},
         values={"state": RunState.WAITING.value, "awaits_signals": None if pending else wanted,
                 "not_before": wake, "lease_owner": None, "lease_expires_at": None,
-                "reason": note, **({"step": step} if step is not None else {})},
+                "reason": note, **({"step": step} if step is not None else {}),
+                **({} if checkpoint is KEEP else
+                   {"checkpoint": checkpoint_value(checkpoint, settings)})},
         history=[fencing.HistoryRow(RunState.WAITING, reason=note, actor=actor)],
         woken=wakeups.woken(settings) if pending else None)
     row = yield from fencing.write(stmt, lease.run_id, lease, RunState.WAITING.value,
                                    {RunState.RUNNING.value})
     assert row is not None
     return fencing.next_lease(lease, row)
-
-
-def _when(until: datetime | timedelta) -> Any:
-    if isinstance(until, timedelta):
-        return func.now() + until
-    if until.tzinfo is None:
-        raise ConfigurationError("until must be timezone-aware (e.g. datetime.now(UTC) + ...)")
-    return literal(until)

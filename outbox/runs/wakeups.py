@@ -19,7 +19,6 @@ refused after a NOTIFY); a worker then finds the run by its due-time wake-up or 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,21 +26,14 @@ from sqlalchemy import CTE, ColumnElement, case, delete, exists, func, literal, 
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Delete, Insert
 
+from outbox.db.queries import runs_channel
 from outbox.db.tables import run_workers
 from outbox.settings import OutboxSettings, default_settings
-
-_MAX_IDENTIFIER = 63  # PostgreSQL truncates (LISTEN) or refuses (pg_notify) longer names
 
 
 def channel(settings: OutboxSettings | None) -> str:
     """The LISTEN/NOTIFY channel of the runs in *settings*' schema (``<schema>_runs``)."""
-    schema = (settings or default_settings()).schema_name
-    name = f"{schema}_runs"
-    if len(name) > _MAX_IDENTIFIER:
-        # Long schema names: a digest keeps two such schemas on different channels.
-        digest = hashlib.sha256(schema.encode()).hexdigest()[:8]
-        name = f"{schema[:_MAX_IDENTIFIER - 14]}_{digest}_runs"
-    return name
+    return runs_channel((settings or default_settings()).schema_name)
 
 
 def notify(workflow: ColumnElement[str], settings: OutboxSettings | None) -> ColumnElement[Any]:

@@ -270,3 +270,69 @@ def test_a_signal_sent_while_the_wait_commits_waits_for_it_and_wakes_the_run(
     assert sent == [True]
     state = _state(engine, run.id)
     assert (state.state, state.due) == ("waiting", True)
+
+
+def test_a_run_moved_out_of_its_wait_and_back_does_not_take_the_old_names(
+        engine: Engine, database_url: str) -> None:
+    """waiting (for 'paid') -> needs-human -> waiting (for the ledger, say): a 'paid' signal
+    is kept, and wakes nothing."""
+    app, order = _app(database_url)
+    run, job = _claimed(engine, app, order)
+    with engine.begin() as conn:
+        job.on(conn).wait_for_signal("paid")
+    with engine.begin() as conn:
+        app.move(conn, run.id, RunState.NEEDS_HUMAN, actor="ops", reason="look")
+        app.move(conn, run.id, RunState.WAITING, actor="ops", reason="waits for the ledger")
+    assert _state(engine, run.id).awaits_signals is None
+    with engine.begin() as conn:
+        assert app.signal(conn, run.id, "paid", signal_id="p", sender="payments")
+    assert (_state(engine, run.id).state, _state(engine, run.id).due) == ("waiting", None)
+
+
+def test_a_retried_send_is_the_same_signal_whatever_the_json_spelling(
+        engine: Engine, database_url: str) -> None:
+    app, order = _app(database_url)
+    run, _ = _claimed(engine, app, order)
+    with engine.begin() as conn:
+        assert app.signal(conn, run.id, "paid", signal_id="s", sender="x",
+                          payload={"items": (1, 2), "b": 1.0, "a": None})
+    with engine.begin() as conn:
+        assert not app.signal(conn, run.id, "paid", signal_id="s", sender="x",
+                              payload={"a": None, "b": 1.0, "items": [1, 2]})
+
+
+def test_each_version_declares_its_own_signals(engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("ship", version="1", signals=["paid", "cancel"])
+    def v1(job: ClaimedRun[Any]) -> None:
+        return None
+
+    @app.workflow("ship", version="2", signals=["paid"])
+    def v2(job: ClaimedRun[Any]) -> None:
+        return None
+
+    with engine.begin() as conn:
+        old = app.start_run(conn, v1, idempotency_key="old")
+        new = app.start_run(conn, v2, idempotency_key="new")
+    with engine.begin() as conn:
+        assert app.signal(conn, old.id, "cancel", signal_id="c", sender="x")
+    with engine.begin() as conn, pytest.raises(ConfigurationError,
+                                               match="version '2' takes no signal 'cancel'"):
+        app.signal(conn, new.id, "cancel", signal_id="c", sender="x")
+
+
+def test_the_cli_refuses_a_payload_postgresql_cannot_store(
+        engine: Engine, database_url: str) -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from outbox.cli.main import main  # noqa: PLC0415
+
+    app, order = _app(database_url)
+    run, _ = _claimed(engine, app, order)
+    result = CliRunner().invoke(main, ["runs", "signal", str(run.id), "paid", "--id", "s",
+                                       "--payload", "NaN", "--sender", "ops",
+                                       "--database-url", database_url])
+    assert result.exit_code == 2, result.output
+    assert "NaN is not a JSON value" in result.output
+    assert _count(engine) == 0

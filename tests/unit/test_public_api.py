@@ -28,7 +28,7 @@ PACKAGES = ("outbox", "outbox.aio", "outbox.worker", "relay", "consumers", "dedu
             "dedup.ledger", "outbox_agents")
 LEASE_OPERATIONS = ("transition", "save_checkpoint", "renew", "release", "record", "run_step",
                     "handle_failure", "revalidate", "emit", "emit_many", "receive",
-                    "wait_for_signal")
+                    "wait_for_signal", "wait_for_children")
 APP_OPERATIONS = ("start_run", "claim", "get_run", "history", "move", "wake", "confirm",
                   "confirmations", "recorded", "read_log", "retire", "request_approval",
                   "grant", "revoke", "store_artifact", "load_artifact", "emit", "emit_many",

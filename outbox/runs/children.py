@@ -1,0 +1,99 @@
+"""Child runs and their join: a step fans out, waits, and wakes with its children's results.
+
+* ``app.start_run(conn, child, idempotency_key=key, checkpoint=..., parent=job)`` starts a
+  child in the parent step's transaction: its key is the parent's id and *key*, so a step
+  that runs again (after a crash) starts each child once; the same key with another
+  checkpoint is refused. Children are ordinary runs of any registered workflow.
+* ``job.wait_for_children(join="all" | "first" | n, until=...)`` moves the parent to
+  ``waiting`` until that many of its children are finished (``done`` or ``failed``), or
+  makes it claimable at once when they already are.
+* A child's move to a finished state wakes the parent in the child's transaction, through a
+  trigger (migration 0013), whatever made the move. Children finishing at once take turns on
+  the parent's row, so the last one counts the others; the wait locks that row too before it
+  counts, so no child's finish falls between the count and the wait.
+* The woken parent reads ``job.children()`` (state, checkpoint, evidence of each) and
+  decides: a failed child is the parent's to handle (retry it as a new child, fail, compensate).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+
+from outbox.db.execution import Plan
+from outbox.db.tables import agent_runs
+from outbox.errors import ConfigurationError
+from outbox.runs import fencing, wakeups
+from outbox.runs.checkpoints import KEEP, checkpoint_value
+from outbox.runs.leases import Lease
+from outbox.runs.lifecycle import Run, wake_value
+from outbox.runs.states import FINISHED, RunState
+from outbox.settings import OutboxSettings
+
+Join = Literal["all", "first"] | int
+_FINISHED = sorted(s.value for s in FINISHED)
+
+
+def child_key(parent: uuid.UUID, key: str) -> str:
+    """A child's idempotency key: unique per parent, so two parents may use the same *key*."""
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError("a child's idempotency_key must be a non-empty string")
+    return f"{parent}/{key}"
+
+
+def children_plan(run_id: uuid.UUID) -> Plan[list[Run]]:
+    # Children started in one transaction share created_at: then in the order of their keys.
+    rows = yield (select(agent_runs).where(agent_runs.c.parent_id == run_id)
+                  .order_by(agent_runs.c.created_at, agent_runs.c.idempotency_key))
+    return [Run.from_row(row) for row in rows]
+
+
+def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
+              step: str | None, reason: str | None, actor: str | None,
+              settings: OutboxSettings | None, checkpoint: Any = KEEP) -> Plan[Lease]:
+    """Move the run to ``waiting`` for *join* of its children (claimable at once when they
+    are finished already); ends the lease."""
+    r = agent_runs
+    # The row lock first (see the module's doc), then a fresh statement counts.
+    yield select(r.c.id).where(r.c.id == lease.run_id).with_for_update()
+    rows = yield select(func.count().label("total"),
+                        func.count().filter(r.c.state.in_(_FINISHED)).label("finished")
+                        ).where(r.c.parent_id == lease.run_id)
+    total, finished = rows[0]["total"], rows[0]["finished"]
+    needed = _needed(join, total, lease.run_id)
+    ready = finished >= needed
+    note = reason or f"waits for {join if isinstance(join, str) else needed} of its " \
+                     f"{total} children"
+    wake: Any = func.now() if ready else (None if until is None else wake_value(until))
+    stmt = fencing.statement(
+        lease.run_id, lease=lease, sources={RunState.RUNNING.value},
+        values={"state": RunState.WAITING.value, "awaits_children": None if ready else needed,
+                "not_before": wake, "reason": note, **fencing.lease_values(clear=True),
+                **({"step": step} if step is not None else {}),
+                **({} if checkpoint is KEEP else
+                   {"checkpoint": checkpoint_value(checkpoint, settings)})},
+        history=[fencing.HistoryRow(RunState.WAITING, reason=note, actor=actor)],
+        woken=wakeups.woken(settings) if ready else None)
+    row = yield from fencing.write(stmt, lease.run_id, lease, RunState.WAITING.value,
+                                   {RunState.RUNNING.value})
+    assert row is not None
+    return fencing.next_lease(lease, row)
+
+
+def _needed(join: Join, total: int, run_id: uuid.UUID) -> int:
+    if total == 0:
+        raise ConfigurationError(
+            f"run {run_id} has no children to wait for: start them first "
+            "(app.start_run(..., parent=job)), in this transaction or an earlier one")
+    if join == "all":
+        return total
+    if join == "first":
+        return 1
+    if isinstance(join, bool) or not isinstance(join, int) or not 1 <= join <= total:
+        raise ConfigurationError(
+            f"join must be 'all', 'first' or a number of children from 1 to {total}, "
+            f"got {join!r}")
+    return join
