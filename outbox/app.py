@@ -41,7 +41,7 @@ from outbox.db.execution import AsyncConn, Plan, SyncConn, run_plan, run_plan_as
 from outbox.errors import CheckpointInvalid, ConfigurationError
 from outbox.handle import ClaimedRun, RunHandle
 from outbox.operations import Operations
-from outbox.runs import lifecycle
+from outbox.runs import children, lifecycle
 from outbox.runs.children import child_key
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryPolicy
@@ -256,13 +256,15 @@ class App(Operations):
     def _start_plan(self, workflow: str | Callable[..., Any], key: str, checkpoint: Any,
                     notify: bool, parent: RunHandle[Any, Any] | None) -> Plan[Run]:
         step = _startable(self.step(workflow))
-        parent_id = None
-        if parent is not None:
-            parent._held()  # a step whose lease ended starts nothing (LeaseSpent)
-            parent_id, key = parent.run.id, child_key(parent.run.id, key)
-        return lifecycle.start_run_plan(
-            checkpoint=step.dump(checkpoint), idempotency_key=key, settings=self.settings,
-            notify=notify, parent_id=parent_id, **_pins(step.workflow))
+        if parent is None:
+            return lifecycle.start_run_plan(
+                checkpoint=step.dump(checkpoint), idempotency_key=key, settings=self.settings,
+                notify=notify, **_pins(step.workflow))
+        lease = parent._held()  # a step whose lease ended starts nothing (LeaseSpent)
+        return children.start_plan(lease, lifecycle.start_run_plan(
+            checkpoint=step.dump(checkpoint), idempotency_key=child_key(parent.run.id, key),
+            settings=self.settings, notify=notify, parent_id=parent.run.id,
+            **_pins(step.workflow)))
 
     def signal(self, conn: SyncConn, run_id: uuid.UUID, name: str, *, signal_id: str,
                payload: Any = None, sender: str, notify: bool = True) -> bool:

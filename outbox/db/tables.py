@@ -107,6 +107,7 @@ agent_runs = Table(
     Column("awaits_signals", ARRAY(Text)),  # migration 0012
     Column("parent_id", UUID(as_uuid=True), ForeignKey("agent_runs.id")),  # migration 0013
     Column("awaits_children", Integer),  # migration 0013
+    _ts("children_since"),  # migration 0013
     CheckConstraint(
         "state IN ('queued', 'running', 'waiting', 'done', 'failed', 'needs-human')",
         name="agent_runs_state_check",
@@ -134,7 +135,7 @@ Index(
 Index(
     "agent_runs_finished_idx", agent_runs.c.finished_at, postgresql_where=text("purged_at IS NULL")
 )
-Index("agent_runs_parent_idx", agent_runs.c.parent_id,
+Index("agent_runs_parent_idx", agent_runs.c.parent_id, agent_runs.c.created_at,
       postgresql_where=text("parent_id IS NOT NULL"))
 
 run_transitions = Table(

@@ -54,33 +54,55 @@ def children_plan(run_id: uuid.UUID) -> Plan[list[Run]]:
 def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
               step: str | None, reason: str | None, actor: str | None,
               settings: OutboxSettings | None, checkpoint: Any = KEEP) -> Plan[Lease]:
-    """Move the run to ``waiting`` for *join* of its children (claimable at once when they
-    are finished already); ends the lease."""
+    """Move the run to ``waiting`` for *join* of the children it started since its previous
+    join (claimable at once when they are finished already); ends the lease."""
     r = agent_runs
     # The row lock first (see the module's doc), then a fresh statement counts.
-    yield select(r.c.id).where(r.c.id == lease.run_id).with_for_update()
+    rows = yield (select(r.c.children_since).where(r.c.id == lease.run_id)
+                  .with_for_update(key_share=True))
+    since = rows[0]["children_since"] if rows else None
+    wave = [r.c.parent_id == lease.run_id]
+    if since is not None:
+        wave.append(r.c.created_at > since)
     rows = yield select(func.count().label("total"),
                         func.count().filter(r.c.state.in_(_FINISHED)).label("finished")
-                        ).where(r.c.parent_id == lease.run_id)
+                        ).where(*wave)
     total, finished = rows[0]["total"], rows[0]["finished"]
     needed = _needed(join, total, lease.run_id)
     ready = finished >= needed
     note = reason or f"waits for {join if isinstance(join, str) else needed} of its " \
                      f"{total} children"
-    wake: Any = func.now() if ready else (None if until is None else wake_value(until))
+    values: dict[str, Any] = {
+        "state": RunState.WAITING.value, "reason": note, **fencing.lease_values(clear=True),
+        "awaits_children": None if ready else needed,
+        "not_before": func.now() if ready else wake_value(until, aware=True),
+        **({"children_since": func.now()} if ready else {}),
+        **({"step": step} if step is not None else {}),
+        **({} if checkpoint is KEEP else {"checkpoint": checkpoint_value(checkpoint, settings)}),
+    }
     stmt = fencing.statement(
-        lease.run_id, lease=lease, sources={RunState.RUNNING.value},
-        values={"state": RunState.WAITING.value, "awaits_children": None if ready else needed,
-                "not_before": wake, "reason": note, **fencing.lease_values(clear=True),
-                **({"step": step} if step is not None else {}),
-                **({} if checkpoint is KEEP else
-                   {"checkpoint": checkpoint_value(checkpoint, settings)})},
+        lease.run_id, lease=lease, sources={RunState.RUNNING.value}, values=values,
         history=[fencing.HistoryRow(RunState.WAITING, reason=note, actor=actor)],
         woken=wakeups.woken(settings) if ready else None)
     row = yield from fencing.write(stmt, lease.run_id, lease, RunState.WAITING.value,
                                    {RunState.RUNNING.value})
     assert row is not None
     return fencing.next_lease(lease, row)
+
+
+def start_plan(lease: Lease, start: Plan[Run]) -> Plan[Run]:
+    """*start* (a child's :func:`~outbox.runs.lifecycle.start_run_plan`) only while *lease*
+    holds, read under a share lock (as emit's fence): a step whose run was taken over starts
+    nothing."""
+    r = agent_runs
+    held = yield (select(r.c.id).where(
+        r.c.id == lease.run_id, r.c.lease_token == lease.token, r.c.version == lease.version,
+        r.c.state == RunState.RUNNING.value, r.c.purged_at.is_(None)).with_for_update(read=True))
+    if not held:
+        yield from fencing.explain(lease.run_id, lease, RunState.RUNNING.value,
+                                   {RunState.RUNNING.value})
+        raise AssertionError("explain raises for a lease that does not hold")  # not reached
+    return (yield from start)
 
 
 def _needed(join: Join, total: int, run_id: uuid.UUID) -> int:

@@ -194,7 +194,11 @@ def start_run_plan(
     rows = yield started.add_cte(history.cte("hist"))
     if rows:
         return Run.from_row(rows[0])
-    rows = yield select(runs).where(runs.c.idempotency_key == idempotency_key)
+    # The checkpoints compared as jsonb (both through one serialiser): a child started again
+    # with the same input is the same child whatever its JSON spelling.
+    same = runs.c.checkpoint.is_not_distinct_from(checkpoint_value(checkpoint, settings))
+    rows = yield select(runs, same.label("same_input")).where(
+        runs.c.idempotency_key == idempotency_key)
     if rows:
         existing = Run.from_row(rows[0])
         if existing.workflow != workflow:
@@ -202,7 +206,7 @@ def start_run_plan(
                 f"idempotency key {idempotency_key!r} already started run {existing.id} of "
                 f"workflow {existing.workflow!r}, not {workflow!r}: use a key unique per workflow"
             )
-        if parent_id is not None and existing.checkpoint != checkpoint:
+        if parent_id is not None and not rows[0]["same_input"]:
             raise ConfigurationError(
                 f"child key {idempotency_key!r} already started run {existing.id} with another "
                 "checkpoint: a child's key names one input (use a new key for new input)")
@@ -343,10 +347,13 @@ def _target_values(to: RunState) -> dict[str, Any]:
     return values
 
 
-def wake_value(wake_at: datetime | timedelta | None) -> Any:
-    """*wake_at* as a SQL value: a delay from the database's ``now()``, or the time given."""
+def wake_value(wake_at: datetime | timedelta | None, *, aware: bool = False) -> Any:
+    """*wake_at* as a SQL value: a delay from the database's ``now()``, or the time given
+    (*aware*: refused without a time zone, which the session's would otherwise supply)."""
     if isinstance(wake_at, timedelta):
         return func.now() + wake_at
+    if aware and wake_at is not None and wake_at.tzinfo is None:
+        raise ConfigurationError("until must be timezone-aware (e.g. datetime.now(UTC) + ...)")
     return wake_at
 
 

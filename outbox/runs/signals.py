@@ -173,7 +173,7 @@ def wait_plan(lease: Lease, names: Collection[str], *, until: datetime | timedel
     )).label("pending"))
     pending = bool(rows[0]["pending"])
     note = reason or f"waits for signal {' or '.join(wanted)}"
-    wake: Any = func.now() if pending else (None if until is None else wake_value(until))
+    wake: Any = func.now() if pending else wake_value(until, aware=True)
     stmt = fencing.statement(
         lease.run_id, lease=lease, sources={RunState.RUNNING.value},
         values={"state": RunState.WAITING.value, "awaits_signals": None if pending else wanted,

@@ -126,8 +126,8 @@ def test_the_last_child_to_finish_wakes_the_parent_and_not_before(
 
 def test_children_finishing_at_once_in_two_transactions_wake_the_parent(
         engine: Engine, database_url: str) -> None:
-    """Neither transaction sees the other's child finished when it starts: the parent's row
-    makes them take turns, and the second counts both."""
+    """Neither transaction sees the other's child finished when it moves its own: the wake
+    runs at commit, on the parent's row, and the later commit counts both."""
     app, square, total = _app(database_url)
     run, job, kids = _parent_with_children(engine, app, square, total, count=2)
     with engine.begin() as conn:
@@ -138,25 +138,53 @@ def test_children_finishing_at_once_in_two_transactions_wake_the_parent(
             got = app.claim(conn, worker="w", lease_seconds=60, workflows=["square"])
             assert got is not None
             claimed.append(got)
-    first = engine.connect()
-    tx = first.begin()
-    claimed[0].on(first).transition("done", reason="a", evidence={"square": 0})
-    finished = threading.Event()
-
-    def second() -> None:
-        with engine.begin() as conn:
+    with engine.connect() as first:
+        tx = first.begin()
+        claimed[0].on(first).transition("done", reason="a", evidence={"square": 0})
+        with engine.begin() as conn:  # commits while the first is still open
             claimed[1].on(conn).transition("done", reason="b", evidence={"square": 0})
-        finished.set()
-
-    thread = threading.Thread(target=second)
-    thread.start()
-    assert not finished.wait(0.5)  # its trigger waits for the parent's row
-    tx.commit()
-    first.close()
-    thread.join(10)
-    assert finished.is_set()
+        assert _state(engine, run.id).due is None  # it counted one of two
+        tx.commit()
     state = _state(engine, run.id)
     assert (state.state, state.due) == ("waiting", True)
+
+
+def test_one_transaction_finishing_two_children_while_another_finishes_one_does_not_deadlock(
+        engine: Engine, database_url: str) -> None:
+    """The wake is deferred to the commit: a transaction moving two siblings locks their
+    parent after both children, so it cannot hold the parent while waiting for a child."""
+    app, square, total = _app(database_url)
+    run, job, kids = _parent_with_children(engine, app, square, total, count=2)
+    with engine.begin() as conn:
+        job.on(conn).wait_for_children("all")
+    for _ in kids:  # both wait for a confirmation, as after asking a supplier
+        with engine.begin() as conn:
+            child = app.claim(conn, worker="w", lease_seconds=60, workflows=["square"])
+            assert child is not None
+            child.transition("waiting", step="asked", reason="asked")
+    errors: list[BaseException] = []
+    with engine.connect() as first:
+        tx = first.begin()
+        app.confirm(first, run_id=kids[0].id, confirmation_id="a0", outcome="done",
+                    evidence={"square": 0}, actor="a")
+
+        def other() -> None:
+            try:
+                with engine.begin() as conn:
+                    app.confirm(conn, run_id=kids[1].id, confirmation_id="b1",
+                                outcome="done", evidence={"square": 0}, actor="b")
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+        # The first goes on to the child the other just finished: a duplicate, no wait.
+        assert not app.confirm(first, run_id=kids[1].id, confirmation_id="b1",
+                               outcome="done", evidence={"square": 0}, actor="b")
+        tx.commit()
+    assert errors == []
+    assert _state(engine, run.id).due is True
 
 
 class TestRefused:
@@ -213,3 +241,69 @@ def test_a_child_finished_by_a_confirmation_wakes_its_parent_too(
     with engine.connect() as conn:
         assert get_run(conn, kids[0].id).state is RunState.DONE
     assert _state(engine, run.id).due is True
+
+
+def test_a_second_wave_is_joined_on_its_own(engine: Engine, database_url: str) -> None:
+    """A join counts the children started since the previous join: the first wave's
+    finished children do not meet the second wave's 'first'."""
+    app, square, total = _app(database_url)
+    run, job, kids = _parent_with_children(engine, app, square, total, count=1)
+    with engine.begin() as conn:
+        job.on(conn).wait_for_children("all")
+    _finish(engine, app, kids[0].id)
+    assert _state(engine, run.id).due is True
+    with engine.begin() as conn:  # woken: the parent starts a second wave and waits again
+        again = app.claim(conn, worker="w", lease_seconds=60, workflows=["sum"])
+        assert again is not None
+        second = [app.start_run(conn, square, idempotency_key=f"w2-{n}", checkpoint=Item(n=n),
+                                parent=again) for n in range(2)]
+        again.wait_for_children("first")
+    assert _state(engine, run.id).due is None  # the first wave does not count
+    _finish(engine, app, second[0].id)
+    assert _state(engine, run.id).due is True
+
+
+def test_a_child_started_again_with_the_same_input_spelt_otherwise_is_the_same_child(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("any", version="1")
+    def anything(job: ClaimedRun[Any]) -> None:
+        return None
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        return None
+
+    with engine.begin() as conn:
+        app.start_run(conn, parent, idempotency_key="p")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w", lease_seconds=60, workflows=["parent"])
+        assert job is not None
+        first = app.start_run(conn, anything, idempotency_key="c",
+                              checkpoint={"pair": (1, 2), "b": 1.0}, parent=job)
+        again = app.start_run(conn, anything, idempotency_key="c",
+                              checkpoint={"b": 1.0, "pair": [1, 2]}, parent=job)
+    assert again.id == first.id
+
+
+def test_a_step_whose_run_was_taken_over_starts_no_child(
+        engine: Engine, database_url: str) -> None:
+    """The lease is read in SQL under a share lock, not only in the handle."""
+    from outbox.errors import LeaseLost  # noqa: PLC0415
+
+    app, square, total = _app(database_url)
+    with engine.begin() as conn:
+        run = app.start_run(conn, total, idempotency_key="p")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w", lease_seconds=60)
+        assert job is not None
+    with engine.begin() as conn:  # another worker took it over
+        conn.execute(text("UPDATE outboxkit.agent_runs SET lease_token = lease_token + 1 "
+                          "WHERE id = :id"), {"id": run.id})
+    with engine.begin() as conn, pytest.raises(LeaseLost):
+        app.start_run(conn, square, idempotency_key="k", checkpoint=Item(n=1),
+                      parent=job.on(conn))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs "
+                                 "WHERE parent_id = :id"), {"id": run.id}).scalar_one() == 0

@@ -59,7 +59,9 @@ _CATALOG = {
         FROM pg_constraint k
         JOIN pg_class c ON c.oid = k.conrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %(schema)s
+        -- Constraint triggers (0013's wake of a parent run) are behaviour, not table shape:
+        -- Core does not describe them; tests/integration/test_child_runs.py proves that one.
+        WHERE n.nspname = %(schema)s AND k.contype <> 't'
         ORDER BY 1, 2""",
     "indexes": """
         SELECT tablename, indexname, indexdef FROM pg_indexes
