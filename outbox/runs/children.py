@@ -94,14 +94,7 @@ def start_plan(lease: Lease, start: Plan[Run]) -> Plan[Run]:
     """*start* (a child's :func:`~outbox.runs.lifecycle.start_run_plan`) only while *lease*
     holds, read under a share lock (as emit's fence): a step whose run was taken over starts
     nothing."""
-    r = agent_runs
-    held = yield (select(r.c.id).where(
-        r.c.id == lease.run_id, r.c.lease_token == lease.token, r.c.version == lease.version,
-        r.c.state == RunState.RUNNING.value, r.c.purged_at.is_(None)).with_for_update(read=True))
-    if not held:
-        yield from fencing.explain(lease.run_id, lease, RunState.RUNNING.value,
-                                   {RunState.RUNNING.value})
-        raise AssertionError("explain raises for a lease that does not hold")  # not reached
+    yield from fencing.hold(lease)
     return (yield from start)
 
 

@@ -188,6 +188,19 @@ def explain(
         raise WorkflowRetired(row["workflow"], row["retired_reason"])
     return row
 
+def hold(lease: Lease) -> Plan[None]:
+    """Check that *lease* holds, reading it under a share lock (as emit's fence does): a claim
+    taking the run over waits for this transaction, or this one sees it and raises what
+    :func:`explain` says."""
+    held = yield (select(runs.c.id).where(
+        runs.c.id == lease.run_id, runs.c.lease_token == lease.token,
+        runs.c.version == lease.version, runs.c.state == RunState.RUNNING.value,
+        runs.c.purged_at.is_(None)).with_for_update(read=True))
+    if not held:
+        yield from explain(lease.run_id, lease, RunState.RUNNING.value, {RunState.RUNNING.value})
+        raise AssertionError("explain raises for a lease that does not hold")  # not reached
+
+
 def write(
     stmt: Select[Any],
     run_id: uuid.UUID,

@@ -137,16 +137,8 @@ def _duplicate(prior: Mapping[Any, Any], run_id: uuid.UUID, signal_id: str, name
 def receive_plan(lease: Lease, name: str) -> Plan[Signal | None]:
     """Take the oldest signal *name* the run has not taken, fenced by *lease*."""
     check_name(name)
-    r, s = agent_runs, run_signals
-    # The lease, read under a share lock (as emit's fence): a claim taking the run over
-    # waits for this transaction, or this one sees it and takes nothing.
-    held = yield (select(r.c.id).where(
-        r.c.id == lease.run_id, r.c.lease_token == lease.token, r.c.version == lease.version,
-        r.c.state == RunState.RUNNING.value, r.c.purged_at.is_(None)).with_for_update(read=True))
-    if not held:
-        yield from fencing.explain(lease.run_id, lease, RunState.RUNNING.value,
-                                   {RunState.RUNNING.value})
-        raise AssertionError("explain raises for a lease that does not hold")  # not reached
+    s = run_signals
+    yield from fencing.hold(lease)
     oldest = (select(s.c.signal_id).where(s.c.run_id == lease.run_id, s.c.name == name,
                                           s.c.received_at.is_(None))
               .order_by(s.c.sent_at, s.c.signal_id).limit(1).with_for_update()
