@@ -332,6 +332,10 @@ def cluster_settings(
         # new leaders: it bounds how long a SIGKILLed leader blocks producers (default 9 s).
         "broker.session.timeout.ms": str(session_timeout_ms),
         "broker.heartbeat.interval.ms": str(max(250, session_timeout_ms // 6)),
+        # The log cleaner allocates its dedupe buffer (128 MB by default) at start-up: in a
+        # node's small test heap that failed once with "Java heap space" under load. The
+        # compacted topics here (consumer offsets) are tiny.
+        "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
     }
 
 
