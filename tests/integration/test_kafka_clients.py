@@ -496,6 +496,11 @@ def test_admin_creates_describes_measures_and_deletes_topics(client: Backend) ->
     missing = f"missing-{uuid.uuid4().hex[:8]}"
     try:
         admin.create_topic(name, partitions=2)
+        # Metadata reaches the node a client asks a moment after the controller created the
+        # topic: under load confluent's list missed it once (CI, 2026-12-05). Bounded wait.
+        deadline = time.monotonic() + 10
+        while name not in admin.list_topics() and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert name in admin.list_topics()
         with pytest.raises(TopicExists):
             admin.create_topic(name, partitions=2)
