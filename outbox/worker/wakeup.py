@@ -56,9 +56,10 @@ class Listener:
                     # one rule (pg_notify's text argument names the same channel).
                     await conn.execute(f"LISTEN {quote_identifier(self._channel)}")
                     self.connected.set()
-                    if failures:
-                        # What committed while nobody listened notified nobody: look once.
-                        self._poke()
+                    # Always look once: what committed while nobody listened notified nobody,
+                    # and the loop declares itself idle (which makes commits NOTIFY) only
+                    # while this listens, so a loop that went idle first must do it now.
+                    self._poke()
                     if warned:
                         log.info("LISTEN on %s restored", self._channel,
                                  extra={"event": "worker.listen_restored"})

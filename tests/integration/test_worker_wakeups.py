@@ -297,3 +297,29 @@ def test_transition_keeps_no_notify(engine: Engine, listener: Any) -> None:
         assert got is not None
         transition(conn, got.lease, "waiting", reason="wait", wake_at=timedelta(hours=1))
     assert heard(listener) == []
+
+
+def test_a_listener_that_connects_after_the_loop_went_idle_still_gets_it_woken(
+        engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop declares itself idle (so commits NOTIFY) only while LISTENing: a LISTEN
+    connection slower than the first empty claim must wake the loop to declare it, or a
+    started run waits for the fallback poll (30 s here)."""
+    from outbox.worker import wakeup  # noqa: PLC0415
+
+    listen = wakeup.Listener.run
+
+    async def late(self: Any) -> None:
+        await asyncio.sleep(1.5)  # the loop's first empty claim comes first
+        await listen(self)
+
+    monkeypatch.setattr(wakeup.Listener, "run", late)
+    app = App(database_url=database_url)
+
+    @app.workflow("wf", version="1")
+    def step(job: ClaimedRun[Any]) -> None:
+        return None
+
+    with running(app):
+        with engine.begin() as conn:
+            run = app.start_run(conn, step, idempotency_key="k")
+        run_in(engine, run.id, "done", timeout=5)
