@@ -26,11 +26,11 @@ from sqlalchemy import func, select
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs
 from outbox.errors import ConfigurationError
-from outbox.runs import fencing, wakeups
-from outbox.runs.checkpoints import KEEP, checkpoint_value
+from outbox.runs import fencing
+from outbox.runs.checkpoints import KEEP
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run, wake_value
-from outbox.runs.states import FINISHED, RunState
+from outbox.runs.states import FINISHED
 from outbox.settings import OutboxSettings
 
 Join = Literal["all", "first"] | int
@@ -72,22 +72,12 @@ def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
     ready = finished >= needed
     note = reason or f"waits for {join if isinstance(join, str) else needed} of its " \
                      f"{total} children"
-    values: dict[str, Any] = {
-        "state": RunState.WAITING.value, "reason": note, **fencing.lease_values(clear=True),
-        "awaits_children": None if ready else needed,
-        "not_before": func.now() if ready else wake_value(until, aware=True),
-        **({"children_since": func.now()} if ready else {}),
-        **({"step": step} if step is not None else {}),
-        **({} if checkpoint is KEEP else {"checkpoint": checkpoint_value(checkpoint, settings)}),
-    }
-    stmt = fencing.statement(
-        lease.run_id, lease=lease, sources={RunState.RUNNING.value}, values=values,
-        history=[fencing.HistoryRow(RunState.WAITING, reason=note, actor=actor)],
-        woken=wakeups.woken(settings) if ready else None)
-    row = yield from fencing.write(stmt, lease.run_id, lease, RunState.WAITING.value,
-                                   {RunState.RUNNING.value})
-    assert row is not None
-    return fencing.next_lease(lease, row)
+    waits: dict[str, Any] = {"awaits_children": None if ready else needed}
+    if ready:  # this join is met: the next counts the children started after it
+        waits["children_since"] = func.now()
+    return (yield from fencing.wait_plan(
+        lease, ready=ready, until=wake_value(until, aware=True), waits=waits, note=note,
+        step=step, checkpoint=checkpoint, actor=actor, settings=settings))
 
 
 def start_plan(lease: Lease, start: Plan[Run]) -> Plan[Run]:

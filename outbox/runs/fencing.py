@@ -47,9 +47,11 @@ from sqlalchemy.dialects.postgresql import JSONB
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, run_transitions, workflows
 from outbox.errors import IllegalTransition, LeaseLost, RunNotFound, WorkflowRetired
-from outbox.runs.checkpoints import json_value
+from outbox.runs import wakeups
+from outbox.runs.checkpoints import KEEP, checkpoint_value, json_value
 from outbox.runs.leases import Lease
 from outbox.runs.states import RunState
+from outbox.settings import OutboxSettings
 
 runs = agent_runs
 
@@ -199,6 +201,27 @@ def hold(lease: Lease) -> Plan[None]:
     if not held:
         yield from explain(lease.run_id, lease, RunState.RUNNING.value, {RunState.RUNNING.value})
         raise AssertionError("explain raises for a lease that does not hold")  # not reached
+
+
+def wait_plan(lease: Lease, *, ready: bool, until: Any, waits: Mapping[str, Any], note: str,
+              step: str | None, checkpoint: Any, actor: str | None,
+              settings: OutboxSettings | None) -> Plan[Lease]:
+    """The move of a leased run to ``waiting`` for something (*waits*: the columns saying
+    what), ending the lease: claimable at once when it is *ready* already (and an idle
+    worker woken), else at *until* (a SQL value, ``None``: only what it waits for wakes it).
+    *checkpoint* (``KEEP``: unchanged) is saved with the move."""
+    sources = {RunState.RUNNING.value}
+    values = {"state": RunState.WAITING.value, "reason": note, **lease_values(clear=True),
+              "not_before": func.now() if ready else until, **waits,
+              **({"step": step} if step is not None else {}),
+              **({} if checkpoint is KEEP else
+                 {"checkpoint": checkpoint_value(checkpoint, settings)})}
+    stmt = statement(lease.run_id, lease=lease, sources=sources, values=values,
+                     history=[HistoryRow(RunState.WAITING, reason=note, actor=actor)],
+                     woken=wakeups.woken(settings) if ready else None)
+    row = yield from write(stmt, lease.run_id, lease, RunState.WAITING.value, sources)
+    assert row is not None
+    return next_lease(lease, row)
 
 
 def write(

@@ -36,7 +36,7 @@ from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, run_signals
 from outbox.errors import ConfigurationError, IllegalTransition, RunNotFound
 from outbox.runs import fencing, wakeups
-from outbox.runs.checkpoints import KEEP, checkpoint_value, json_value
+from outbox.runs.checkpoints import KEEP, json_value
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import wake_value
 from outbox.runs.states import FINISHED, RunState
@@ -165,17 +165,7 @@ def wait_plan(lease: Lease, names: Collection[str], *, until: datetime | timedel
     )).label("pending"))
     pending = bool(rows[0]["pending"])
     note = reason or f"waits for signal {' or '.join(wanted)}"
-    wake: Any = func.now() if pending else wake_value(until, aware=True)
-    stmt = fencing.statement(
-        lease.run_id, lease=lease, sources={RunState.RUNNING.value},
-        values={"state": RunState.WAITING.value, "awaits_signals": None if pending else wanted,
-                "not_before": wake, "lease_owner": None, "lease_expires_at": None,
-                "reason": note, **({"step": step} if step is not None else {}),
-                **({} if checkpoint is KEEP else
-                   {"checkpoint": checkpoint_value(checkpoint, settings)})},
-        history=[fencing.HistoryRow(RunState.WAITING, reason=note, actor=actor)],
-        woken=wakeups.woken(settings) if pending else None)
-    row = yield from fencing.write(stmt, lease.run_id, lease, RunState.WAITING.value,
-                                   {RunState.RUNNING.value})
-    assert row is not None
-    return fencing.next_lease(lease, row)
+    return (yield from fencing.wait_plan(
+        lease, ready=pending, until=wake_value(until, aware=True),
+        waits={"awaits_signals": None if pending else wanted}, note=note, step=step,
+        checkpoint=checkpoint, actor=actor, settings=settings))
