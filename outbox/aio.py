@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from outbox.db.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
 from outbox.handle import CP, RunHandle, stored, transition_ends
+from outbox.messages import compensations
 from outbox.messages.emit import _emit_async, _emit_many_async
 from outbox.messages.envelope import Envelope
 from outbox.runs import (
@@ -35,6 +36,7 @@ from outbox.runs import (
     steps,
     workflows,
 )
+from outbox.runs import compensation as compensation_
 from outbox.runs import lifecycle as runs
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.confirm import Confirmation, Outcome, confirmation_plan, confirmations_plan
@@ -399,10 +401,25 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
         return await run_plan_async(self.conn, children.children_plan(self.run.id),
                                     self.settings)
 
-    async def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
+    async def emit(self, envelope: Envelope, *, compensation: Envelope | None = None,
+                   notify: bool = True) -> uuid.UUID:
         """Async :meth:`outbox.handle.ClaimedRun.emit`."""
+        if compensation is not None:
+            return await run_plan_async(self.conn, compensations.record_plan(
+                self._held(), envelope, compensation, self.settings, notify), self.settings)
         return await emit(self.conn, envelope, lease=self._held(), settings=self.settings,
                           notify=notify)
+
+    async def compensate(self, *, reason: str, evidence: Any = None, actor: str | None = None,
+                         checkpoint: Any = KEEP) -> None:
+        """Async :meth:`outbox.handle.ClaimedRun.compensate`; it ends the lease."""
+        self._kept(await run_plan_async(self.conn, self._compensate_plan(
+            reason, evidence, actor, stored(checkpoint)), self.settings), ends="compensate()")
+
+    async def effects(self) -> list[compensation_.Effect]:
+        """Async :meth:`outbox.handle.ClaimedRun.effects`."""
+        return await run_plan_async(self.conn, compensation_.effects_plan(self.run.id),
+                                    self.settings)
 
     async def emit_many(self, envelopes: Sequence[Envelope], *,
                         notify: bool = True) -> list[uuid.UUID]:

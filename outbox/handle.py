@@ -30,12 +30,14 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from typing_extensions import TypeVar
 
-from outbox.db.execution import SyncConn, run_plan
+from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.errors import LeaseSpent
+from outbox.messages import compensations
 from outbox.messages.emit import emit as emit_one
 from outbox.messages.emit import emit_many as emit_several
 from outbox.messages.envelope import Envelope
 from outbox.runs import approvals, children, retry, runlog, signals, steps
+from outbox.runs import compensation as compensation_
 from outbox.runs import lifecycle as runs
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.leases import Lease
@@ -99,6 +101,12 @@ class RunHandle(Generic[C, CP]):
         self._lease = lease
         if ends is not None:
             self._ended_by = ends
+
+    def _compensate_plan(self, reason: str, evidence: Any, actor: str | None,
+                         checkpoint: Any) -> Plan[Lease]:
+        return compensation_.begin_leased_plan(self._held(), reason=reason, evidence=evidence,
+                                               actor=actor, settings=self.settings,
+                                               checkpoint=checkpoint)
 
     def _after_check(self, check: approvals.ApprovalCheck,
                      approval_id: uuid.UUID) -> approvals.ApprovalCheck:
@@ -214,11 +222,29 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
         """The runs this run started (``app.start_run(..., parent=job)``), oldest first."""
         return run_plan(self.conn, children.children_plan(self.run.id), self.settings)
 
-    def emit(self, envelope: Envelope, *, notify: bool = True) -> uuid.UUID:
+    def emit(self, envelope: Envelope, *, compensation: Envelope | None = None,
+             notify: bool = True) -> uuid.UUID:
         """:func:`outbox.messages.emit.emit`, fenced by the lease; the message gets this run's id.
-        ``notify=False`` for a transaction that will be prepared (two-phase commit)."""
+        *compensation*: the effect that undoes this one, emitted only if the run compensates
+        (:mod:`outbox.runs.compensation`). ``notify=False`` for a transaction that will be
+        prepared (two-phase commit)."""
+        if compensation is not None:
+            return run_plan(self.conn, compensations.record_plan(
+                self._held(), envelope, compensation, self.settings, notify), self.settings)
         return emit_one(self.conn, envelope, lease=self._held(), settings=self.settings,
                         notify=notify)
+
+    def compensate(self, *, reason: str, evidence: Any = None, actor: str | None = None,
+                   checkpoint: Any = KEEP) -> None:
+        """Undo this run's confirmed effects, the last first, then end it ``failed``
+        (:mod:`outbox.runs.compensation`); it ends the lease."""
+        self._kept(run_plan(self.conn, self._compensate_plan(reason, evidence, actor,
+                                                             stored(checkpoint)), self.settings),
+                   ends="compensate()")
+
+    def effects(self) -> list[compensation_.Effect]:
+        """The effects this run emitted with a compensation, in emit order, and their state."""
+        return run_plan(self.conn, compensation_.effects_plan(self.run.id), self.settings)
 
     def emit_many(self, envelopes: Sequence[Envelope], *, notify: bool = True) -> list[uuid.UUID]:
         """:func:`outbox.messages.emit.emit_many`, fenced by the lease."""

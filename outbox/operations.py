@@ -17,11 +17,21 @@ from sqlalchemy import Connection, Engine
 
 from outbox import aio
 from outbox.db import migrate as migrations
-from outbox.db.execution import AsyncConn, SyncConn
+from outbox.db.execution import AsyncConn, SyncConn, run_plan, run_plan_async
 from outbox.handle import ClaimedRun, claim
 from outbox.messages import emit as emitting
 from outbox.messages.envelope import Envelope
-from outbox.runs import approvals, artifacts, confirm, lifecycle, retention, runlog, steps
+from outbox.runs import (
+    approvals,
+    artifacts,
+    children,
+    compensation,
+    confirm,
+    lifecycle,
+    retention,
+    runlog,
+    steps,
+)
 from outbox.runs.confirm import Confirmation, Outcome
 from outbox.runs.lifecycle import Run, Transition
 from outbox.runs.states import RunState
@@ -104,6 +114,30 @@ class Operations:
                          at: datetime | timedelta | None = None, notify: bool = True) -> Run:
         """:meth:`wake`, awaited."""
         return await aio.wake(conn, run_id, at=at, settings=self.settings, notify=notify)
+
+    def cancel(self, conn: SyncConn, run_id: uuid.UUID, *, actor: str,
+               reason: str = "cancelled") -> children.Cancelled:
+        """Fail *run_id* and every unfinished run it started, below it too; each with
+        effects to undo compensates first. A run a worker holds is left (listed in
+        ``held``); the run itself must be unfinished and not held, or nothing moves."""
+        return run_plan(conn, children.cancel_plan(run_id, actor=actor, reason=reason,
+                                                   settings=self.settings), self.settings)
+
+    async def cancel_async(self, conn: AsyncConn, run_id: uuid.UUID, *, actor: str,
+                           reason: str = "cancelled") -> children.Cancelled:
+        """:meth:`cancel`, awaited."""
+        return await run_plan_async(conn, children.cancel_plan(
+            run_id, actor=actor, reason=reason, settings=self.settings), self.settings)
+
+    def effects(self, conn: SyncConn, run_id: uuid.UUID) -> list[compensation.Effect]:
+        """The effects *run_id* emitted with a compensation, in emit order, and how far
+        their undoing went (:mod:`outbox.runs.compensation`)."""
+        return run_plan(conn, compensation.effects_plan(run_id), self.settings)
+
+    async def effects_async(self, conn: AsyncConn,
+                            run_id: uuid.UUID) -> list[compensation.Effect]:
+        """:meth:`effects`, awaited."""
+        return await run_plan_async(conn, compensation.effects_plan(run_id), self.settings)
 
     def confirm(self, conn: SyncConn, *, run_id: uuid.UUID, confirmation_id: str | uuid.UUID,
                 outcome: Outcome, evidence: Any, actor: str, reason: str | None = None,

@@ -31,6 +31,7 @@ from outbox.db.execution import run_plan
 from outbox.db.tables import RUN_STATES, operations
 from outbox.errors import IllegalTransition
 from outbox.messages.backlog import Listed, list_messages, retry_messages, run_messages
+from outbox.runs import children
 from outbox.runs.lifecycle import RunView, get_run, history, list_runs, move, view_run
 from outbox.runs.retention import DEFAULT_STATES, purge, purgeable
 from outbox.runs.signals import send_plan
@@ -214,6 +215,29 @@ def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, s
                                         sender=sender))
     click.echo(f"run {run_id}: signal {name!r} ({signal_id}) "
                + ("sent" if sent else "was already sent; nothing more"))
+
+
+@runs_group.command("cancel")
+@click.argument("run_id", type=click.UUID)
+@click.option("--reason", default="cancelled", show_default=True,
+              help="Why; recorded in the history of each run it moves.")
+@click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
+              help="Who cancels; recorded in the history.")
+@database_url_option
+@one_line_errors
+def runs_cancel(*, run_id: uuid.UUID, reason: str, actor: str, database_url: str | None) -> None:
+    """Fail a run and every unfinished run it started; a run with effects to undo
+    compensates them first, the last first."""
+    if not actor:
+        raise click.UsageError("say who cancels it: --actor (no $USER to default to)")
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        done = run_plan(conn, children.cancel_plan(run_id, actor=actor, reason=reason,
+                                                   settings=None))
+    for run in done.moved:
+        then = "compensating its effects" if run.compensating_since else "failed"
+        click.echo(f"run {run.id} ({run.workflow}): {then}")
+    for held in done.held:
+        click.echo(f"run {held}: a worker holds it; not moved (cancel it again after its step)")
 
 
 def _no_constant(name: str) -> Any:

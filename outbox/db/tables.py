@@ -108,6 +108,7 @@ agent_runs = Table(
     Column("parent_id", UUID(as_uuid=True), ForeignKey("agent_runs.id")),  # migration 0013
     Column("awaits_children", Integer),  # migration 0013
     _ts("children_since"),  # migration 0013
+    _ts("compensating_since"),  # migration 0014
     CheckConstraint(
         "state IN ('queued', 'running', 'waiting', 'done', 'failed', 'needs-human')",
         name="agent_runs_state_check",
@@ -278,6 +279,27 @@ run_signals = Table(
 )
 Index("run_signals_pending_idx", run_signals.c.run_id, run_signals.c.name,
       run_signals.c.sent_at, postgresql_where=text("received_at IS NULL"))
+
+# The effects of a run that declared how to undo them (migration 0014,
+# outbox/runs/compensation.py), in the order they were emitted.
+run_effects = Table(
+    "run_effects",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), ForeignKey("agent_runs.id"), nullable=False),
+    Column("seq", BigInteger, primary_key=True, autoincrement=True),
+    Column("message_id", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("type", Text, nullable=False),
+    Column("compensation", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'open'")),
+    Column("evidence", JSONB),
+    Column("compensation_id", UUID(as_uuid=True)),
+    Column("compensation_evidence", JSONB),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("decided_at"),
+    CheckConstraint("state IN ('open', 'compensating', 'compensated', 'not-applied', 'refused', "
+                    "'kept')", name="run_effects_state_check"),
+)
+Index("run_effects_run_idx", run_effects.c.run_id, run_effects.c.seq)
 
 # --- relay coordination (migration 0002) ---------------------------------------------------
 

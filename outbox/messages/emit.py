@@ -35,7 +35,14 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from outbox.db.execution import AsyncConn, SyncConn, driver_row_async, missing_schema
+from outbox.db.execution import (
+    AsyncConn,
+    DriverStatement,
+    Plan,
+    SyncConn,
+    driver_row_async,
+    missing_schema,
+)
 from outbox.db.queries import driver_sql
 from outbox.errors import InvalidMessage, LeaseLost
 from outbox.messages.envelope import Envelope, encode
@@ -78,6 +85,18 @@ def emit(
         except ProgrammingError as exc:
             raise _translated(exc, settings) from exc
         return _outcome(row, params, lease)
+
+
+def emit_plan(envelope: Envelope, *, lease: Lease | None, settings: OutboxSettings | None,
+              notify: bool = True) -> Plan[uuid.UUID]:
+    """:func:`emit` as a step of a plan (:mod:`outbox.db.execution`), for writes that commit
+    with other statements of the same plan (a run's effect and its compensation)."""
+    sql, params = _prepare(envelope, lease, settings or default_settings(), notify)
+    rows = yield DriverStatement(sql, params)
+    if lease is not None and not rows[0]["fenced"]:
+        raise LeaseLost(lease.run_id, lease.token)
+    message_id: uuid.UUID = params["message_id"]
+    return message_id
 
 
 async def _emit_async(

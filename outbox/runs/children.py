@@ -13,11 +13,14 @@
   counts, so no child's finish falls between the count and the wait.
 * The woken parent reads ``job.children()`` (state, checkpoint, evidence of each) and
   decides: a failed child is the parent's to handle (retry it as a new child, fail, compensate).
+* :func:`cancel_plan` (``app.cancel``) fails a run and every unfinished run below it; each
+  with effects to undo compensates first (:mod:`outbox.runs.compensation`).
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -25,12 +28,12 @@ from sqlalchemy import func, select
 
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs
-from outbox.errors import ConfigurationError
+from outbox.errors import ConfigurationError, IllegalTransition
 from outbox.runs import fencing
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.leases import Lease
-from outbox.runs.lifecycle import Run, wake_value
-from outbox.runs.states import FINISHED
+from outbox.runs.lifecycle import Run, move_plan, wake_value
+from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
 
 Join = Literal["all", "first"] | int
@@ -102,3 +105,41 @@ def _needed(join: Join, total: int, run_id: uuid.UUID) -> int:
             f"join must be 'all', 'first' or a number of children from 1 to {total}, "
             f"got {join!r}")
     return join
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What :func:`cancel_plan` did: the runs it failed (or sent compensating), the run first
+    then its descendants, and those a worker holds under a live lease (left alone: cancel
+    again once their step ends)."""
+
+    moved: list[Run]
+    held: list[uuid.UUID]
+
+
+def cancel_plan(run_id: uuid.UUID, *, actor: str, reason: str,
+                settings: OutboxSettings | None, notify: bool = True) -> Plan[Cancelled]:
+    """Fail *run_id* and its unfinished descendants, parents before children (a child's
+    finish then finds its parent no longer waiting). The run itself must be movable: a
+    finished run, or one a worker holds, raises :class:`IllegalTransition` and nothing moves."""
+    moved: list[Run] = []
+    held: list[uuid.UUID] = []
+    todo = [run_id]
+    while todo:
+        current = todo.pop(0)
+        try:
+            moved.append((yield from move_plan(
+                current, RunState.FAILED, actor=actor, reason=reason,
+                evidence={"cancelled_by": actor, "cancelled": str(run_id)},
+                not_before=None, settings=settings, notify=notify)))
+        except IllegalTransition:
+            if current == run_id:
+                raise
+            held.append(current)  # finished meanwhile is not listed: only unfinished are read
+        # A child compensating already is failing: left to finish its undoing.
+        rows = yield (select(agent_runs.c.id).where(agent_runs.c.parent_id == current,
+                                                    agent_runs.c.state.not_in(_FINISHED),
+                                                    agent_runs.c.compensating_since.is_(None))
+                      .order_by(agent_runs.c.created_at, agent_runs.c.idempotency_key))
+        todo.extend(row["id"] for row in rows)
+    return Cancelled(moved, held)

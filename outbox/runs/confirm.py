@@ -21,7 +21,7 @@ keeps it: the resumed worker carries on from its step and checkpoint.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -32,7 +32,7 @@ from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import agent_runs
 from outbox.db.tables import confirmations as applied
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition
-from outbox.runs import fencing, wakeups
+from outbox.runs import compensation, fencing, wakeups
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
 
@@ -165,13 +165,19 @@ def confirmation_plan(
             applied.c.confirmation_id == confirmation_id,
         )
     )
+    # The common case in one statement; a compensating run, or one that fails with effects
+    # to undo, misses it and is handled below (nothing else can add effects meanwhile: the
+    # run waits, nobody holds its lease).
+    plain = [~already, agent_runs.c.compensating_since.is_(None)]
+    if outcome == RunState.FAILED:
+        plain.append(~compensation.undecided())
     stmt = fencing.statement(
         run_id,
         lease=None,
         sources=_WAITING,
         values=values,
         history=history,
-        where=[~already],
+        where=plain,
         also=record,
         # moved on (running, no lease): claimable at once, so wake an idle worker
         woken=wakeups.woken(settings) if notify and outcome == RunState.RUNNING else None,
@@ -186,5 +192,36 @@ def confirmation_plan(
     )
     if duplicate:
         return False
+    if (moved := (yield from _compensating_plan(
+            run_id, outcome, note=note, evidence=evidence, actor=actor, where=[~already],
+            record=record, settings=settings, notify=notify))):
+        return moved
     yield from fencing.explain(run_id, None, outcome, _WAITING)
     raise IllegalTransition(run_id, RunState.WAITING.value, outcome)  # not reached in practice
+
+
+def _compensating_plan(run_id: uuid.UUID, outcome: str, *, note: str, evidence: Any,
+                       actor: str, where: list[Any], record: Callable[[CTE], Insert],
+                       settings: OutboxSettings | None, notify: bool) -> Plan[bool]:
+    """A confirmation of a waiting run that compensates (it only wakes it: the effects
+    decide, and this confirmation is kept for them to read), or that fails a run with effects
+    to undo (it compensates first). False: neither applies."""
+    rows = yield select(agent_runs.c.state, agent_runs.c.compensating_since,
+                        compensation.undecided().label("undecided")).where(
+        agent_runs.c.id == run_id)
+    if not rows or rows[0]["state"] != RunState.WAITING:
+        return False
+    if rows[0]["compensating_since"] is not None:
+        stmt = fencing.statement(
+            run_id, lease=None, sources=_WAITING, where=where, also=record,
+            values={"state": RunState.RUNNING.value, "not_before": None, "reason": note},
+            history=[fencing.HistoryRow(RunState.RUNNING, reason=note, evidence=evidence,
+                                        actor=actor)],
+            woken=wakeups.woken(settings) if notify else None)
+        return bool((yield stmt))
+    if outcome != RunState.FAILED or not rows[0]["undecided"]:
+        return False
+    yield from compensation.begin_plan(run_id, lease=None, sources=set(_WAITING), reason=note,
+                                       evidence=evidence, actor=actor, settings=settings,
+                                       notify=notify, where=tuple(where), also=record)
+    return True

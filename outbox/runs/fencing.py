@@ -66,6 +66,8 @@ class HistoryRow:
     evidence: Any = None
     step: str | None = None
     actor: str | None = None
+    old_step: bool = False
+    """With no *step*: the run's step before the write (where a move out of it happened)."""
 
 def retired_clause() -> ColumnElement[bool]:
     """True when the run's workflow is registered as retired."""
@@ -89,7 +91,8 @@ def _history_select(moved: CTE, rows: Sequence[HistoryRow]) -> Select[Any]:
                 (moved.c.from_state if row.from_state is None else literal(row.from_state))
                 .label("from_state"),
                 literal(row.to_state).label("to_state"),
-                (moved.c.step if row.step is None else literal(row.step)).label("step"),
+                (literal(row.step) if row.step is not None else
+                 moved.c.from_step if row.old_step else moved.c.step).label("step"),
                 literal(row.reason).label("reason"),
                 evidence.label("evidence"),
                 literal(row.actor).label("actor"),
@@ -123,7 +126,8 @@ def statement(
     *woken*: a select-list item built on the updated row (:func:`outbox.runs.wakeups.woken`)
     that wakes idle workers at commit, in the same statement.
     """
-    old = select(runs.c.id, runs.c.state).where(runs.c.id == run_id).with_for_update().cte("old")
+    old = (select(runs.c.id, runs.c.state, runs.c.step).where(runs.c.id == run_id)
+           .with_for_update().cte("old"))
     conditions: list[ColumnElement[bool]] = [
         runs.c.id == old.c.id,
         runs.c.state.in_(sorted(str(s) for s in sources)),
@@ -137,7 +141,7 @@ def statement(
         .where(*conditions)
         .values({"version": runs.c.version + 1, "updated_at": func.now(),
                  **_waits_end(values), **values})
-        .returning(*runs.c, old.c.state.label("from_state"))
+        .returning(*runs.c, old.c.state.label("from_state"), old.c.step.label("from_step"))
         .cte("moved")
     )
     result = select(moved) if woken is None else select(moved, woken(moved))
@@ -205,7 +209,7 @@ def hold(lease: Lease) -> Plan[None]:
 
 def wait_plan(lease: Lease, *, ready: bool, until: Any, waits: Mapping[str, Any], note: str,
               step: str | None, checkpoint: Any, actor: str | None,
-              settings: OutboxSettings | None) -> Plan[Lease]:
+              settings: OutboxSettings | None, evidence: Any = None) -> Plan[Lease]:
     """The move of a leased run to ``waiting`` for something (*waits*: the columns saying
     what), ending the lease: claimable at once when it is *ready* already (and an idle
     worker woken), else at *until* (a SQL value, ``None``: only what it waits for wakes it).
@@ -217,7 +221,8 @@ def wait_plan(lease: Lease, *, ready: bool, until: Any, waits: Mapping[str, Any]
               **({} if checkpoint is KEEP else
                  {"checkpoint": checkpoint_value(checkpoint, settings)})}
     stmt = statement(lease.run_id, lease=lease, sources=sources, values=values,
-                     history=[HistoryRow(RunState.WAITING, reason=note, actor=actor)],
+                     history=[HistoryRow(RunState.WAITING, reason=note, actor=actor,
+                                         evidence=evidence)],
                      woken=wakeups.woken(settings) if ready else None)
     row = yield from write(stmt, lease.run_id, lease, RunState.WAITING.value, sources)
     assert row is not None

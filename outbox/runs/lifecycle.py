@@ -51,7 +51,7 @@ from outbox.errors import (
     RunNotFound,
     WorkflowRetired,
 )
-from outbox.runs import fencing, moves, runlog, wakeups
+from outbox.runs import compensation, fencing, moves, runlog, wakeups
 from outbox.runs.checkpoints import KEEP, checkpoint_value
 from outbox.runs.leases import Lease
 from outbox.runs.states import FINISHED, RunState, sources
@@ -87,6 +87,8 @@ class Run:
     purged_at: datetime | None
     parent_id: uuid.UUID | None = None
     """The run whose step started this one (:mod:`outbox.runs.children`)."""
+    compensating_since: datetime | None = None
+    """Set while the run undoes its effects (:mod:`outbox.runs.compensation`)."""
 
     @property
     def purged(self) -> bool:
@@ -103,7 +105,7 @@ class Run:
             attempts=row["attempts"], not_before=row["not_before"], reason=row["reason"],
             created_at=row["created_at"], updated_at=row["updated_at"],
             finished_at=row["finished_at"], purged_at=row["purged_at"],
-            parent_id=row.get("parent_id"),
+            parent_id=row.get("parent_id"), compensating_since=row.get("compensating_since"),
         )
 
 
@@ -362,6 +364,12 @@ def transition_plan(
     actor: str | None, checkpoint: Any, wake_at: datetime | timedelta | None,
     settings: OutboxSettings | None,
 ) -> Plan[Lease]:
+    if RunState(to) is RunState.FAILED and (yield from compensation.compensates_plan(
+            lease.run_id)):
+        # A run that fails with effects to undo compensates first (it ends failed after).
+        return (yield from compensation.begin_leased_plan(
+            lease, reason=reason or "the step moved the run to failed", evidence=evidence,
+            actor=actor, step=step, settings=settings, checkpoint=checkpoint))
     # One named query sent straight to psycopg (outbox.runs.moves): the end of every step.
     rows = yield moves.statement(lease, to, step=step, reason=reason, evidence=evidence,
                                  actor=actor, checkpoint=checkpoint, wake_at=wake_at,
@@ -422,12 +430,17 @@ def move_plan(
     if target is RunState.QUEUED:
         values.update(attempts=0, finished_at=None, not_before=wake_value(not_before))
         where.append(~fencing.retired_clause())
-    stmt = fencing.statement(
-        run_id, lease=None, sources=allowed, values=values, where=where,
-        history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, actor=actor)],
-        woken=wakeups.woken(settings) if notify and target is RunState.QUEUED else None,
-    )
-    row = yield from fencing.write(stmt, run_id, None, target, allowed)
+    if target is RunState.FAILED and (yield from compensation.compensates_plan(run_id)):
+        row = yield from compensation.begin_plan(
+            run_id, lease=None, sources=allowed, reason=reason or f"failed by {actor}",
+            evidence=evidence, actor=actor, settings=settings, notify=notify, where=tuple(where))
+    else:
+        stmt = fencing.statement(
+            run_id, lease=None, sources=allowed, values=values, where=where,
+            history=[fencing.HistoryRow(target, reason=reason, evidence=evidence, actor=actor)],
+            woken=wakeups.woken(settings) if notify and target is RunState.QUEUED else None,
+        )
+        row = yield from fencing.write(stmt, run_id, None, target, allowed)
     if row is None:  # only the live-lease condition is left to explain the miss
         raise IllegalTransition(run_id, RunState.RUNNING.value, target.value,
                                 "a worker holds its lease; let it move the run, or wait until "

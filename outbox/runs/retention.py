@@ -17,7 +17,7 @@ from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 
 from outbox.db.execution import Plan, SyncConn, run_plan
-from outbox.db.tables import agent_runs, run_archive, run_signals, step_results
+from outbox.db.tables import agent_runs, run_archive, run_effects, run_signals, step_results
 from outbox.db.tables import run_log as log
 from outbox.errors import ConfigurationError
 from outbox.runs.states import FINISHED, RunState
@@ -48,6 +48,9 @@ def purge_batch_plan(older_than: timedelta, batch_size: int, archive: bool,
     # Signals carry the sender's payload: they go with the checkpoint.
     unsignalled = (delete(run_signals).where(run_signals.c.run_id.in_(select(victims.c.id)))
                    .cte("unsignalled"))
+    # So do the compensations a finished run declared (their payloads are the caller's).
+    forgotten = (delete(run_effects).where(run_effects.c.run_id.in_(select(victims.c.id)))
+                 .cte("forgotten"))
     purged = (
         update(r).where(r.c.id == victims.c.id)
         .values(checkpoint=cast(null(), JSONB), purged_at=func.now(), updated_at=func.now())
@@ -55,7 +58,7 @@ def purge_batch_plan(older_than: timedelta, batch_size: int, archive: bool,
         .cte("purged")
     )
     stmt = (select(func.count()).select_from(purged).add_cte(dropped).add_cte(unlogged)
-            .add_cte(unsignalled))
+            .add_cte(unsignalled).add_cte(forgotten))
     if archive:
         steps = (
             select(func.jsonb_object_agg(s.c.step_key, s.c.result))

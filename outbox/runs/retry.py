@@ -22,7 +22,7 @@ from outbox.backoff import check as check_backoff
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import agent_runs
 from outbox.errors import ConfigurationError, LeaseLost, RunError, RunNotFound
-from outbox.runs import fencing, wakeups
+from outbox.runs import compensation, fencing, wakeups
 from outbox.runs.leases import Lease
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
@@ -105,6 +105,9 @@ class RetryOutcome:
     lease: Lease
     caught: str | None = None
     """The step the run goes on at, when the policy's ``catch`` took the error."""
+    compensating: bool = False
+    """True when the run gave up with effects to undo: it now compensates
+    (:mod:`outbox.runs.compensation`) and ends ``failed`` after that."""
 
 
 def _evidence(error: BaseException, attempt: int, retryable: bool) -> dict[str, Any]:
@@ -118,6 +121,7 @@ def handle_failure_plan(
 ) -> Plan[RetryOutcome]:
     runs = agent_runs
     rows = yield select(runs.c.attempts, runs.c.lease_token, runs.c.version,
+                        runs.c.compensating_since, compensation.undecided().label("undecided"),
                         fencing.retired_clause().label("retired")).where(runs.c.id == lease.run_id)
     if not rows:
         raise RunNotFound(lease.run_id)
@@ -158,6 +162,14 @@ def handle_failure_plan(
                                        described=described, step=step, settings=settings,
                                        notify=notify))
     target = RunState(policy.give_up_state)
+    if target is RunState.FAILED and row["undecided"] and row["compensating_since"] is None:
+        # Its effects are undone first; the run ends failed after that.
+        undoing = yield from compensation.begin_leased_plan(
+            lease, reason=f"attempt {attempt} failed for good: {described}", evidence=evidence,
+            actor=lease.owner, step=step, settings=settings, notify=notify)
+        return RetryOutcome(RunState.QUEUED, attempt, None, undoing, compensating=True)
+    if target is RunState.FAILED and row["compensating_since"] is not None:
+        target = RunState.NEEDS_HUMAN  # failed would leave its effects half undone
     if not retryable:
         reason = f"final error on attempt {attempt}: {described}"
     elif row["retired"]:

@@ -20,7 +20,8 @@ class RunState(StrEnum):
 
 
 ALLOWED: dict[RunState, frozenset[RunState]] = {
-    RunState.QUEUED: frozenset({RunState.RUNNING}),
+    # queued → failed: cancelled before any worker took it.
+    RunState.QUEUED: frozenset({RunState.RUNNING, RunState.FAILED}),
     RunState.RUNNING: frozenset(
         {RunState.WAITING, RunState.DONE, RunState.FAILED, RunState.NEEDS_HUMAN}
     ),

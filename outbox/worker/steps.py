@@ -30,8 +30,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.aio import AsyncClaimedRun
 from outbox.app import Step
+from outbox.db.execution import run_plan, run_plan_async
 from outbox.errors import LeaseLost
 from outbox.handle import ClaimedRun
+from outbox.messages import compensations
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryOutcome
@@ -40,12 +42,13 @@ from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "moved", "retried", "caught", "gave_up", "lease_lost",
-                  "db_unavailable", "error"]
+Outcome = Literal["done", "moved", "retried", "caught", "gave_up", "compensating",
+                  "lease_lost", "db_unavailable", "error"]
 """How a step ended (the ``outcome`` label of ``outboxkit_worker_steps_total``): ``done`` the
 function returned and the worker finished the run; ``moved`` the function moved it itself;
 ``retried`` / ``caught`` / ``gave_up`` it raised and the retry policy requeued it / sent it
-to its catch step / gave up; ``lease_lost``
+to its catch step / gave up; ``compensating`` the run undoes its effects (a turn of its
+compensation, or it gave up with effects to undo); ``lease_lost``
 dropped; ``db_unavailable`` dropped for a database outage; ``error`` the failure could not
 be recorded either (its lease expires)."""
 
@@ -96,7 +99,10 @@ def _done_evidence(step: Step) -> dict[str, str]:
 def _failed(step: Step, run: Run, exc: BaseException, outcome: RetryOutcome) -> Outcome:
     retried = outcome.state is RunState.QUEUED
     ended: Outcome
-    if outcome.caught is not None:
+    if outcome.compensating:
+        then, event, ended = ("gave up: compensating its effects", "worker.step_compensating",
+                              "compensating")
+    elif outcome.caught is not None:
         then, event, ended = (f"caught: goes on at step {outcome.caught!r}",
                               "worker.step_caught", "caught")
     elif retried:
@@ -149,6 +155,11 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
     """
     broke: bool | None = None
     try:
+        if run.compensating_since is not None:  # the run undoes its effects, not its steps
+            with _transaction(engine, conn) as tx:
+                run_plan(tx, compensations.step_plan(lease, actor=actor, settings=settings),
+                         settings)
+            return "compensating"
         checkpoint = step.load(run)
         with _transaction(engine, conn) as tx:
             job: ClaimedRun = ClaimedRun(tx, run, lease, settings=settings,
@@ -181,6 +192,9 @@ async def run_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
     cancellation (the worker abandoning it at shutdown) is not the step's failure."""
     broke: bool | None = None
     try:
+        if run.compensating_since is not None:
+            await _compensate_async(run, lease, engine, settings=settings, actor=actor)
+            return "compensating"
         checkpoint = step.load(run)
         async with engine.begin() as conn:
             job: AsyncClaimedRun = AsyncClaimedRun(conn, run, lease, settings=settings,
@@ -212,6 +226,9 @@ async def run_driven(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
     goes and records its own failures; what escapes it (its failure's record failing too, a
     database outage) is handled as :func:`run_async`'s."""
     try:
+        if run.compensating_since is not None:
+            await _compensate_async(run, lease, engine, settings=settings, actor=lease.owner)
+            return "compensating"
         state = await step.fn(engine, run, lease, settings=settings)
         return _DRIVEN.get(state, "moved")
     except asyncio.CancelledError:
@@ -219,6 +236,14 @@ async def run_driven(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
     except BaseException as exc:
         return await _failed_async(step, run, lease, engine, exc, settings=settings,
                                    lost=is_outage(exc))
+
+
+async def _compensate_async(run: Run, lease: Lease, engine: AsyncEngine, *,
+                            settings: OutboxSettings, actor: str) -> None:
+    """A compensating run's turn (:func:`outbox.runs.compensations.step_plan`)."""
+    async with engine.begin() as conn:
+        await run_plan_async(conn, compensations.step_plan(lease, actor=actor, settings=settings),
+                             settings)
 
 
 async def _failed_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine,

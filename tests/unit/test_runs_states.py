@@ -10,7 +10,7 @@ from outbox.errors import IllegalTransition
 from outbox.runs.states import ALLOWED, RunState, check, is_allowed, sources
 
 SPECIFIED = {
-    ("queued", "running"),
+    ("queued", "running"), ("queued", "failed"),
     ("running", "waiting"), ("running", "done"), ("running", "failed"),
     ("running", "needs-human"),
     ("waiting", "running"), ("waiting", "failed"), ("waiting", "needs-human"),

@@ -1,0 +1,175 @@
+"""The messages of compensation: an effect recorded with its undoing, and the worker's turn
+of a compensating run, which sends the undoing messages one at a time, last effect first.
+
+What compensation is, and the rules, are in :mod:`outbox.runs.compensation` (the run side:
+effects, entering compensation). This side sends messages, so it lives with them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Select, func, insert, select, update
+
+from outbox.db.execution import Plan
+from outbox.db.tables import confirmations, operations, run_effects
+from outbox.errors import ConfigurationError
+from outbox.messages.emit import emit_plan
+from outbox.messages.envelope import Envelope
+from outbox.runs import fencing
+from outbox.runs.checkpoints import KEEP
+from outbox.runs.compensation import (
+    RECHECK,
+    STEP,
+    UNDECIDED,
+    Effect,
+    compensation_id,
+    effects_plan,
+)
+from outbox.runs.leases import Lease
+from outbox.runs.states import RunState
+from outbox.settings import OutboxSettings
+
+_OPEN_OPERATION = ("pending", "unknown", "not-applied", "needs-human")
+
+
+def declared(envelope: Envelope, compensation: Envelope) -> dict[str, Any]:
+    """*compensation* as stored with the effect, or a ConfigurationError naming what is
+    wrong (checked before anything is written)."""
+    if compensation.payload is not None and not isinstance(compensation.payload, dict):
+        raise ConfigurationError(
+            f"the compensation of {envelope.type!r} needs a JSON object payload (outbox adds "
+            f"the effect's evidence under 'compensates'), "
+            f"got {type(compensation.payload).__name__}")
+    if isinstance(compensation.payload, dict) and "compensates" in compensation.payload:
+        raise ConfigurationError(f"the compensation of {envelope.type!r}: its payload's "
+                                 "'compensates' is outbox's (the effect and its evidence)")
+    if isinstance(compensation.key, bytes):
+        raise ConfigurationError(f"the compensation of {envelope.type!r} needs a text key")
+    return compensation.model_dump(mode="json", include={
+        "topic", "type", "key", "payload", "headers", "correlation_id", "schema_version"})
+
+
+def record_plan(lease: Lease, envelope: Envelope, compensation: Envelope,
+                settings: OutboxSettings | None, notify: bool) -> Plan[uuid.UUID]:
+    """Emit *envelope* under *lease* and record that *compensation* undoes it."""
+    spec = declared(envelope, compensation)
+    message_id = yield from emit_plan(envelope, lease=lease, settings=settings, notify=notify)
+    yield insert(run_effects).values(run_id=lease.run_id, message_id=message_id,
+                                     type=envelope.type, compensation=spec)
+    return message_id
+
+
+def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> Plan[Lease]:
+    """One turn of a compensating run under *lease*; it always ends the lease (waits for an
+    outcome, goes to a person, or finishes the run ``failed``)."""
+    e = run_effects
+    rows = yield (select(e).where(e.c.run_id == lease.run_id, e.c.state.in_(UNDECIDED))
+                  .order_by(e.c.seq.desc()))
+    for row in rows:
+        effect = Effect.from_row(row)
+        if effect.state == "refused":  # a person requeued the run: the effect stays
+            yield _decide(effect, "kept")
+            continue
+        if effect.state == "open":
+            outcome = yield from outcome_plan(lease.run_id, effect.message_id)
+            if outcome is None:
+                return (yield from _wait(lease, f"learning whether {effect.type} "
+                                         f"({effect.message_id}) took effect", actor, settings))
+            confirmed, evidence = outcome
+            if not confirmed:
+                yield _decide(effect, "not-applied", evidence=evidence)
+                continue
+            sent = yield from _send(lease, row, evidence, settings)
+            yield _decide(effect, "compensating", evidence=evidence, compensation_id=sent)
+            return (yield from _wait(lease, f"undoing {effect.type}: sent "
+                                     f"{row['compensation']['type']} ({sent})", actor, settings,
+                                     evidence=evidence))
+        assert effect.compensation_id is not None
+        outcome = yield from outcome_plan(lease.run_id, effect.compensation_id)
+        if outcome is None:
+            return (yield from _wait(lease, f"learning whether the undoing of {effect.type} "
+                                     f"({effect.compensation_id}) took effect", actor, settings))
+        confirmed, evidence = outcome
+        if not confirmed:
+            yield _decide(effect, "refused", compensation_evidence=evidence)
+            return (yield from _to_person(lease, effect, evidence, actor))
+        yield _decide(effect, "compensated", compensation_evidence=evidence)
+    return (yield from _finish(lease, actor))
+
+
+def outcome_plan(run_id: uuid.UUID, message_id: uuid.UUID) -> Plan[tuple[bool, Any] | None]:
+    """Whether the effect of message *message_id* took place (True) or was refused (False),
+    with the evidence that says so; ``None`` while nobody knows."""
+    o = operations
+    ops = yield (select(o.c.id, o.c.system, o.c.operation, o.c.status, o.c.reference,
+                        o.c.evidence, o.c.resolved_by, o.c.resolution_reason)
+                 .where(o.c.run_id == run_id, o.c.message_id == str(message_id))
+                 .order_by(o.c.created_at))
+    if ops:
+        if any(op["status"] in _OPEN_OPERATION for op in ops):
+            return None
+        evidence = {"operations": [{**op, "id": str(op["id"])} for op in ops]}
+        return any(op["status"] == "confirmed" for op in ops), evidence
+    c = confirmations
+    said = yield select(c.c.outcome, c.c.actor, c.c.evidence).where(
+        c.c.run_id == run_id, c.c.confirmation_id == str(message_id))
+    if not said:
+        return None
+    return said[0]["outcome"] != "failed", {"confirmation": dict(said[0])}
+
+
+def _decide(effect: Effect, state: str, **values: Any) -> Any:
+    return (update(run_effects).where(run_effects.c.seq == effect.seq)
+            .values(state=state, decided_at=func.now(), **values))
+
+
+def _send(lease: Lease, row: Mapping[Any, Any], evidence: Any,
+          settings: OutboxSettings | None) -> Plan[uuid.UUID]:
+    spec = dict(row["compensation"])
+    payload = {**(spec.pop("payload", None) or {}), "compensates": {
+        "message_id": str(row["message_id"]), "type": row["type"], "evidence": evidence}}
+    envelope = Envelope(**spec, payload=payload, message_id=compensation_id(row["message_id"]),
+                        causation_id=str(row["message_id"]))
+    return (yield from emit_plan(envelope, lease=lease, settings=settings))
+
+
+def _wait(lease: Lease, note: str, actor: str, settings: OutboxSettings | None, *,
+          evidence: Any = None) -> Plan[Lease]:
+    return (yield from fencing.wait_plan(
+        lease, ready=False, until=func.now() + RECHECK, waits={}, note=note, step=STEP,
+        checkpoint=KEEP, actor=actor, settings=settings, evidence=evidence))
+
+
+def _to_person(lease: Lease, effect: Effect, evidence: Any, actor: str) -> Plan[Lease]:
+    note = (f"the undoing of {effect.type} ({effect.message_id}) was refused: a person decides "
+            "(requeue the run to go on compensating; the effect then stays)")
+    return (yield from _move(lease, RunState.NEEDS_HUMAN, note, evidence=evidence, actor=actor,
+                             values={}))
+
+
+def _finish(lease: Lease, actor: str) -> Plan[Lease]:
+    effects = yield from effects_plan(lease.run_id)
+    evidence = {"effects": [{"type": e.type, "message_id": str(e.message_id), "state": e.state,
+                             "compensation_id": e.compensation_id and str(e.compensation_id),
+                             "compensation_evidence": e.compensation_evidence}
+                            for e in reversed(effects) if e.decided_at is not None]}
+    undone = sum(1 for e in effects if e.state == "compensated")
+    return (yield from _move(lease, RunState.FAILED, f"compensated: {undone} effect(s) undone",
+                             evidence=evidence, actor=actor,
+                             values={"finished_at": func.now(), "compensating_since": None}))
+
+
+def _move(lease: Lease, to: RunState, note: str, *, evidence: Any, actor: str,
+          values: Mapping[str, Any]) -> Plan[Lease]:
+    sources = {RunState.RUNNING.value}
+    stmt: Select[Any] = fencing.statement(
+        lease.run_id, lease=lease, sources=sources,
+        values={"state": to.value, "reason": note, "last_evidence": evidence,
+                **fencing.lease_values(clear=True), **values},
+        history=[fencing.HistoryRow(to, reason=note, evidence=evidence, actor=actor)])
+    row = yield from fencing.write(stmt, lease.run_id, lease, to.value, sources)
+    assert row is not None
+    return fencing.next_lease(lease, row)
