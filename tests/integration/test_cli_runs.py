@@ -236,3 +236,25 @@ def publish_everything(engine: Engine, *, offset: int) -> None:
                failed=[], set_aside=[], blocking=False, incarnation=batch.incarnation,
                cursors={lane: (read_.advanced(read_.ids[-1]), len(read_.ids))
                         for lane, read_ in batch.reads.items() if read_.ids})
+
+
+def test_cancel_fails_a_waiting_run_with_who_and_why_and_a_finished_one_is_refused(
+    engine: Engine, database_url: str
+) -> None:
+    waiting = _run_in(engine, "waiting", "cx-waiting")
+    with engine.begin() as conn:  # and one that a worker has not taken yet
+        queued = start_run(conn, workflow="supplier-order", workflow_version="3",
+                           idempotency_key="cx-queued").id
+    for run_id in (waiting, queued):
+        result = outbox("runs", "cancel", str(run_id), "--reason", "customer withdrew",
+                        "--actor", "alice", "--database-url", database_url)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"run {run_id} (supplier-order): failed"
+        shown = json.loads(outbox("runs", "show", str(run_id), "--json",
+                                  "--database-url", database_url).stdout)
+        last = shown["history"][-1]
+        assert (shown["state"], last["actor"], last["reason"]) == (
+            "failed", "alice", "customer withdrew")
+    again = outbox("runs", "cancel", str(waiting), "--database-url", database_url, USER="bob")
+    assert again.returncode == 1
+    assert "'failed'" in one_line(again)
