@@ -4,9 +4,10 @@ the ledger tries. Read from the environment so each process is started the same 
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from functools import cache
 
-from dedup.ledger import ReconcilePolicy
+from dedup.ledger import Operation, ReconcilePolicy
 from examples.supplier_client import SupplierClient
 
 WORKFLOW = "supplier-order"
@@ -61,3 +62,11 @@ def account_of(index: int) -> str:
 def supplier() -> SupplierClient:
     """The supplier's client, as every process of the example calls it."""
     return SupplierClient(supplier_url(), timeout=CALL_TIMEOUT_S)
+
+
+def retry_delay(op: Operation) -> float:
+    """Come back when the ledger says the operation is next due (bounded to 0.2-2 s: the
+    reconciler may settle it sooner)."""
+    if op.next_check_at is None:
+        return 1.0
+    return min(2.0, max(0.2, (op.next_check_at - datetime.now(UTC)).total_seconds()))

@@ -26,12 +26,10 @@ settled or with a person.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
 from consumers import Consumer, HandlerContext, RetryLater
-from dedup.ledger import Operation
 from examples.supplier_order import config
 
 
@@ -45,21 +43,13 @@ app = Consumer(group_id=config.group_id())
 UNSETTLED = frozenset({"pending", "unknown", "not-applied"})
 
 
-def retry_delay(op: Operation) -> float:
-    """Come back when the ledger says the operation is next due (bounded to 0.2-2 s: the
-    reconciler may settle it sooner)."""
-    if op.next_check_at is None:
-        return 1.0
-    return min(2.0, max(0.2, (op.next_check_at - datetime.now(UTC)).total_seconds()))
-
-
 def place_order(ctx: HandlerContext, order: OrderSubmit) -> None:
     op = ctx.perform(
         system=config.supplier().system(), operation="place-order",
         request=order.model_dump(mode="json"), run_id=order.run_id, policy=config.POLICY,
     )
     if op.status in UNSETTLED:
-        raise RetryLater(f"the order's outcome is {op.status}: reconciling", retry_delay(op))
+        raise RetryLater(f"the order's outcome is {op.status}: reconciling", config.retry_delay(op))
 
 
 app.register(config.topic(), place_order)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -57,8 +58,10 @@ class Pipeline:
     """The processes of one run of the example, sharing one database, broker and topic."""
 
     def __init__(self, *, database_url: str, bootstrap: str, topic: str, group: str,
-                 workdir: Path, quiet: bool = True) -> None:
+                 workdir: Path, quiet: bool = True,
+                 commands: Mapping[str, list[str]] = COMMANDS) -> None:
         self.database_url, self.bootstrap = database_url, bootstrap
+        self.commands = commands  # another example's processes (examples/saga)
         self.topic, self.group, self.workdir = topic, group, workdir
         self.quiet = quiet
         self.supplier_url = ""
@@ -129,7 +132,7 @@ class Pipeline:
             raise RuntimeError(f"{name} is already running (pid {old.popen.pid})")
         if kind == "consumer" and port is None:
             port = free_port()
-        argv = [sys.executable, *(a.format(name=name, port=port) for a in COMMANDS[kind])]
+        argv = [sys.executable, *(a.format(name=name, port=port) for a in self.commands[kind])]
         log = (self.workdir / f"{name}.log").open("ab")
         popen = subprocess.Popen(argv, env=self.env(kind, name, failpoints, port), cwd=ROOT,
                                  stdout=log, stderr=subprocess.STDOUT,

@@ -237,8 +237,9 @@ candidate AS (
                 OR r.state = 'running' AND coalesce(r.lease_expires_at, now()) <= now()
                 OR r.state = 'waiting' AND r.not_before <= now())
            AND r.purged_at IS NULL
-           AND NOT EXISTS (SELECT 1 FROM {schema}.workflows w
-                            WHERE w.name = r.workflow AND w.retired_at IS NOT NULL)
+           AND (r.compensating_since IS NOT NULL  -- a retired workflow's runs still undo
+                OR NOT EXISTS (SELECT 1 FROM {schema}.workflows w
+                                WHERE w.name = r.workflow AND w.retired_at IS NOT NULL))
            AND (CAST(%(workflows)s AS text[]) IS NULL
                 OR r.workflow = ANY(CAST(%(workflows)s AS text[])))
            FOR UPDATE OF r SKIP LOCKED) c

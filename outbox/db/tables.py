@@ -464,6 +464,8 @@ Index(
 )
 Index("operations_status_idx", operations.c.status, operations.c.created_at)
 Index("operations_run_idx", operations.c.run_id, postgresql_where=text("run_id IS NOT NULL"))
+Index("operations_message_idx", operations.c.message_id,  # migration 0014
+      postgresql_where=text("message_id IS NOT NULL"))
 
 # Each call, status query, retry, escalation and human resolution of an operation.
 operation_events = Table(

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Select, func, insert, select, update
+from sqlalchemy import Select, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from outbox.db.execution import Plan
-from outbox.db.tables import confirmations, operations, run_effects
+from outbox.db.tables import agent_runs, confirmations, operations, run_effects
 from outbox.errors import ConfigurationError
 from outbox.messages.emit import emit_plan
-from outbox.messages.envelope import Envelope
+from outbox.messages.envelope import Envelope, encode
 from outbox.runs import fencing
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.compensation import (
+    LEARN_LIMIT,
     RECHECK,
+    RECHECK_MAX,
     STEP,
     UNDECIDED,
     Effect,
@@ -30,7 +34,7 @@ from outbox.runs.compensation import (
 )
 from outbox.runs.leases import Lease
 from outbox.runs.states import RunState
-from outbox.settings import OutboxSettings
+from outbox.settings import OutboxSettings, default_settings
 
 _OPEN_OPERATION = ("pending", "unknown", "not-applied", "needs-human")
 
@@ -56,15 +60,23 @@ def record_plan(lease: Lease, envelope: Envelope, compensation: Envelope,
                 settings: OutboxSettings | None, notify: bool) -> Plan[uuid.UUID]:
     """Emit *envelope* under *lease* and record that *compensation* undoes it."""
     spec = declared(envelope, compensation)
+    # The undo as it will be sent (less the effect's evidence), checked as emit checks it now:
+    # a bad topic or header fails this step, not the compensation it exists for.
+    encode(compensation.model_copy(update={"payload": {**(compensation.payload or {}),
+                                                       "compensates": {}}}),
+           settings or default_settings())
     message_id = yield from emit_plan(envelope, lease=lease, settings=settings, notify=notify)
-    yield insert(run_effects).values(run_id=lease.run_id, message_id=message_id,
-                                     type=envelope.type, compensation=spec)
+    # An effect emitted again under its own message id (a requeued run's step): recorded once.
+    yield (pg_insert(run_effects).values(run_id=lease.run_id, message_id=message_id,
+                                         type=envelope.type, compensation=spec)
+           .on_conflict_do_nothing(index_elements=["message_id"]))
     return message_id
 
 
-def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> Plan[Lease]:
-    """One turn of a compensating run under *lease*; it always ends the lease (waits for an
-    outcome, goes to a person, or finishes the run ``failed``)."""
+def step_plan(lease: Lease, *, since: datetime, actor: str,
+              settings: OutboxSettings | None) -> Plan[Lease]:
+    """One turn of a compensating run under *lease* (compensating *since*); it always ends
+    the lease (waits for an outcome, goes to a person, or finishes the run ``failed``)."""
     e = run_effects
     rows = yield (select(e).where(e.c.run_id == lease.run_id, e.c.state.in_(UNDECIDED))
                   .order_by(e.c.seq.desc()))
@@ -76,8 +88,8 @@ def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> P
         if effect.state == "open":
             outcome = yield from outcome_plan(lease.run_id, effect.message_id)
             if outcome is None:
-                return (yield from _wait(lease, f"learning whether {effect.type} "
-                                         f"({effect.message_id}) took effect", actor, settings))
+                return (yield from _unknown(lease, f"{effect.type} ({effect.message_id})",
+                                            since, actor, settings))
             confirmed, evidence = outcome
             if not confirmed:
                 yield _decide(effect, "not-applied", evidence=evidence)
@@ -90,8 +102,8 @@ def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> P
         assert effect.compensation_id is not None
         outcome = yield from outcome_plan(lease.run_id, effect.compensation_id)
         if outcome is None:
-            return (yield from _wait(lease, f"learning whether the undoing of {effect.type} "
-                                     f"({effect.compensation_id}) took effect", actor, settings))
+            return (yield from _unknown(lease, f"the undoing of {effect.type} "
+                                        f"({effect.compensation_id})", since, actor, settings))
         confirmed, evidence = outcome
         if not confirmed:
             yield _decide(effect, "refused", compensation_evidence=evidence)
@@ -106,7 +118,7 @@ def outcome_plan(run_id: uuid.UUID, message_id: uuid.UUID) -> Plan[tuple[bool, A
     o = operations
     ops = yield (select(o.c.id, o.c.system, o.c.operation, o.c.status, o.c.reference,
                         o.c.evidence, o.c.resolved_by, o.c.resolution_reason)
-                 .where(o.c.run_id == run_id, o.c.message_id == str(message_id))
+                 .where(o.c.message_id == str(message_id))
                  .order_by(o.c.created_at))
     if ops:
         if any(op["status"] in _OPEN_OPERATION for op in ops):
@@ -136,11 +148,28 @@ def _send(lease: Lease, row: Mapping[Any, Any], evidence: Any,
     return (yield from emit_plan(envelope, lease=lease, settings=settings))
 
 
+def _unknown(lease: Lease, what: str, since: datetime, actor: str,
+             settings: OutboxSettings | None) -> Plan[Lease]:
+    """Wait to learn whether *what* took effect, or give it to a person after LEARN_LIMIT."""
+    if datetime.now(UTC) - since <= LEARN_LIMIT:
+        return (yield from _wait(lease, f"learning whether {what} took effect", actor,
+                                 settings))
+    note = (f"whether {what} took effect is still unknown after {LEARN_LIMIT}: a person "
+            "decides (settle its operation, or requeue the run to look again)")
+    return (yield from _move(lease, RunState.NEEDS_HUMAN, note, evidence=None, actor=actor,
+                             values={}))
+
+
 def _wait(lease: Lease, note: str, actor: str, settings: OutboxSettings | None, *,
           evidence: Any = None) -> Plan[Lease]:
+    # Looks again by itself after a tenth of the time it has compensated, 5 s to 5 min.
+    elapsed = func.extract("epoch", func.now() - agent_runs.c.compensating_since)
+    seconds = func.least(func.greatest(elapsed / 10, RECHECK.total_seconds()),
+                         RECHECK_MAX.total_seconds())
+    until = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, seconds)
     return (yield from fencing.wait_plan(
-        lease, ready=False, until=func.now() + RECHECK, waits={}, note=note, step=STEP,
-        checkpoint=KEEP, actor=actor, settings=settings, evidence=evidence))
+        lease, ready=False, until=until, waits={}, note=note, step=STEP, checkpoint=KEEP,
+        actor=actor, settings=settings, evidence=evidence))
 
 
 def _to_person(lease: Lease, effect: Effect, evidence: Any, actor: str) -> Plan[Lease]:

@@ -40,6 +40,7 @@ from sqlalchemy import CTE, ColumnElement, Insert, RowMapping, exists, func, sel
 
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, run_effects
+from outbox.errors import IllegalTransition
 from outbox.runs import fencing, wakeups
 from outbox.runs.checkpoints import KEEP, checkpoint_value
 from outbox.runs.leases import Lease
@@ -49,8 +50,13 @@ from outbox.settings import OutboxSettings
 STEP = "compensating"
 """The step a compensating run stands at."""
 RECHECK = timedelta(seconds=5)
-"""How long a compensating run waits for an outcome before it looks again by itself (a
-settlement through the ledger or a confirmation wakes it sooner)."""
+"""How long a compensating run first waits for an outcome before it looks again by itself
+(a settlement through the ledger or a confirmation wakes it sooner); the wait then grows
+with the time it has compensated (a tenth of it), up to :data:`RECHECK_MAX`."""
+RECHECK_MAX = timedelta(minutes=5)
+LEARN_LIMIT = timedelta(hours=1)
+"""How long a compensating run waits to learn an outcome (since it began, or since a person
+requeued it) before it goes to a person: an effect nobody settles blocks the older ones."""
 UNDECIDED = ("open", "compensating", "refused")
 _NAMESPACE = uuid.UUID("6f1d2a7e-9a52-4c0e-8f4d-0c8d5b1e7a31")
 
@@ -94,11 +100,28 @@ def undecided() -> ColumnElement[bool]:
         run_effects.c.run_id == agent_runs.c.id, run_effects.c.state.in_(UNDECIDED)))
 
 
-def compensates_plan(run_id: uuid.UUID) -> Plan[bool]:
-    """True when a move of *run_id* to ``failed`` must compensate instead."""
+def failing_plan(run_id: uuid.UUID) -> Plan[str | None]:
+    """What a move of *run_id* to ``failed`` must do instead: ``"compensate"`` (effects to
+    undo), ``"compensating"`` (it undoes them already: refuse), ``None`` (nothing: fail it)."""
     rows = yield select(undecided().label("undecided"), agent_runs.c.compensating_since).where(
         agent_runs.c.id == run_id)
-    return bool(rows) and rows[0]["undecided"] and rows[0]["compensating_since"] is None
+    if not rows:
+        return None
+    if rows[0]["compensating_since"] is not None:
+        return "compensating"
+    return "compensate" if rows[0]["undecided"] else None
+
+
+def plainly_failed() -> list[ColumnElement[bool]]:
+    """The conditions of a plain move to ``failed`` (in its fenced statement, so an effect
+    added since :func:`failing_plan` looked makes it miss rather than drop the effect)."""
+    return [agent_runs.c.compensating_since.is_(None), ~undecided()]
+
+
+def refuse_failing(run_id: uuid.UUID, state: str) -> IllegalTransition:
+    return IllegalTransition(run_id, state, RunState.FAILED.value,
+                             "it is undoing its effects (compensating): let it finish; it "
+                             "ends failed by itself")
 
 
 def begin_plan(run_id: uuid.UUID, *, lease: Lease | None, sources: set[str], reason: str,

@@ -27,13 +27,14 @@ from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import CTE, Insert, exists, func, insert, literal, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import agent_runs
 from outbox.db.tables import confirmations as applied
 from outbox.errors import ConfigurationError, EvidenceRequired, IllegalTransition
 from outbox.runs import compensation, fencing, wakeups
-from outbox.runs.states import RunState
+from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
 
 Outcome = Literal["running", "done", "failed"]
@@ -57,6 +58,7 @@ class Confirmation:
 
 OUTCOMES: frozenset[str] = frozenset({"running", "done", "failed"})
 _WAITING = frozenset({RunState.WAITING.value})
+_FINISHED = frozenset(s.value for s in FINISHED)
 
 
 def apply_confirmation(
@@ -193,25 +195,32 @@ def confirmation_plan(
     if duplicate:
         return False
     if (moved := (yield from _compensating_plan(
-            run_id, outcome, note=note, evidence=evidence, actor=actor, where=[~already],
+            run_id, confirmation_id, outcome, note=note, evidence=evidence, actor=actor,
+            where=[~already],
             record=record, settings=settings, notify=notify))):
         return moved
     yield from fencing.explain(run_id, None, outcome, _WAITING)
     raise IllegalTransition(run_id, RunState.WAITING.value, outcome)  # not reached in practice
 
 
-def _compensating_plan(run_id: uuid.UUID, outcome: str, *, note: str, evidence: Any,
+def _compensating_plan(run_id: uuid.UUID, confirmation_id: str, outcome: str, *, note: str,
+                       evidence: Any,
                        actor: str, where: list[Any], record: Callable[[CTE], Insert],
                        settings: OutboxSettings | None, notify: bool) -> Plan[bool]:
-    """A confirmation of a waiting run that compensates (it only wakes it: the effects
-    decide, and this confirmation is kept for them to read), or that fails a run with effects
-    to undo (it compensates first). False: neither applies."""
-    rows = yield select(agent_runs.c.state, agent_runs.c.compensating_since,
-                        compensation.undecided().label("undecided")).where(
-        agent_runs.c.id == run_id)
-    if not rows or rows[0]["state"] != RunState.WAITING:
+    """A confirmation of a run that compensates (kept for the effects to read, which decide;
+    it only wakes the run if it waits), or one that fails a run with effects to undo (it
+    compensates first). False: neither applies."""
+    rows = yield (select(agent_runs.c.state, agent_runs.c.compensating_since,
+                         compensation.undecided().label("undecided"))
+                  .where(agent_runs.c.id == run_id).with_for_update())
+    if not rows or rows[0]["state"] in _FINISHED:
         return False
     if rows[0]["compensating_since"] is not None:
+        if rows[0]["state"] != RunState.WAITING:  # queued, running: its next turn reads it
+            kept = yield (pg_insert(applied).values(
+                run_id=run_id, confirmation_id=confirmation_id, outcome=outcome, actor=actor,
+                evidence=evidence).on_conflict_do_nothing().returning(applied.c.run_id))
+            return bool(kept)
         stmt = fencing.statement(
             run_id, lease=None, sources=_WAITING, where=where, also=record,
             values={"state": RunState.RUNNING.value, "not_before": None, "reason": note},
@@ -219,9 +228,10 @@ def _compensating_plan(run_id: uuid.UUID, outcome: str, *, note: str, evidence: 
                                         actor=actor)],
             woken=wakeups.woken(settings) if notify else None)
         return bool((yield stmt))
-    if outcome != RunState.FAILED or not rows[0]["undecided"]:
+    if rows[0]["state"] != RunState.WAITING or outcome != RunState.FAILED \
+            or not rows[0]["undecided"]:
         return False
-    yield from compensation.begin_plan(run_id, lease=None, sources=set(_WAITING), reason=note,
-                                       evidence=evidence, actor=actor, settings=settings,
-                                       notify=notify, where=tuple(where), also=record)
-    return True
+    moved = yield from compensation.begin_plan(
+        run_id, lease=None, sources=set(_WAITING), reason=note, evidence=evidence, actor=actor,
+        settings=settings, notify=notify, where=tuple(where), also=record)
+    return moved is not None

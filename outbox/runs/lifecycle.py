@@ -24,6 +24,7 @@ from sqlalchemy import (
     ColumnElement,
     RowMapping,
     Text,
+    case,
     cast,
     exists,
     func,
@@ -257,7 +258,7 @@ def _apply_version_policy(claim: Claim, workflow: Workflow,
                           settings: OutboxSettings | None) -> Plan[Claim | None]:
     run, lease = claim.run, claim.lease
     change = workflow.version_change(_pinned(run))
-    if change is None:
+    if change is None or run.compensating_since is not None:  # undoing runs no workflow code
         return claim
     policy = VersionPolicy(workflow.on_version_change)
     running = {RunState.RUNNING.value}
@@ -364,8 +365,8 @@ def transition_plan(
     actor: str | None, checkpoint: Any, wake_at: datetime | timedelta | None,
     settings: OutboxSettings | None,
 ) -> Plan[Lease]:
-    if RunState(to) is RunState.FAILED and (yield from compensation.compensates_plan(
-            lease.run_id)):
+    if RunState(to) is RunState.FAILED and (yield from compensation.failing_plan(
+            lease.run_id)) == "compensate":
         # A run that fails with effects to undo compensates first (it ends failed after).
         return (yield from compensation.begin_leased_plan(
             lease, reason=reason or "the step moved the run to failed", evidence=evidence,
@@ -428,9 +429,19 @@ def move_plan(
         | (func.coalesce(runs.c.lease_expires_at, func.now()) <= func.now()),
     ]
     if target is RunState.QUEUED:
-        values.update(attempts=0, finished_at=None, not_before=wake_value(not_before))
-        where.append(~fencing.retired_clause())
-    if target is RunState.FAILED and (yield from compensation.compensates_plan(run_id)):
+        values.update(attempts=0, finished_at=None, not_before=wake_value(not_before),
+                      # a requeue restarts an undoing's clock (how long it waits to learn)
+                      compensating_since=case((runs.c.compensating_since.is_(None), None),
+                                              else_=func.now()))
+        where.append(~fencing.retired_clause() | runs.c.compensating_since.is_not(None))
+    failing = (yield from compensation.failing_plan(run_id)) if target is RunState.FAILED \
+        else None
+    if failing == "compensating":
+        state = (yield from get_run_plan(run_id)).state
+        raise compensation.refuse_failing(run_id, state.value)
+    if target is RunState.FAILED:
+        where += compensation.plainly_failed() if failing is None else []
+    if failing == "compensate":
         row = yield from compensation.begin_plan(
             run_id, lease=None, sources=allowed, reason=reason or f"failed by {actor}",
             evidence=evidence, actor=actor, settings=settings, notify=notify, where=tuple(where))

@@ -36,7 +36,7 @@ from outbox.handle import ClaimedRun
 from outbox.messages import compensations
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run
-from outbox.runs.retry import RetryOutcome
+from outbox.runs.retry import RetryOutcome, RetryPolicy
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
 
@@ -90,6 +90,16 @@ def _lost(broke: bool | None, exc: BaseException) -> bool:
     failure, for its retry policy. Outside the function's part (connecting, the commit:
     *broke* ``None``) only the worker's own statements ran: their error says it."""
     return is_outage(exc) if broke is None else broke
+
+
+UNDOING = RetryPolicy(max_attempts=10, initial_backoff=1.0, max_backoff=60.0)
+"""How a failed turn of a compensating run is retried, whatever the workflow's policy (its
+``catch`` steps belong to the workflow's code, which an undoing does not run). It then goes
+to a person (:func:`outbox.runs.retry.handle_failure` never fails a compensating run)."""
+
+
+def _policy(step: Step, run: Run) -> RetryPolicy:
+    return UNDOING if run.compensating_since is not None else step.workflow.retry_for(run.step)
 
 
 def _done_evidence(step: Step) -> dict[str, str]:
@@ -156,9 +166,10 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
     broke: bool | None = None
     try:
         if run.compensating_since is not None:  # the run undoes its effects, not its steps
+            since = run.compensating_since
             with _transaction(engine, conn) as tx:
-                run_plan(tx, compensations.step_plan(lease, actor=actor, settings=settings),
-                         settings)
+                run_plan(tx, compensations.step_plan(lease, since=since, actor=actor,
+                                                     settings=settings), settings)
             return "compensating"
         checkpoint = step.load(run)
         with _transaction(engine, conn) as tx:
@@ -180,7 +191,7 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
         try:
             with _transaction(engine, conn) as tx:
                 outcome = ClaimedRun(tx, run, lease, settings=settings).handle_failure(
-                    exc, policy=step.workflow.retry_for(run.step), step=run.step)
+                    exc, policy=_policy(step, run), step=run.step)
         except Exception as second:
             return _dropped(step, run, second)
         return _failed(step, run, exc, outcome)
@@ -240,10 +251,11 @@ async def run_driven(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
 
 async def _compensate_async(run: Run, lease: Lease, engine: AsyncEngine, *,
                             settings: OutboxSettings, actor: str) -> None:
-    """A compensating run's turn (:func:`outbox.runs.compensations.step_plan`)."""
+    """A compensating run's turn (:func:`outbox.messages.compensations.step_plan`)."""
+    assert run.compensating_since is not None
     async with engine.begin() as conn:
-        await run_plan_async(conn, compensations.step_plan(lease, actor=actor, settings=settings),
-                             settings)
+        await run_plan_async(conn, compensations.step_plan(
+            lease, since=run.compensating_since, actor=actor, settings=settings), settings)
 
 
 async def _failed_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine,
@@ -254,7 +266,7 @@ async def _failed_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine,
         async with engine.begin() as conn:
             outcome = await AsyncClaimedRun(conn, run, lease, settings=settings
                                             ).handle_failure(
-                exc, policy=step.workflow.retry_for(run.step), step=run.step)
+                exc, policy=_policy(step, run), step=run.step)
     except Exception as second:
         return _dropped(step, run, second)
     return _failed(step, run, exc, outcome)

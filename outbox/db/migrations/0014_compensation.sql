@@ -27,3 +27,7 @@ CREATE TABLE {schema}.run_effects (
         ('open', 'compensating', 'compensated', 'not-applied', 'refused', 'kept'))
 );
 CREATE INDEX run_effects_run_idx ON {schema}.run_effects (run_id, seq);
+-- A compensation learns an effect's outcome from the operations of its message (whatever
+-- run_id, if any, the consumer recorded them with).
+CREATE INDEX operations_message_idx ON {schema}.operations (message_id)
+    WHERE message_id IS NOT NULL;
