@@ -232,8 +232,13 @@ def test_an_operator_cancel_compensates_and_a_run_without_effects_just_fails(
         op = settle(engine, run.id, charge, open_only=True)  # called; no answer yet
         with engine.begin() as conn:
             app.wake(conn, run.id)
-        wait_for(lambda: app_run(engine, run.id).state == "waiting"
-                 and app_run(engine, run.id).updated_at > moved.updated_at, what="a look")
+
+        def looks() -> int:
+            with engine.connect() as conn:
+                return sum(1 for t in app.history(conn, run.id)
+                           if (t.reason or "").startswith("learning whether charge"))
+
+        wait_for(lambda: looks() >= 2, what="a second look, woken")
         assert len(messages(engine, run.id)) == 2  # still nothing decided
         with engine.begin() as conn:  # the status query: it was refused
             Ledger().record_outcome(conn, op, Refused(Evidence(reference="declined")))
