@@ -253,6 +253,42 @@ class App(Operations):
         return await run_plan_async(conn, self._start_plan(
             workflow, idempotency_key, checkpoint, notify, parent), self.settings)
 
+    def start_children(self, job: RunHandle[Any, Any], workflow: str | Callable[..., Any],
+                       items: Mapping[str, Any], *, concurrency: int | None = None,
+                       notify: bool = True) -> list[Run]:
+        """Start one child run of *workflow* per ``key: checkpoint`` of *items*, in *job*'s
+        transaction and one statement (never commits); return them in the order of *items*.
+
+        As :meth:`start_run` with ``parent=job`` for each item (a key started already is
+        that child, if its input is the same), and *concurrency*: at most that many of the
+        parent's children unfinished and not held at once; the others are started held and
+        each child that finishes releases the next (:mod:`outbox.runs.children`).
+        """
+        return run_plan(job.conn, self._start_many_plan(job, workflow, items, concurrency,
+                                                        notify), self.settings)
+
+    async def start_children_async(self, job: RunHandle[Any, Any],
+                                   workflow: str | Callable[..., Any], items: Mapping[str, Any],
+                                   *, concurrency: int | None = None,
+                                   notify: bool = True) -> list[Run]:
+        """:meth:`start_children` on an async handle; never commits."""
+        return await run_plan_async(job.conn, self._start_many_plan(
+            job, workflow, items, concurrency, notify), self.settings)
+
+    def _start_many_plan(self, job: RunHandle[Any, Any], workflow: str | Callable[..., Any],
+                         items: Mapping[str, Any], concurrency: int | None,
+                         notify: bool) -> Plan[list[Run]]:
+        step = _startable(self.step(workflow))
+        if not isinstance(items, Mapping):
+            raise ConfigurationError(
+                f"items must map each child's key to its checkpoint, got {type(items).__name__}")
+        for key in items:
+            child_key(job.run.id, key)  # a clear error for an empty or non-text key
+        dumped = [(key, step.dump(checkpoint)) for key, checkpoint in items.items()]
+        return children.start_many_plan(job._held(), dumped, pins=_pins(step.workflow),
+                                        concurrency=concurrency, settings=self.settings,
+                                        notify=notify)
+
     def _start_plan(self, workflow: str | Callable[..., Any], key: str, checkpoint: Any,
                     notify: bool, parent: RunHandle[Any, Any] | None) -> Plan[Run]:
         step = _startable(self.step(workflow))

@@ -13,6 +13,10 @@
   counts, so no child's finish falls between the count and the wait.
 * The woken parent reads ``job.children()`` (state, checkpoint, evidence of each) and
   decides: a failed child is the parent's to handle (retry it as a new child, fail, compensate).
+* ``app.start_children(job, child, {key: checkpoint, ...}, concurrency=n)`` starts many in
+  one statement (:func:`start_many_plan`); beyond *n* unfinished children they are held
+  (queued, ``not_before`` in the year 9000), and each child that finishes releases the oldest
+  held one (the trigger of migration 0015).
 * :func:`cancel_plan` (``app.cancel``) fails a run and every unfinished run below it; each
   with effects to undo compensates first (:mod:`outbox.runs.compensation`).
 """
@@ -20,17 +24,31 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    Text,
+    case,
+    column,
+    exists,
+    func,
+    literal,
+    null,
+    select,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from outbox.db.execution import Plan
-from outbox.db.tables import agent_runs
-from outbox.errors import ConfigurationError, IllegalTransition
-from outbox.runs import fencing
-from outbox.runs.checkpoints import KEEP
+from outbox.db.tables import agent_runs, workflows
+from outbox.errors import ConfigurationError, IllegalTransition, WorkflowRetired
+from outbox.runs import fencing, wakeups
+from outbox.runs.checkpoints import KEEP, bounded
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run, move_plan, wake_value
 from outbox.runs.states import FINISHED, RunState
@@ -143,3 +161,84 @@ def cancel_plan(run_id: uuid.UUID, *, actor: str, reason: str,
                       .order_by(agent_runs.c.created_at, agent_runs.c.idempotency_key))
         todo.extend(row["id"] for row in rows)
     return Cancelled(moved, held)
+
+
+HELD = "9000-01-01 00:00:00+00"
+"""``not_before`` of a child held back by its parent's concurrency bound: no claim takes it
+before then. A finite time, which every driver reads (psycopg refuses 'infinity'), and far
+enough from 9999 for any session time zone."""
+
+
+def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Mapping[str, Any],
+                    concurrency: int | None, settings: OutboxSettings | None,
+                    notify: bool = True) -> Plan[list[Run]]:
+    """Start one child of *lease*'s run per (key, checkpoint) of *items*, in one statement;
+    return them in the order of *items*. A key started already (the step ran before a
+    crash) is that child, if its workflow and checkpoint are the same; else nothing is
+    started and a ConfigurationError names the key. At most *concurrency* of the parent's
+    children are unfinished and not held at once: the rest are started held."""
+    keys = [key for key, _ in items]
+    if len(set(keys)) != len(keys):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise ConfigurationError(f"children's keys must be unique: {twice} given twice")
+    if concurrency is not None and (isinstance(concurrency, bool)
+                                    or not isinstance(concurrency, int) or concurrency < 1):
+        raise ConfigurationError(f"concurrency must be a whole number >= 1, got {concurrency!r}")
+    for _, checkpoint in items:
+        bounded(checkpoint, settings)
+    if not items:
+        return []
+    yield from fencing.hold(lease)
+    r = agent_runs
+    free = len(items)
+    if concurrency is not None:  # the parent's children running or due, not held
+        rows = yield select(func.count().label("live")).where(
+            r.c.parent_id == lease.run_id, r.c.state.not_in(_FINISHED),
+            func.coalesce(r.c.not_before, func.now()) != literal(HELD, r.c.not_before.type))
+        free = max(concurrency - rows[0]["live"], 0)
+    data = [{"key": child_key(lease.run_id, key), "checkpoint": checkpoint, "held": n >= free,
+             "ord": n} for n, (key, checkpoint) in enumerate(items)]
+    given = func.jsonb_to_recordset(literal(data, JSONB)).table_valued(
+        column("key", Text), column("checkpoint", JSONB), column("held", Boolean),
+        column("ord", Integer)).render_derived(name="given", with_types=True)
+    workflow = pins["workflow"]
+    # Children started already (the step ran before a crash) first: one of another input
+    # refuses the whole batch before anything is written.
+    rows = yield (select(r, given.c.ord,
+                         r.c.checkpoint.is_not_distinct_from(given.c.checkpoint)
+                         .label("same_input"))
+                  .select_from(r.join(given, r.c.idempotency_key == given.c.key)))
+    for row in rows:
+        if row["workflow"] != workflow or not row["same_input"]:
+            raise ConfigurationError(
+                f"child key {keys[row['ord']]!r} already started run {row['id']} with another "
+                f"{'workflow' if row['workflow'] != workflow else 'checkpoint'}: a child's key "
+                "names one input (use a new key for new input); nothing was started")
+    found = {row["ord"]: Run.from_row(row) for row in rows}
+    source = select(
+        func.gen_random_uuid(), literal(workflow), literal(pins["workflow_version"]),
+        literal(pins["prompt_version"], Text), literal(pins["tool_schema_version"], Text),
+        literal(RunState.QUEUED.value), given.c.checkpoint, given.c.key,
+        literal(lease.run_id, r.c.parent_id.type),
+        case((given.c.held, literal(HELD, r.c.not_before.type)), else_=null()),
+    ).where(~exists(select(workflows.c.name).where(
+        workflows.c.name == workflow, workflows.c.retired_at.is_not(None)))
+    ).order_by(given.c.ord)
+    inserted = (
+        pg_insert(r).from_select(["id", "workflow", "workflow_version", "prompt_version",
+                                  "tool_schema_version", "state", "checkpoint",
+                                  "idempotency_key", "parent_id", "not_before"], source)
+        .on_conflict_do_nothing(index_elements=[r.c.idempotency_key])
+        .returning(*r.c, literal(None).label("from_state"))
+        .cte("inserted"))
+    history = fencing.history_insert(
+        inserted, [fencing.HistoryRow(RunState.QUEUED, reason="started", actor="start_run")])
+    started = (select(inserted, wakeups.notify(inserted.c.workflow, settings)) if notify
+               else select(inserted)).add_cte(history.cte("hist"))
+    order = {entry["key"]: entry["ord"] for entry in data}
+    for row in (yield started):
+        found[order[row["idempotency_key"]]] = Run.from_row(row)
+    if len(found) < len(items):  # neither there nor inserted: the workflow is retired
+        rows = yield select(workflows.c.retired_reason).where(workflows.c.name == workflow)
+        raise WorkflowRetired(workflow, rows[0]["retired_reason"] if rows else None)
+    return [found[n] for n in range(len(items))]

@@ -1,0 +1,149 @@
+"""A bounded fan-out (``app.start_children(job, child, items, concurrency=n)``, migration
+0015's trigger) against real PostgreSQL and the worker: 100 children, never more than 10 at
+once, each run once, the parent woken once with every output; started once however often
+the step runs; bad input refused before anything is written."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import Engine, text
+
+from outbox import App, ClaimedRun
+from outbox.errors import ConfigurationError
+from tests.integration.worker_support import run_in, running
+
+
+class Item(BaseModel):
+    n: int
+
+
+class Gauge:
+    """How many child steps run at once, at most."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+        self.runs: list[int] = []
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+def test_a_hundred_children_ten_at_a_time_each_once_and_the_parent_woken_once(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+    gauge = Gauge()
+    parent_steps: list[str | None] = []
+
+    @app.workflow("square", version="1")
+    def square(job: ClaimedRun[Item]) -> None:
+        with gauge:
+            gauge.runs.append(job.checkpoint.n)
+            time.sleep(0.05)
+        job.transition("done", reason="squared", evidence={"square": job.checkpoint.n ** 2})
+
+    @app.workflow("sum", version="1")
+    def total(job: ClaimedRun[Any]) -> None:
+        parent_steps.append(job.run.step)
+        if job.run.step != "joined":
+            app.start_children(job, square, {f"n{n}": Item(n=n) for n in range(100)},
+                               concurrency=10)
+            job.wait_for_children("all", step="joined")
+            return
+        kids = job.children()
+        job.transition("done", reason="summed",
+                       evidence={"sum": sum(k.last_evidence["square"] for k in kids),
+                                 "count": len(kids)})
+
+    with running(app, concurrency=24):
+        with engine.begin() as conn:
+            run = app.start_run(conn, total, idempotency_key="sum-100")
+        done = run_in(engine, run.id, "done", timeout=60)
+    assert done.last_evidence == {"sum": sum(n * n for n in range(100)), "count": 100}
+    assert sorted(gauge.runs) == list(range(100))  # each child once
+    assert 1 < gauge.most <= 10, gauge.most
+    assert parent_steps == [None, "joined"]  # woken once
+
+
+def test_the_step_run_again_starts_nothing_more_and_other_input_is_refused(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        return None
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        return None
+
+    with engine.begin() as conn:
+        run = app.start_run(conn, parent, idempotency_key="p")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
+        assert job is not None
+        first = app.start_children(job, child, {f"k{n}": Item(n=n) for n in range(5)},
+                                   concurrency=2)
+    with engine.begin() as conn:  # the same step again, after a crash: the same children
+        again = app.start_children(job.on(conn), child,
+                                   {f"k{n}": Item(n=n) for n in range(6)}, concurrency=2)
+    assert [r.id for r in again[:5]] == [r.id for r in first]
+    with engine.connect() as conn:
+        held = conn.execute(text(
+            "SELECT idempotency_key FROM outboxkit.agent_runs WHERE parent_id = :p "
+            "AND not_before = '9000-01-01 00:00:00+00' ORDER BY idempotency_key"),
+            {"p": run.id}).scalars()
+        assert [k.split("/")[1] for k in held] == ["k2", "k3", "k4", "k5"]
+    with engine.begin() as conn, pytest.raises(ConfigurationError, match="'k1' already"):
+        app.start_children(job.on(conn), child, {"k0": Item(n=0), "k1": Item(n=7),
+                                                 "k9": Item(n=9)})
+    bad: list[tuple[Any, Any, str]] = [
+        ([("k", Item(n=1))], None, "map each child's key"),
+        ({"": Item(n=1)}, None, "non-empty string"),
+        ({"k": Item(n=1)}, 0, "whole number >= 1"),
+    ]
+    for items, concurrency, said in bad:
+        with engine.begin() as conn, pytest.raises(ConfigurationError, match=said):
+            app.start_children(job.on(conn), child, items, concurrency=concurrency)
+    with engine.connect() as conn:
+        count = conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs "
+                                  "WHERE parent_id = :p"), {"p": run.id}).scalar_one()
+    assert count == 6  # k9 was not started: the batch is refused whole
+
+
+def test_cancelling_a_parent_fails_its_held_children_too(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        return None
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        app.start_children(job, child, {f"k{n}": Item(n=n) for n in range(4)}, concurrency=1)
+        job.wait_for_children("all", step="joined")
+
+    with engine.begin() as conn:
+        run = app.start_run(conn, parent, idempotency_key="p")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
+        assert job is not None
+        parent(job)
+    with engine.begin() as conn:
+        done = app.cancel(conn, run.id, actor="ops")
+    assert [r.state.value for r in done.moved] == ["failed"] * 5
+    with engine.connect() as conn:  # none released by its siblings' failures
+        assert conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs WHERE state <> "
+                                 "'failed'")).scalar_one() == 0
