@@ -138,6 +138,9 @@ Index(
 )
 Index("agent_runs_parent_idx", agent_runs.c.parent_id, agent_runs.c.created_at,
       postgresql_where=text("parent_id IS NOT NULL"))
+Index("agent_runs_held_idx", agent_runs.c.parent_id, agent_runs.c.created_at,  # migration 0015
+      agent_runs.c.idempotency_key,
+      postgresql_where=text("state = 'queued' AND not_before = '9000-01-01 00:00:00+00'"))
 
 run_transitions = Table(
     "run_transitions",

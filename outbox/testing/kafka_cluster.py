@@ -29,7 +29,7 @@ from typing import Any
 
 from outbox.errors import ServiceError
 from outbox.testing import kafka
-from outbox.testing.processes import ensure_port_free, free_port, pid_alive, port_open
+from outbox.testing.processes import ensure_port_free, pid_alive, port_open, service_port
 from outbox.testing.tools import java_executable
 
 CLUSTER_FILE = "cluster.json"
@@ -479,7 +479,7 @@ def _free_port_pairs(nodes: int) -> list[tuple[int, int]]:
     """Distinct free ports: the kernel may hand out a just-released port twice."""
     seen: set[int] = set()
     while len(seen) < 2 * nodes:
-        seen.add(free_port())
+        seen.add(service_port())
     flat = sorted(seen)
     return [(flat[2 * i], flat[2 * i + 1]) for i in range(nodes)]
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import signal
 import socket
 import time
+from pathlib import Path
 
 from outbox.errors import ServiceError
 
@@ -17,6 +19,33 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def service_port() -> int:
+    """A free TCP port on 127.0.0.1 for a server that binds it only seconds later (a JVM, a
+    PostgreSQL start): picked below the kernel's ephemeral range, so that no outgoing
+    connection of any process takes it meanwhile (a Kafka node once failed its start-up that
+    way, "Address already in use", while the test suite ran), and at random, so that
+    processes starting services side by side do not pick the same one."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randrange(10_000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()  # a crowded range: any free port, as before
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+    return low if low > 11_000 else 32_768
 
 
 def ensure_port_free(port: int, what: str, flag: str) -> None:

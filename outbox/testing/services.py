@@ -36,7 +36,7 @@ import click
 
 from outbox.errors import ServiceError
 from outbox.testing import kafka, kafka_cluster, pg_standby, postgres
-from outbox.testing.processes import free_port
+from outbox.testing.processes import service_port
 from outbox.testing.tools import postgres_bin_dir
 
 
@@ -100,7 +100,7 @@ class LocalServices:
                       synchronous: bool = False) -> postgres.PostgresCluster:
         """A streaming standby of this folder's PostgreSQL (started first if need be)."""
         primary = self.start_postgres()
-        port = port or self._ports().get("postgres_standby") or free_port()
+        port = port or self._ports().get("postgres_standby") or service_port()
         standby = pg_standby.start_standby(self.postgres_dir, self.standby_dir, port=port,
                                            primary_port=primary.port, synchronous=synchronous)
         self._remember(postgres_standby=standby.port)
@@ -125,7 +125,7 @@ class LocalServices:
                 "the standby was promoted: starting the old primary again would make a second "
                 f"node that takes writes; stop everything (`down`) and delete {self.state_dir} "
                 "to start afresh")
-        port = port or self._ports().get("postgres") or free_port()
+        port = port or self._ports().get("postgres") or service_port()
         cluster = postgres.start(self.postgres_dir, port)
         self._remember(postgres=cluster.port)
         return cluster
@@ -172,8 +172,8 @@ class LocalServices:
             self._set_mode(1)
             return running
         known = self._ports()
-        port = port or known.get("kafka") or free_port()
-        controller_port = controller_port or known.get("kafka_controller") or free_port()
+        port = port or known.get("kafka") or service_port()
+        controller_port = controller_port or known.get("kafka_controller") or service_port()
         broker = kafka.start(self.kafka_home, port, controller_port)
         self._remember(kafka=broker.port, kafka_controller=broker.controller_port)
         self._set_mode(1)

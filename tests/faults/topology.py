@@ -25,7 +25,7 @@ from outbox.errors import ServiceError
 from outbox.testing import kafka_cluster, pg_standby, postgres
 from outbox.testing.kafka_cluster import KafkaCluster
 from outbox.testing.postgres import PostgresCluster
-from outbox.testing.processes import free_port, pid_alive, port_open
+from outbox.testing.processes import pid_alive, port_open, service_port
 
 NODES = ("pg-a", "pg-b")
 PG_BASE_FILE = "pg-base.txt"
@@ -54,9 +54,9 @@ class ClusterServices:
         self.pg_base.chmod(0o755)
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / PG_BASE_FILE).write_text(str(self.pg_base))  # for cleanup_after()
-        self.ports = {name: free_port() for name in NODES}
+        self.ports = {name: service_port() for name in NODES}
         while self.ports[NODES[0]] == self.ports[NODES[1]]:
-            self.ports[NODES[1]] = free_port()
+            self.ports[NODES[1]] = service_port()
         self.primary, self.standby = NODES
         self.kafka: KafkaCluster | None = None
         self._killed_pid: int | None = None  # the last primary fail_over() SIGKILLed

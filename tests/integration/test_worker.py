@@ -403,8 +403,11 @@ class TestProbes:
             run_in(engine, run.id, "done")
             assert get(port, "/readyz") == (200, "ready\n")
             assert get(port, "/healthz") == (200, "ok\n")
-            metrics = wait_for(lambda: _metrics_with(port, 'outcome="done"'),
-                               what="the step in /metrics")
+            # The pool thread counts its step's outcome before the loop takes the step out
+            # of the in-flight gauge: a scrape between the two sees both (a test under load
+            # saw it), so wait for the two.
+            metrics = wait_for(lambda: _metrics_with(port, 'outcome="done"', "in_flight 0.0"),
+                               what="the step done and none in flight in /metrics")
         assert 'outboxkit_worker_steps_total{outcome="done",workflow="wf@1"} 1.0' in metrics
         assert 'outboxkit_worker_step_seconds_count{workflow="wf@1"} 1.0' in metrics
         assert "outboxkit_worker_steps_in_flight 0.0" in metrics
@@ -415,7 +418,7 @@ def get(port: int, path: str) -> tuple[int, str]:
         return reply.status, reply.read().decode()
 
 
-def _metrics_with(port: int, needle: str) -> str | None:
+def _metrics_with(port: int, *needles: str) -> str | None:
     body = get(port, "/metrics")[1]
-    return body if needle in body else None
+    return body if all(needle in body for needle in needles) else None
 

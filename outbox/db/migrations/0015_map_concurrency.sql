@@ -4,6 +4,10 @@
 -- (outbox/runs/children.py's HELD: finite, as drivers refuse 'infinity'), which no claim
 -- takes. Each child that finishes releases the parent's oldest held child, in the same
 -- deferred trigger that wakes the parent (0013), so the bound holds whatever made the move.
+-- The held children of a parent, oldest first: the release below reads only these.
+CREATE INDEX agent_runs_held_idx ON {schema}.agent_runs (parent_id, created_at, idempotency_key)
+    WHERE state = 'queued' AND not_before = '9000-01-01 00:00:00+00';
+
 CREATE OR REPLACE FUNCTION {schema}.wake_parent() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     parent_state text;
