@@ -389,11 +389,13 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
     async def wait_for_children(self, join: children.Join = "all", *,
                                 until: datetime | timedelta | None = None,
                                 step: str | None = None, reason: str | None = None,
-                                actor: str | None = None, checkpoint: Any = KEEP) -> None:
+                                actor: str | None = None, checkpoint: Any = KEEP,
+                                fail_fast: bool = False) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.wait_for_children`; it ends the lease."""
         lease = await run_plan_async(self.conn, children.wait_plan(
             self._held(), join, until=until, step=step, reason=reason, actor=actor,
-            settings=self.settings, checkpoint=stored(checkpoint)), self.settings)
+            settings=self.settings, checkpoint=stored(checkpoint), fail_fast=fail_fast),
+            self.settings)
         self._kept(lease, ends=transition_ends(RunState.WAITING))
 
     async def children(self) -> list[runs.Run]:

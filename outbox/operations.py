@@ -139,6 +139,21 @@ class Operations:
         """:meth:`effects`, awaited."""
         return await run_plan_async(conn, compensation.effects_plan(run_id), self.settings)
 
+    def keep_effect(self, conn: SyncConn, run_id: uuid.UUID, message_id: uuid.UUID, *,
+                    actor: str, reason: str) -> compensation.Effect:
+        """A person's decision that an effect of a compensating run in ``needs-human`` stays
+        as it is (its outcome cannot be learnt, or its undo cannot be sent); requeue the run
+        to go on (:func:`outbox.runs.compensation.keep_plan`)."""
+        return run_plan(conn, compensation.keep_plan(run_id, message_id, actor=actor,
+                                                     reason=reason), self.settings)
+
+    async def keep_effect_async(self, conn: AsyncConn, run_id: uuid.UUID,
+                                message_id: uuid.UUID, *, actor: str,
+                                reason: str) -> compensation.Effect:
+        """:meth:`keep_effect`, awaited."""
+        return await run_plan_async(conn, compensation.keep_plan(
+            run_id, message_id, actor=actor, reason=reason), self.settings)
+
     def confirm(self, conn: SyncConn, *, run_id: uuid.UUID, confirmation_id: str | uuid.UUID,
                 outcome: Outcome, evidence: Any, actor: str, reason: str | None = None,
                 notify: bool = True) -> bool:

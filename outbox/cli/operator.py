@@ -31,7 +31,7 @@ from outbox.db.execution import run_plan
 from outbox.db.tables import RUN_STATES, operations
 from outbox.errors import IllegalTransition
 from outbox.messages.backlog import Listed, list_messages, retry_messages, run_messages
-from outbox.runs import children
+from outbox.runs import children, compensation
 from outbox.runs.lifecycle import RunView, get_run, history, list_runs, move, view_run
 from outbox.runs.retention import DEFAULT_STATES, purge, purgeable
 from outbox.runs.signals import send_plan
@@ -238,6 +238,30 @@ def runs_cancel(*, run_id: uuid.UUID, reason: str, actor: str, database_url: str
         click.echo(f"run {run.id} ({run.workflow}): {then}")
     for held in done.held:
         click.echo(f"run {held}: a worker holds it; not moved (cancel it again after its step)")
+    for undoing in done.compensating:
+        click.echo(f"run {undoing}: compensating already; it ends failed once its effects "
+                   "are undone")
+
+
+@runs_group.command("keep-effect")
+@click.argument("run_id", type=click.UUID)
+@click.argument("message_id", type=click.UUID)
+@click.option("--reason", required=True, help="Why the effect stays; kept with it.")
+@click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
+              help="Who decides; kept with the effect.")
+@database_url_option
+@one_line_errors
+def runs_keep_effect(*, run_id: uuid.UUID, message_id: uuid.UUID, reason: str, actor: str,
+                     database_url: str | None) -> None:
+    """Let an effect of a compensating run (in needs-human) stay as it is, then requeue the
+    run to go on undoing the ones before it."""
+    if not actor:
+        raise click.UsageError("say who decides: --actor (no $USER to default to)")
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        effect = run_plan(conn, compensation.keep_plan(run_id, message_id, actor=actor,
+                                                       reason=reason))
+    click.echo(f"run {run_id}: {effect.type} ({message_id}) kept; requeue the run to go on "
+               f"(outbox runs requeue {run_id} --reason ...)")
 
 
 def _no_constant(name: str) -> Any:

@@ -249,6 +249,7 @@ candidate AS (
 claimed AS (
     UPDATE {schema}.agent_runs r
        SET state = 'running', not_before = NULL, awaits_signals = NULL, awaits_children = NULL,
+           awaits_failure = NULL,
            lease_owner = CAST(%(worker)s AS text),
            lease_token = r.lease_token + 1,
            lease_expires_at = now() + CAST(%(lease)s AS interval),

@@ -109,6 +109,8 @@ agent_runs = Table(
     Column("awaits_children", Integer),  # migration 0013
     _ts("children_since"),  # migration 0013
     _ts("compensating_since"),  # migration 0014
+    Column("children_limit", Integer),  # migration 0015
+    Column("awaits_failure", Boolean),  # migration 0015
     CheckConstraint(
         "state IN ('queued', 'running', 'waiting', 'done', 'failed', 'needs-human')",
         name="agent_runs_state_check",
@@ -138,9 +140,8 @@ Index(
 )
 Index("agent_runs_parent_idx", agent_runs.c.parent_id, agent_runs.c.created_at,
       postgresql_where=text("parent_id IS NOT NULL"))
-Index("agent_runs_held_idx", agent_runs.c.parent_id, agent_runs.c.created_at,  # migration 0015
-      agent_runs.c.idempotency_key,
-      postgresql_where=text("state = 'queued' AND not_before = '9000-01-01 00:00:00+00'"))
+Index("agent_runs_held_idx", agent_runs.c.parent_id, agent_runs.c.not_before,  # migration 0015
+      postgresql_where=text("state = 'queued' AND not_before >= '9000-01-01 00:00:00+00'"))
 
 run_transitions = Table(
     "run_transitions",

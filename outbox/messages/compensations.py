@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Select, func, select, update
@@ -73,11 +73,17 @@ def record_plan(lease: Lease, envelope: Envelope, compensation: Envelope,
     return message_id
 
 
-def step_plan(lease: Lease, *, since: datetime, actor: str,
-              settings: OutboxSettings | None) -> Plan[Lease]:
-    """One turn of a compensating run under *lease* (compensating *since*); it always ends
-    the lease (waits for an outcome, goes to a person, or finishes the run ``failed``)."""
-    e = run_effects
+def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> Plan[Lease]:
+    """One turn of a compensating run under *lease*; it always ends the lease (waits for an
+    outcome, goes to a person, or finishes the run ``failed``)."""
+    e, r = run_effects, agent_runs
+    # How long it has waited to learn the outcome in hand: since its last progress (an effect
+    # decided, an undo sent), its compensation's start or a person's requeue; database clock.
+    progress = func.greatest(r.c.compensating_since, select(func.max(e.c.decided_at)).where(
+        e.c.run_id == r.c.id).scalar_subquery())
+    rows = yield select((func.now() - progress > LEARN_LIMIT).label("overdue")).where(
+        r.c.id == lease.run_id)
+    since = _Clock(overdue=bool(rows and rows[0]["overdue"]))
     rows = yield (select(e).where(e.c.run_id == lease.run_id, e.c.state.in_(UNDECIDED))
                   .order_by(e.c.seq.desc()))
     for row in rows:
@@ -148,14 +154,20 @@ def _send(lease: Lease, row: Mapping[Any, Any], evidence: Any,
     return (yield from emit_plan(envelope, lease=lease, settings=settings))
 
 
-def _unknown(lease: Lease, what: str, since: datetime, actor: str,
+@dataclass(frozen=True)
+class _Clock:
+    overdue: bool  # waited LEARN_LIMIT since the compensation last made progress
+
+
+def _unknown(lease: Lease, what: str, since: _Clock, actor: str,
              settings: OutboxSettings | None) -> Plan[Lease]:
     """Wait to learn whether *what* took effect, or give it to a person after LEARN_LIMIT."""
-    if datetime.now(UTC) - since <= LEARN_LIMIT:
+    if not since.overdue:
         return (yield from _wait(lease, f"learning whether {what} took effect", actor,
                                  settings))
     note = (f"whether {what} took effect is still unknown after {LEARN_LIMIT}: a person "
-            "decides (settle its operation, or requeue the run to look again)")
+            "decides (settle its operation or confirm it, or keep the effect with `outbox runs "
+            "keep-effect`; then requeue the run)")
     return (yield from _move(lease, RunState.NEEDS_HUMAN, note, evidence=None, actor=actor,
                              values={}))
 

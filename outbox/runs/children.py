@@ -15,8 +15,8 @@
   decides: a failed child is the parent's to handle (retry it as a new child, fail, compensate).
 * ``app.start_children(job, child, {key: checkpoint, ...}, concurrency=n)`` starts many in
   one statement (:func:`start_many_plan`); beyond *n* unfinished children they are held
-  (queued, ``not_before`` in the year 9000), and each child that finishes releases the oldest
-  held one (the trigger of migration 0015).
+  (queued, ``not_before`` from :data:`~outbox.runs.lifecycle.HELD_AT`), and a child that
+  finishes releases held ones while fewer than *n* run (the trigger of migration 0015).
 * :func:`cancel_plan` (``app.cancel``) fails a run and every unfinished run below it; each
   with effects to undo compensates first (:mod:`outbox.runs.compensation`).
 """
@@ -30,16 +30,15 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import (
-    Boolean,
+    TIMESTAMP,
     Integer,
     Text,
-    case,
     column,
     exists,
     func,
     literal,
-    null,
     select,
+    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -50,7 +49,7 @@ from outbox.errors import ConfigurationError, IllegalTransition, WorkflowRetired
 from outbox.runs import fencing, wakeups
 from outbox.runs.checkpoints import KEEP, bounded
 from outbox.runs.leases import Lease
-from outbox.runs.lifecycle import Run, move_plan, wake_value
+from outbox.runs.lifecycle import HELD_AT, Run, move_plan, wake_value
 from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
 
@@ -74,9 +73,11 @@ def children_plan(run_id: uuid.UUID) -> Plan[list[Run]]:
 
 def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
               step: str | None, reason: str | None, actor: str | None,
-              settings: OutboxSettings | None, checkpoint: Any = KEEP) -> Plan[Lease]:
+              settings: OutboxSettings | None, checkpoint: Any = KEEP,
+              fail_fast: bool = False) -> Plan[Lease]:
     """Move the run to ``waiting`` for *join* of the children it started since its previous
-    join (claimable at once when they are finished already); ends the lease."""
+    join, or (*fail_fast*) the first of them that fails (claimable at once when that is so
+    already); ends the lease."""
     r = agent_runs
     # The row lock first (see the module's doc), then a fresh statement counts.
     rows = yield (select(r.c.children_since).where(r.c.id == lease.run_id)
@@ -86,14 +87,16 @@ def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
     if since is not None:
         wave.append(r.c.created_at > since)
     rows = yield select(func.count().label("total"),
-                        func.count().filter(r.c.state.in_(_FINISHED)).label("finished")
+                        func.count().filter(r.c.state.in_(_FINISHED)).label("finished"),
+                        func.count().filter(r.c.state == RunState.FAILED.value).label("failed"),
                         ).where(*wave)
     total, finished = rows[0]["total"], rows[0]["finished"]
     needed = _needed(join, total, lease.run_id)
-    ready = finished >= needed
+    ready = finished >= needed or (fail_fast and rows[0]["failed"] > 0)
     note = reason or f"waits for {join if isinstance(join, str) else needed} of its " \
-                     f"{total} children"
-    waits: dict[str, Any] = {"awaits_children": None if ready else needed}
+                     f"{total} children" + (" (or the first to fail)" if fail_fast else "")
+    waits: dict[str, Any] = {"awaits_children": None if ready else needed,
+                             "awaits_failure": True if fail_fast and not ready else None}
     if ready:  # this join is met: the next counts the children started after it
         waits["children_since"] = func.now()
     return (yield from fencing.wait_plan(
@@ -128,45 +131,44 @@ def _needed(join: Join, total: int, run_id: uuid.UUID) -> int:
 @dataclass(frozen=True)
 class Cancelled:
     """What :func:`cancel_plan` did: the runs it failed (or sent compensating), the run first
-    then its descendants, and those a worker holds under a live lease (left alone: cancel
-    again once their step ends)."""
+    then its descendants; those a worker holds under a live lease (left alone: cancel again
+    once their step ends); and those compensating already (left to finish their undoing,
+    which ends them failed), whose children it cancelled all the same."""
 
     moved: list[Run]
     held: list[uuid.UUID]
+    compensating: list[uuid.UUID]
 
 
 def cancel_plan(run_id: uuid.UUID, *, actor: str, reason: str,
                 settings: OutboxSettings | None, notify: bool = True) -> Plan[Cancelled]:
     """Fail *run_id* and its unfinished descendants, parents before children (a child's
-    finish then finds its parent no longer waiting). The run itself must be movable: a
-    finished run, or one a worker holds, raises :class:`IllegalTransition` and nothing moves."""
-    moved: list[Run] = []
-    held: list[uuid.UUID] = []
+    finish then finds its parent no longer waiting). A finished run, or one a worker holds,
+    raises :class:`IllegalTransition` and nothing moves."""
+    done = Cancelled([], [], [])
     todo = [run_id]
     while todo:
         current = todo.pop(0)
-        try:
-            moved.append((yield from move_plan(
-                current, RunState.FAILED, actor=actor, reason=reason,
-                evidence={"cancelled_by": actor, "cancelled": str(run_id)},
-                not_before=None, settings=settings, notify=notify)))
-        except IllegalTransition:
-            if current == run_id:
-                raise
-            held.append(current)  # finished meanwhile is not listed: only unfinished are read
-        # A child compensating already is failing: left to finish its undoing.
+        rows = yield (select(agent_runs.c.compensating_since, agent_runs.c.state)
+                      .where(agent_runs.c.id == current).with_for_update())
+        if rows and rows[0]["compensating_since"] is not None \
+                and rows[0]["state"] not in _FINISHED:
+            done.compensating.append(current)
+        else:
+            try:
+                done.moved.append((yield from move_plan(
+                    current, RunState.FAILED, actor=actor, reason=reason,
+                    evidence={"cancelled_by": actor, "cancelled": str(run_id)},
+                    not_before=None, settings=settings, notify=notify)))
+            except IllegalTransition:
+                if current == run_id:
+                    raise
+                done.held.append(current)  # only unfinished children are read: held ones
         rows = yield (select(agent_runs.c.id).where(agent_runs.c.parent_id == current,
-                                                    agent_runs.c.state.not_in(_FINISHED),
-                                                    agent_runs.c.compensating_since.is_(None))
+                                                    agent_runs.c.state.not_in(_FINISHED))
                       .order_by(agent_runs.c.created_at, agent_runs.c.idempotency_key))
         todo.extend(row["id"] for row in rows)
-    return Cancelled(moved, held)
-
-
-HELD = "9000-01-01 00:00:00+00"
-"""``not_before`` of a child held back by its parent's concurrency bound: no claim takes it
-before then. A finite time, which every driver reads (psycopg refuses 'infinity'), and far
-enough from 9999 for any session time zone."""
+    return done
 
 
 def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Mapping[str, Any],
@@ -175,8 +177,9 @@ def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Map
     """Start one child of *lease*'s run per (key, checkpoint) of *items*, in one statement;
     return them in the order of *items*. A key started already (the step ran before a
     crash) is that child, if its workflow and checkpoint are the same; else nothing is
-    started and a ConfigurationError names the key. At most *concurrency* of the parent's
-    children are unfinished and not held at once: the rest are started held."""
+    started and a ConfigurationError names the key. *concurrency*: kept as the parent's
+    bound, at most that many of its children unfinished and not held at once; the new
+    children beyond it start held, and the trigger of migration 0015 releases them."""
     keys = [key for key, _ in items]
     if len(set(keys)) != len(keys):
         twice = sorted({k for k in keys if keys.count(k) > 1})
@@ -190,18 +193,11 @@ def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Map
         return []
     yield from fencing.hold(lease)
     r = agent_runs
-    free = len(items)
-    if concurrency is not None:  # the parent's children running or due, not held
-        rows = yield select(func.count().label("live")).where(
-            r.c.parent_id == lease.run_id, r.c.state.not_in(_FINISHED),
-            func.coalesce(r.c.not_before, func.now()) != literal(HELD, r.c.not_before.type))
-        free = max(concurrency - rows[0]["live"], 0)
-    data = [{"key": child_key(lease.run_id, key), "checkpoint": checkpoint, "held": n >= free,
-             "ord": n} for n, (key, checkpoint) in enumerate(items)]
-    given = func.jsonb_to_recordset(literal(data, JSONB)).table_valued(
-        column("key", Text), column("checkpoint", JSONB), column("held", Boolean),
-        column("ord", Integer)).render_derived(name="given", with_types=True)
     workflow = pins["workflow"]
+    child_keys = [child_key(lease.run_id, key) for key in keys]
+    given = _recordset([{"key": k, "checkpoint": c, "ord": n} for n, (k, c) in
+                        enumerate(zip(child_keys, (c for _, c in items), strict=True))],
+                       held=False)
     # Children started already (the step ran before a crash) first: one of another input
     # refuses the whole batch before anything is written.
     rows = yield (select(r, given.c.ord,
@@ -215,15 +211,29 @@ def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Map
                 f"{'workflow' if row['workflow'] != workflow else 'checkpoint'}: a child's key "
                 "names one input (use a new key for new input); nothing was started")
     found = {row["ord"]: Run.from_row(row) for row in rows}
+    new = [n for n in range(len(items)) if n not in found]
+    if not new:
+        return [found[n] for n in range(len(items))]
+    counts = yield select(
+        func.count().label("total"),
+        func.count().filter(r.c.state.not_in(_FINISHED), func.coalesce(
+            r.c.not_before, func.now()) < literal(HELD_AT, r.c.not_before.type)).label("live"),
+    ).where(r.c.parent_id == lease.run_id)
+    free = len(new) if concurrency is None else max(concurrency - counts[0]["live"], 0)
+    # Held in the items' order, after any child the parent held before.
+    data = [{"key": child_keys[n], "checkpoint": items[n][1], "ord": n,
+             "held": None if i < free else (HELD_AT + timedelta(
+                 microseconds=counts[0]["total"] + i)).isoformat()}
+            for i, n in enumerate(new)]
+    fresh = _recordset(data, held=True)
     source = select(
         func.gen_random_uuid(), literal(workflow), literal(pins["workflow_version"]),
         literal(pins["prompt_version"], Text), literal(pins["tool_schema_version"], Text),
-        literal(RunState.QUEUED.value), given.c.checkpoint, given.c.key,
-        literal(lease.run_id, r.c.parent_id.type),
-        case((given.c.held, literal(HELD, r.c.not_before.type)), else_=null()),
+        literal(RunState.QUEUED.value), fresh.c.checkpoint, fresh.c.key,
+        literal(lease.run_id, r.c.parent_id.type), fresh.c.held,
     ).where(~exists(select(workflows.c.name).where(
         workflows.c.name == workflow, workflows.c.retired_at.is_not(None)))
-    ).order_by(given.c.ord)
+    ).order_by(fresh.c.ord)
     inserted = (
         pg_insert(r).from_select(["id", "workflow", "workflow_version", "prompt_version",
                                   "tool_schema_version", "state", "checkpoint",
@@ -235,6 +245,9 @@ def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Map
         inserted, [fencing.HistoryRow(RunState.QUEUED, reason="started", actor="start_run")])
     started = (select(inserted, wakeups.notify(inserted.c.workflow, settings)) if notify
                else select(inserted)).add_cte(history.cte("hist"))
+    if concurrency is not None:  # the bound the trigger releases by, kept on the parent
+        started = started.add_cte(update(r).where(r.c.id == lease.run_id)
+                                  .values(children_limit=concurrency).cte("bound"))
     order = {entry["key"]: entry["ord"] for entry in data}
     for row in (yield started):
         found[order[row["idempotency_key"]]] = Run.from_row(row)
@@ -242,3 +255,12 @@ def start_many_plan(lease: Lease, items: Sequence[tuple[str, Any]], *, pins: Map
         rows = yield select(workflows.c.retired_reason).where(workflows.c.name == workflow)
         raise WorkflowRetired(workflow, rows[0]["retired_reason"] if rows else None)
     return [found[n] for n in range(len(items))]
+
+
+def _recordset(data: list[dict[str, Any]], *, held: bool) -> Any:
+    """*data* (one JSON object per child) as a table in a statement."""
+    columns = [column("key", Text), column("checkpoint", JSONB), column("ord", Integer)]
+    if held:
+        columns.append(column("held", TIMESTAMP(timezone=True)))
+    return func.jsonb_to_recordset(literal(data, JSONB)).table_valued(*columns).render_derived(
+        name="fresh" if held else "given", with_types=True)

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import CTE, ColumnElement, Insert, RowMapping, exists, func, select
+from sqlalchemy import CTE, ColumnElement, Insert, RowMapping, exists, func, select, update
 
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, run_effects
-from outbox.errors import IllegalTransition
+from outbox.errors import ConfigurationError, IllegalTransition, RunError, RunNotFound
 from outbox.runs import fencing, wakeups
 from outbox.runs.checkpoints import KEEP, checkpoint_value
 from outbox.runs.leases import Lease
@@ -162,3 +162,32 @@ def begin_leased_plan(lease: Lease, *, reason: str, evidence: Any, actor: str | 
                                 checkpoint=checkpoint)
     assert row is not None  # without *where*, fencing.write raises on any miss
     return fencing.next_lease(lease, row)
+
+
+def keep_plan(run_id: uuid.UUID, message_id: uuid.UUID, *, actor: str,
+              reason: str) -> Plan[Effect]:
+    """A person's decision that an effect stays as it is (``kept``): its outcome cannot be
+    learnt, or its undo cannot be sent. Only while the compensating run waits for a person
+    (``needs-human``); a requeue then goes on with the effect before it."""
+    if not actor or not reason:
+        raise ConfigurationError("say who keeps the effect and why (actor, reason)")
+    rows = yield (select(agent_runs.c.state, agent_runs.c.compensating_since)
+                  .where(agent_runs.c.id == run_id).with_for_update())
+    if not rows:
+        raise RunNotFound(run_id)
+    if rows[0]["compensating_since"] is None or rows[0]["state"] != RunState.NEEDS_HUMAN:
+        raise RunError(
+            f"run {run_id} is {rows[0]['state']!r}"
+            f"{'' if rows[0]['compensating_since'] else ', not compensating'}: an effect is "
+            "kept only while a person holds a compensating run (needs-human); nothing was "
+            "written")
+    e = run_effects
+    kept = yield (update(e).where(e.c.run_id == run_id, e.c.message_id == message_id,
+                                  e.c.state.in_(UNDECIDED))
+                  .values(state="kept", decided_at=func.now(),
+                          compensation_evidence={"kept_by": actor, "reason": reason})
+                  .returning(*e.c))
+    if not kept:
+        raise RunError(f"run {run_id} has no effect {message_id} left to undo; nothing was "
+                       "written")
+    return Effect.from_row(kept[0])

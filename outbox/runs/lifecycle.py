@@ -17,7 +17,7 @@ import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -65,6 +65,13 @@ MAX_POLICY_SKIPS = 16
 """A claim moves at most this many runs to needs-human (version review) before giving up."""
 
 
+HELD_AT = datetime(9000, 1, 1, tzinfo=UTC)
+"""A child held back by its parent's concurrency bound (:mod:`outbox.runs.children`) has
+``not_before`` at or after this time: no claim takes it before then, and the microseconds
+past it keep the items' order. A finite time, which every driver reads (psycopg refuses
+'infinity'), far enough from 9999 for any session time zone. :attr:`Run.held` reads it."""
+
+
 @dataclass(frozen=True)
 class Run:
     """A run as stored. ``step`` / ``checkpoint`` are the last confirmed progress."""
@@ -90,6 +97,11 @@ class Run:
     """The run whose step started this one (:mod:`outbox.runs.children`)."""
     compensating_since: datetime | None = None
     """Set while the run undoes its effects (:mod:`outbox.runs.compensation`)."""
+
+    @property
+    def held(self) -> bool:
+        """True for a child its parent's concurrency bound holds back (queued, not due)."""
+        return self.not_before is not None and self.not_before >= HELD_AT
 
     @property
     def purged(self) -> bool:

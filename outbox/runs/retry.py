@@ -133,7 +133,9 @@ def handle_failure_plan(
     evidence = _evidence(error, attempt, retryable)
     described = f"{type(error).__name__}: {error}"[:500]
     sources: Collection[str] = {RunState.RUNNING}
-    if retryable and attempt < policy.max_attempts and not row["retired"]:
+    # A retired workflow's runs are not retried, but its undoing is (it runs none of its code).
+    retired = row["retired"] and row["compensating_since"] is None
+    if retryable and attempt < policy.max_attempts and not retired:
         delay = policy.backoff(attempt, rng)
         history = [
             fencing.HistoryRow(RunState.FAILED, reason=f"attempt {attempt} of "

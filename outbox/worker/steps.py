@@ -166,10 +166,9 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
     broke: bool | None = None
     try:
         if run.compensating_since is not None:  # the run undoes its effects, not its steps
-            since = run.compensating_since
             with _transaction(engine, conn) as tx:
-                run_plan(tx, compensations.step_plan(lease, since=since, actor=actor,
-                                                     settings=settings), settings)
+                run_plan(tx, compensations.step_plan(lease, actor=actor, settings=settings),
+                         settings)
             return "compensating"
         checkpoint = step.load(run)
         with _transaction(engine, conn) as tx:
@@ -252,10 +251,9 @@ async def run_driven(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
 async def _compensate_async(run: Run, lease: Lease, engine: AsyncEngine, *,
                             settings: OutboxSettings, actor: str) -> None:
     """A compensating run's turn (:func:`outbox.messages.compensations.step_plan`)."""
-    assert run.compensating_since is not None
     async with engine.begin() as conn:
-        await run_plan_async(conn, compensations.step_plan(
-            lease, since=run.compensating_since, actor=actor, settings=settings), settings)
+        await run_plan_async(conn, compensations.step_plan(lease, actor=actor,
+                                                           settings=settings), settings)
 
 
 async def _failed_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine,

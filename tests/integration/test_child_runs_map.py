@@ -99,12 +99,7 @@ def test_the_step_run_again_starts_nothing_more_and_other_input_is_refused(
         again = app.start_children(job.on(conn), child,
                                    {f"k{n}": Item(n=n) for n in range(6)}, concurrency=2)
     assert [r.id for r in again[:5]] == [r.id for r in first]
-    with engine.connect() as conn:
-        held = conn.execute(text(
-            "SELECT idempotency_key FROM outboxkit.agent_runs WHERE parent_id = :p "
-            "AND not_before = '9000-01-01 00:00:00+00' ORDER BY idempotency_key"),
-            {"p": run.id}).scalars()
-        assert [k.split("/")[1] for k in held] == ["k2", "k3", "k4", "k5"]
+    assert held_ones(engine, run.id) == ["k2", "k3", "k4", "k5"]
     with engine.begin() as conn, pytest.raises(ConfigurationError, match="'k1' already"):
         app.start_children(job.on(conn), child, {"k0": Item(n=0), "k1": Item(n=7),
                                                  "k9": Item(n=9)})
@@ -141,9 +136,93 @@ def test_cancelling_a_parent_fails_its_held_children_too(
         job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
         assert job is not None
         parent(job)
+    with engine.connect() as conn:
+        kids = {r.idempotency_key.split("/")[1]: r for r in
+                [app.get_run(conn, i) for i in conn.execute(text(
+                    "SELECT id FROM outboxkit.agent_runs WHERE parent_id = :p"),
+                    {"p": run.id}).scalars()]}
+    assert {k: r.held for k, r in kids.items()} == {"k0": False, "k1": True, "k2": True,
+                                                   "k3": True}
+    with engine.begin() as conn:  # one held child cancelled: its place was never taken
+        app.cancel(conn, kids["k2"].id, actor="ops")
+    assert held_ones(engine, run.id) == ["k1", "k3"]
     with engine.begin() as conn:
         done = app.cancel(conn, run.id, actor="ops")
-    assert [r.state.value for r in done.moved] == ["failed"] * 5
+    assert [r.state.value for r in done.moved] == ["failed"] * 4  # the parent and 3 left
     with engine.connect() as conn:  # none released by its siblings' failures
         assert conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs WHERE state <> "
                                  "'failed'")).scalar_one() == 0
+
+
+def held_ones(engine: Engine, parent_id: Any) -> list[str]:
+    with engine.connect() as conn:
+        return [k.split("/")[1] for k in conn.execute(text(
+            "SELECT idempotency_key FROM outboxkit.agent_runs WHERE parent_id = :p AND state = "
+            "'queued' AND not_before >= '9000-01-01 00:00:00+00' ORDER BY not_before"),
+            {"p": parent_id}).scalars()]
+
+
+def test_a_second_batch_with_the_first_ones_keys_holds_only_what_is_over_the_bound(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        return None
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        return None
+
+    with engine.begin() as conn:
+        run = app.start_run(conn, parent, idempotency_key="p")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
+        assert job is not None
+        app.start_children(job, child, {"a": Item(n=1), "b": Item(n=2)}, concurrency=2)
+    with engine.begin() as conn:  # both finish (the bound has no one to release)
+        conn.execute(text("UPDATE outboxkit.agent_runs SET state = 'done' "
+                          "WHERE parent_id = :p"), {"p": run.id})
+    with engine.begin() as conn:  # the next turn maps a longer list with the same first keys
+        again = app.start_children(job.on(conn), child, {k: Item(n=n) for n, k in enumerate(
+            ["a", "b", "c", "d", "e"], start=1)}, concurrency=2)
+    assert [r.held for r in again] == [False, False, False, False, True]
+    assert held_ones(engine, run.id) == ["e"]
+
+
+@pytest.mark.parametrize("fail_fast", [True, False])
+def test_a_fail_fast_join_wakes_the_parent_at_the_first_failed_child(
+        engine: Engine, database_url: str, fail_fast: bool) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        if job.checkpoint.n == 1:
+            job.transition("failed", reason="out of stock")
+        else:  # the others wait for something that does not come
+            job.transition("waiting", reason="waits for the warehouse")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        if job.run.step != "joined":
+            app.start_children(job, child, {f"k{n}": Item(n=n) for n in range(3)})
+            job.wait_for_children("all", step="joined", fail_fast=fail_fast)
+            return
+        failed = [c.idempotency_key for c in job.children() if c.state == "failed"]
+        job.transition("failed", reason=f"a child failed: {failed}")
+
+    with running(app):
+        with engine.begin() as conn:
+            run = app.start_run(conn, parent, idempotency_key="p")
+        if fail_fast:
+            done = run_in(engine, run.id, "failed")
+            assert done.reason == f"a child failed: ['{run.id}/k1']"
+        else:
+            time.sleep(1.0)
+            with engine.connect() as conn:
+                assert app.get_run(conn, run.id).state == "waiting"  # waits for all three
+        with engine.connect() as conn:
+            waiting = conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs WHERE "
+                                        "parent_id = :p AND state = 'waiting'"),
+                                   {"p": run.id}).scalar_one()
+    assert waiting == 2

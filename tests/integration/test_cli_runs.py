@@ -258,3 +258,34 @@ def test_cancel_fails_a_waiting_run_with_who_and_why_and_a_finished_one_is_refus
     again = outbox("runs", "cancel", str(waiting), "--database-url", database_url, USER="bob")
     assert again.returncode == 1
     assert "'failed'" in one_line(again)
+
+
+def test_keep_effect_lets_a_compensating_runs_effect_stay_only_while_a_person_holds_it(
+    engine: Engine, database_url: str
+) -> None:
+    with engine.begin() as conn:
+        start_run(conn, workflow="supplier-order", workflow_version="3", idempotency_key="ke")
+    with engine.begin() as conn:
+        job = claim(conn, worker="worker-1", lease_seconds=30, workflows=["supplier-order"])
+        assert job is not None
+        sent = job.emit(Envelope(topic="t", type="reserve", key="k", payload={}),
+                        compensation=Envelope(topic="t", type="release", key="k", payload={}))
+        job.transition("waiting", step="reserve")
+    args = ["runs", "keep-effect", str(job.run.id), str(sent), "--reason", "no such hold",
+            "--actor", "alice", "--database-url", database_url]
+    refused = outbox(*args)
+    assert refused.returncode == 1
+    assert "not compensating" in one_line(refused)
+    with engine.begin() as conn:  # compensating, and a person holds it
+        conn.exec_driver_sql("UPDATE outboxkit.agent_runs SET state = 'needs-human', "
+                             "compensating_since = now()")
+    kept = outbox(*args)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.startswith(f"run {job.run.id}: reserve ({sent}) kept; requeue the run")
+    with engine.connect() as conn:
+        state, evidence = conn.exec_driver_sql(
+            "SELECT state, compensation_evidence FROM outboxkit.run_effects").one()
+    assert (state, evidence) == ("kept", {"kept_by": "alice", "reason": "no such hold"})
+    again = outbox(*args)
+    assert again.returncode == 1
+    assert "no effect" in one_line(again)

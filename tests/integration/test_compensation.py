@@ -238,7 +238,8 @@ def test_an_operator_cancel_compensates_and_a_run_without_effects_just_fails(
                 return sum(1 for t in app.history(conn, run.id)
                            if (t.reason or "").startswith("learning whether charge"))
 
-        wait_for(lambda: looks() >= 2, what="a second look, woken")
+        # sooner than the 5 s recheck: the wake made it
+        wait_for(lambda: looks() >= 2, timeout=2.5, what="a second look, woken")
         assert len(messages(engine, run.id)) == 2  # still nothing decided
         with engine.begin() as conn:  # the status query: it was refused
             Ledger().record_outcome(conn, op, Refused(Evidence(reference="declined")))

@@ -1,12 +1,15 @@
 """Compensation's edges, one turn at a time as the worker takes them (real PostgreSQL): a
-compensating run is never failed from outside, a confirmation that reaches it between turns
-is kept, an operation recorded without the run's id still tells the outcome, a retired
-workflow's run still undoes, and the asyncio handle does what the sync one does."""
+compensating run is never failed from outside (a cancel leaves it to its undoing), a
+confirmation that reaches it between turns is kept, an operation recorded without the run's
+id still tells the outcome, a retired workflow's run still undoes, an outcome unknown too
+long goes to a person who may keep the effect, and the asyncio handle does what the sync
+one does."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +21,7 @@ from outbox import App, ClaimedRun, Envelope
 from outbox.aio import AsyncClaimedRun
 from outbox.db.dsn import sqlalchemy_url
 from outbox.db.execution import run_plan
-from outbox.errors import IllegalTransition
+from outbox.errors import IllegalTransition, RunError
 from outbox.messages import compensations
 from outbox.runs.compensation import compensation_id
 from outbox.runs.workflows import register
@@ -53,8 +56,7 @@ def turn(engine: Engine, app: App) -> None:
     assert job is not None
     assert job.run.compensating_since is not None
     with engine.begin() as conn:
-        run_plan(conn, compensations.step_plan(job.lease, since=job.run.compensating_since,
-                                               actor="w2", settings=None))
+        run_plan(conn, compensations.step_plan(job.lease, actor="w2", settings=None))
 
 
 def row(engine: Engine, run_id: uuid.UUID) -> Any:
@@ -80,10 +82,11 @@ def test_a_compensating_run_is_never_failed_or_cancelled_from_outside(
     turn(engine, app)  # sends the release, waits for its outcome
     before = row(engine, run_id)
     assert (before.state, before.effects) == ("waiting", ["compensating"])
-    for attempt in (lambda c: app.cancel(c, run_id, actor="ops"),
-                    lambda c: app.move(c, run_id, "failed", actor="ops", reason="give up")):
-        with engine.begin() as conn, pytest.raises(IllegalTransition, match="compensating"):
-            attempt(conn)
+    with engine.begin() as conn, pytest.raises(IllegalTransition, match="compensating"):
+        app.move(conn, run_id, "failed", actor="ops", reason="give up")
+    with engine.begin() as conn:  # a cancel leaves it to its undoing, and says so
+        cancelled = app.cancel(conn, run_id, actor="ops")
+    assert (cancelled.moved, cancelled.compensating) == ([], [run_id])
     assert row(engine, run_id) == before
 
 
@@ -165,7 +168,10 @@ def test_the_async_handle_records_compensates_and_cancels_as_the_sync_one(
                 await job.compensate(reason="changed its mind")
             async with aengine.begin() as conn:
                 with pytest.raises(IllegalTransition, match="compensating"):
-                    await app.cancel_async(conn, run.id, actor="ops")
+                    await app.move_async(conn, run.id, "failed", actor="ops")
+            async with aengine.begin() as conn:
+                cancelled = await app.cancel_async(conn, run.id, actor="ops")
+                assert cancelled.compensating == [run.id]
             return run.id, sent, effects
         finally:
             await aengine.dispose()
@@ -179,3 +185,32 @@ def test_the_async_handle_records_compensates_and_cancels_as_the_sync_one(
     turn(engine, app)  # the reserve was refused: nothing to undo, the run is failed
     done = row(engine, run_id)
     assert (done.state, done.effects, done.compensating) == ("failed", ["not-applied"], False)
+
+
+def test_an_outcome_unknown_too_long_goes_to_a_person_who_keeps_the_effect(
+        engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = App(database_url=database_url)
+    run_id, sent = started(engine, app)
+    with engine.begin() as conn:
+        app.move(conn, run_id, "failed", actor="ops", reason="cancel")
+    turn(engine, app)  # nobody answered the reserve: it waits to learn
+    assert row(engine, run_id).reason.startswith("learning whether reserve")
+    with engine.begin() as conn, pytest.raises(RunError, match="needs-human"):
+        app.keep_effect(conn, run_id, sent, actor="ops", reason="stock says no such hold")
+    monkeypatch.setattr(compensations, "LEARN_LIMIT", timedelta(0))
+    with engine.begin() as conn:
+        app.wake(conn, run_id)
+    turn(engine, app)  # waited longer than the limit: to a person, naming the effect
+    person = row(engine, run_id)
+    assert person.state == "needs-human"
+    assert f"whether reserve ({sent}) took effect is still unknown" in person.reason
+    with engine.begin() as conn, pytest.raises(RunError, match="no effect"):
+        app.keep_effect(conn, run_id, uuid.uuid4(), actor="ops", reason="typo")
+    with engine.begin() as conn:
+        kept = app.keep_effect(conn, run_id, sent, actor="ops", reason="stock says no hold")
+        assert (kept.state, kept.compensation_evidence["kept_by"]) == ("kept", "ops")
+        app.move(conn, run_id, "queued", actor="ops", reason="go on")
+    turn(engine, app)
+    done = row(engine, run_id)
+    assert (done.state, done.effects, done.reason) == (
+        "failed", ["kept"], "compensated: 0 effect(s) undone")

@@ -1,12 +1,19 @@
--- outboxkit 0015: a bounded fan-out (app.start_children(concurrency=N), outbox/runs/children.py).
+-- outboxkit 0015: a bounded fan-out and a fail-fast join (outbox/runs/children.py).
 --
--- Children beyond the bound are started held: queued with not_before in the year 9000
--- (outbox/runs/children.py's HELD: finite, as drivers refuse 'infinity'), which no claim
--- takes. Each child that finishes releases the parent's oldest held child, in the same
--- deferred trigger that wakes the parent (0013), so the bound holds whatever made the move.
--- The held children of a parent, oldest first: the release below reads only these.
-CREATE INDEX agent_runs_held_idx ON {schema}.agent_runs (parent_id, created_at, idempotency_key)
-    WHERE state = 'queued' AND not_before = '9000-01-01 00:00:00+00';
+-- app.start_children(..., concurrency=N) keeps the bound on the parent (children_limit) and
+-- starts the children beyond it held: queued with not_before in the year 9000 or later
+-- (children.py's HELD_AT: finite, as drivers refuse 'infinity'; the microseconds past it keep
+-- the items' order), which no claim takes. When a child finishes, the trigger that wakes the
+-- parent (0013) releases held siblings while fewer than the bound are unfinished and not
+-- held, whatever made the move, as long as the parent is unfinished and not compensating.
+-- awaits_failure: a join that ends at the first failed child (wait_for_children(...,
+-- fail_fast=True)).
+ALTER TABLE {schema}.agent_runs ADD COLUMN children_limit integer;
+ALTER TABLE {schema}.agent_runs ADD COLUMN awaits_failure boolean;
+
+-- The held children of a parent, in release order.
+CREATE INDEX agent_runs_held_idx ON {schema}.agent_runs (parent_id, not_before)
+    WHERE state = 'queued' AND not_before >= '9000-01-01 00:00:00+00';
 
 CREATE OR REPLACE FUNCTION {schema}.wake_parent() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -14,27 +21,38 @@ DECLARE
     needed integer;
     since timestamptz;
     workflow_name text;
+    fail_fast boolean;
+    bound integer;
+    undoing boolean;
     finished integer;
+    live integer;
     released text;
 BEGIN
     -- The parent's row first: children finishing at once take turns here, and each statement
     -- below reads a fresh snapshot, so the last of them counts all the others. NO KEY UPDATE:
     -- the key-share locks of children being inserted by the parent's step do not block it.
-    SELECT state, awaits_children, children_since, workflow
-      INTO parent_state, needed, since, workflow_name
+    SELECT state, awaits_children, children_since, workflow, coalesce(awaits_failure, false),
+           children_limit, compensating_since IS NOT NULL
+      INTO parent_state, needed, since, workflow_name, fail_fast, bound, undoing
       FROM {schema}.agent_runs WHERE id = NEW.parent_id FOR NO KEY UPDATE;
-    -- A finished child frees its place: the oldest held sibling may go.
-    UPDATE {schema}.agent_runs
-       SET not_before = NULL, updated_at = now()
-     WHERE id = (SELECT id FROM {schema}.agent_runs
-                  WHERE parent_id = NEW.parent_id AND state = 'queued'
-                    AND not_before = '9000-01-01 00:00:00+00'
-                  ORDER BY created_at, idempotency_key
-                  LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING workflow INTO released;
-    IF released IS NOT NULL
-       AND EXISTS (SELECT 1 FROM {schema}.run_workers WHERE idle_until > now()) THEN
-        PERFORM pg_notify({runs_channel}, released);
+    IF bound IS NOT NULL AND parent_state NOT IN ('done', 'failed') AND NOT undoing THEN
+        SELECT count(*) INTO live FROM {schema}.agent_runs
+         WHERE parent_id = NEW.parent_id AND state NOT IN ('done', 'failed')
+           AND (not_before IS NULL OR not_before < '9000-01-01 00:00:00+00');
+        WITH go AS (
+            UPDATE {schema}.agent_runs SET not_before = NULL, updated_at = now()
+             WHERE id IN (SELECT id FROM {schema}.agent_runs
+                           WHERE parent_id = NEW.parent_id AND state = 'queued'
+                             AND not_before >= '9000-01-01 00:00:00+00'
+                           ORDER BY not_before
+                           LIMIT greatest(bound - live, 0)
+                           FOR NO KEY UPDATE SKIP LOCKED)
+            RETURNING workflow)
+        SELECT min(workflow) INTO released FROM go;
+        IF released IS NOT NULL
+           AND EXISTS (SELECT 1 FROM {schema}.run_workers WHERE idle_until > now()) THEN
+            PERFORM pg_notify({runs_channel}, released);
+        END IF;
     END IF;
     IF parent_state IS DISTINCT FROM 'waiting' OR needed IS NULL THEN
         RETURN NULL;
@@ -42,10 +60,12 @@ BEGIN
     SELECT count(*) INTO finished FROM {schema}.agent_runs
      WHERE parent_id = NEW.parent_id AND state IN ('done', 'failed')
        AND (since IS NULL OR created_at > since);
-    IF finished >= needed THEN
+    -- A child of this wave that failed ends a fail-fast join at once.
+    IF finished >= needed OR (fail_fast AND NEW.state = 'failed'
+                              AND (since IS NULL OR NEW.created_at > since)) THEN
         UPDATE {schema}.agent_runs
-           SET not_before = now(), awaits_children = NULL, children_since = now(),
-               updated_at = now()
+           SET not_before = now(), awaits_children = NULL, awaits_failure = NULL,
+               children_since = now(), updated_at = now()
          WHERE id = NEW.parent_id;
         -- As outbox/runs/wakeups.py: NOTIFY only while a worker waits for one.
         IF EXISTS (SELECT 1 FROM {schema}.run_workers WHERE idle_until > now()) THEN
