@@ -109,10 +109,12 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
         view = view_run(conn, run_id)
         moves = history(conn, run_id)
         sent = run_messages(conn, run_id)
+        effects = run_plan(conn, compensation.effects_plan(run_id))
     if as_json:
         echo_json({**_run_dict(view), "checkpoint": None,
                    "history": [t.__dict__ for t in moves],
-                   "messages": [m.as_dict() for m in sent]})
+                   "messages": [m.as_dict() for m in sent],
+                   "effects": [e.__dict__ for e in effects]})
         return
     run = view.run
     versions = f"workflow {run.workflow_version}, prompt {run.prompt_version or '-'}, " \
@@ -142,9 +144,17 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
           m.published_at or "-"] for m in sent],
         empty="no outbox messages",
     )
+    if effects:  # a run that emitted effects with their undo (docs/workflows.md)
+        click.echo("")
+        echo_table(
+            ["effect", "message", "state", "undo message", "decided", "undo's evidence"],
+            [[e.type, e.message_id, e.state, _or_dash(e.compensation_id),
+              _or_dash(e.decided_at), compact_json(e.compensation_evidence)] for e in effects],
+            empty="",
+        )
 
 
-def _or_dash(value: int | None) -> object:
+def _or_dash(value: object) -> object:
     return "-" if value is None else value
 
 

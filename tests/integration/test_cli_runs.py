@@ -289,3 +289,10 @@ def test_keep_effect_lets_a_compensating_runs_effect_stay_only_while_a_person_ho
     again = outbox(*args)
     assert again.returncode == 1
     assert "no effect" in one_line(again)
+    shown = json.loads(outbox("runs", "show", str(job.run.id), "--json",
+                              "--database-url", database_url).stdout)
+    assert [(e["type"], e["message_id"], e["state"]) for e in shown["effects"]] == [
+        ("reserve", str(sent), "kept")]
+    table = outbox("runs", "show", str(job.run.id), "--database-url", database_url).stdout
+    assert "undo's evidence" in table
+    assert "no such hold" in table
