@@ -832,7 +832,8 @@ def ci_subset(outage_s: float = 20.0) -> list[Scenario]:
 
 
 def full(outage_s: float, kill_rounds: int = 10) -> list[Scenario]:
-    """Every scenario; the soak passes more kill rounds."""
+    """Every scenario of the supplier-order pipeline; the soak passes more kill rounds
+    (``python -m tests.faults`` adds the saga's, :mod:`tests.faults.saga`)."""
     return [*ci_subset(outage_s), random_kills(kill_rounds), scale_out(kill_rounds),
             hanging_call(60.0),  # the ledger's default in-flight grace
             worker_kills(5)]
