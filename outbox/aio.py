@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from outbox.db.execution import AsyncConn, driver_row_async, missing_schema, run_plan_async
 from outbox.handle import CP, RunHandle, stored, transition_ends
-from outbox.messages import compensations
+from outbox.messages import compensations as compensations_
 from outbox.messages.emit import _emit_async, _emit_many_async
 from outbox.messages.envelope import Envelope
 from outbox.runs import (
@@ -407,7 +407,7 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
                    notify: bool = True) -> uuid.UUID:
         """Async :meth:`outbox.handle.ClaimedRun.emit`."""
         if compensation is not None:
-            return await run_plan_async(self.conn, compensations.record_plan(
+            return await run_plan_async(self.conn, compensations_.record_plan(
                 self._held(), envelope, compensation, self.settings, notify), self.settings)
         return await emit(self.conn, envelope, lease=self._held(), settings=self.settings,
                           notify=notify)
@@ -424,7 +424,12 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
                                     self.settings)
 
     async def emit_many(self, envelopes: Sequence[Envelope], *,
+                        compensations: Sequence[Envelope | None] | None = None,
                         notify: bool = True) -> list[uuid.UUID]:
         """Async :meth:`outbox.handle.ClaimedRun.emit_many`."""
-        return await emit_many(self.conn, envelopes, lease=self._held(), settings=self.settings,
-                               notify=notify)
+        specs = compensations_.undos(envelopes, compensations, self.settings)
+        ids = await emit_many(self.conn, envelopes, lease=self._held(), settings=self.settings,
+                              notify=notify)
+        await run_plan_async(self.conn, compensations_.recorded_many(
+            self._held(), ids, envelopes, specs), self.settings)
+        return ids

@@ -32,7 +32,7 @@ from typing_extensions import TypeVar
 
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.errors import LeaseSpent
-from outbox.messages import compensations
+from outbox.messages import compensations as compensations_
 from outbox.messages.emit import emit as emit_one
 from outbox.messages.emit import emit_many as emit_several
 from outbox.messages.envelope import Envelope
@@ -230,7 +230,7 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
         (:mod:`outbox.runs.compensation`). ``notify=False`` for a transaction that will be
         prepared (two-phase commit)."""
         if compensation is not None:
-            return run_plan(self.conn, compensations.record_plan(
+            return run_plan(self.conn, compensations_.record_plan(
                 self._held(), envelope, compensation, self.settings, notify), self.settings)
         return emit_one(self.conn, envelope, lease=self._held(), settings=self.settings,
                         notify=notify)
@@ -247,10 +247,17 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
         """The effects this run emitted with a compensation, in emit order, and their state."""
         return run_plan(self.conn, compensation_.effects_plan(self.run.id), self.settings)
 
-    def emit_many(self, envelopes: Sequence[Envelope], *, notify: bool = True) -> list[uuid.UUID]:
-        """:func:`outbox.messages.emit.emit_many`, fenced by the lease."""
-        return emit_several(self.conn, envelopes, lease=self._held(), settings=self.settings,
-                            notify=notify)
+    def emit_many(self, envelopes: Sequence[Envelope], *,
+                  compensations: Sequence[Envelope | None] | None = None,
+                  notify: bool = True) -> list[uuid.UUID]:
+        """:func:`outbox.messages.emit.emit_many`, fenced by the lease; *compensations*: one
+        per envelope (``None`` where it has none), as :meth:`emit`'s ``compensation``."""
+        specs = compensations_.undos(envelopes, compensations, self.settings)
+        ids = emit_several(self.conn, envelopes, lease=self._held(), settings=self.settings,
+                           notify=notify)
+        run_plan(self.conn, compensations_.recorded_many(self._held(), ids, envelopes, specs),
+                 self.settings)
+        return ids
 
 
 def claim(conn: SyncConn, *, worker: str, lease_seconds: float,

@@ -8,7 +8,7 @@ effects, entering compensation). This side sends messages, so it lives with them
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,21 +56,56 @@ def declared(envelope: Envelope, compensation: Envelope) -> dict[str, Any]:
         "topic", "type", "key", "payload", "headers", "correlation_id", "schema_version"})
 
 
-def record_plan(lease: Lease, envelope: Envelope, compensation: Envelope,
-                settings: OutboxSettings | None, notify: bool) -> Plan[uuid.UUID]:
-    """Emit *envelope* under *lease* and record that *compensation* undoes it."""
+def checked(envelope: Envelope, compensation: Envelope,
+            settings: OutboxSettings | None) -> dict[str, Any]:
+    """*compensation* as stored with *envelope*'s effect, or the error that names what is
+    wrong, before anything is written."""
     spec = declared(envelope, compensation)
     # The undo as it will be sent (less the effect's evidence), checked as emit checks it now:
     # a bad topic or header fails this step, not the compensation it exists for.
     encode(compensation.model_copy(update={"payload": {**(compensation.payload or {}),
                                                        "compensates": {}}}),
            settings or default_settings())
+    return spec
+
+
+def effects_insert(lease: Lease, effects: Sequence[tuple[uuid.UUID, str, dict[str, Any]]]) -> Any:
+    """The rows of *effects* ((message id, type, stored undo), in emit order). An effect
+    emitted again under its own message id (a requeued run's step) is recorded once."""
+    return (pg_insert(run_effects).values([
+        {"run_id": lease.run_id, "message_id": message_id, "type": kind, "compensation": spec}
+        for message_id, kind, spec in effects]).on_conflict_do_nothing(
+            index_elements=["message_id"]))
+
+
+def record_plan(lease: Lease, envelope: Envelope, compensation: Envelope,
+                settings: OutboxSettings | None, notify: bool) -> Plan[uuid.UUID]:
+    """Emit *envelope* under *lease* and record that *compensation* undoes it."""
+    spec = checked(envelope, compensation, settings)
     message_id = yield from emit_plan(envelope, lease=lease, settings=settings, notify=notify)
-    # An effect emitted again under its own message id (a requeued run's step): recorded once.
-    yield (pg_insert(run_effects).values(run_id=lease.run_id, message_id=message_id,
-                                         type=envelope.type, compensation=spec)
-           .on_conflict_do_nothing(index_elements=["message_id"]))
+    yield effects_insert(lease, [(message_id, envelope.type, spec)])
     return message_id
+
+
+def undos(envelopes: Sequence[Envelope], compensations: Sequence[Envelope | None] | None,
+          settings: OutboxSettings | None) -> list[dict[str, Any] | None]:
+    """For ``emit_many``: each envelope's stored undo (``None``: it has none), checked."""
+    if compensations is None:
+        return [None] * len(envelopes)
+    if len(compensations) != len(envelopes):
+        raise ConfigurationError(f"{len(compensations)} compensations for {len(envelopes)} "
+                                 "envelopes: give one per envelope (None where there is none)")
+    return [None if undo is None else checked(envelope, undo, settings)
+            for envelope, undo in zip(envelopes, compensations, strict=True)]
+
+
+def recorded_many(lease: Lease, ids: Sequence[uuid.UUID], envelopes: Sequence[Envelope],
+                  specs: Sequence[dict[str, Any] | None]) -> Plan[None]:
+    """Record the effects of an ``emit_many`` that declared an undo."""
+    rows = [(i, e.type, spec) for i, e, spec in zip(ids, envelopes, specs, strict=True)
+            if spec is not None]
+    if rows:
+        yield effects_insert(lease, rows)
 
 
 def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> Plan[Lease]:

@@ -21,7 +21,7 @@ from outbox import App, ClaimedRun, Envelope
 from outbox.aio import AsyncClaimedRun
 from outbox.db.dsn import sqlalchemy_url
 from outbox.db.execution import run_plan
-from outbox.errors import IllegalTransition, RunError
+from outbox.errors import ConfigurationError, IllegalTransition, RunError
 from outbox.messages import compensations
 from outbox.runs.compensation import compensation_id
 from outbox.runs.workflows import register
@@ -214,3 +214,30 @@ def test_an_outcome_unknown_too_long_goes_to_a_person_who_keeps_the_effect(
     done = row(engine, run_id)
     assert (done.state, done.effects, done.reason) == (
         "failed", ["kept"], "compensated: 0 effect(s) undone")
+
+
+def test_emit_many_records_the_undo_of_each_effect_that_has_one(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("m", version="1")
+    def m(job: ClaimedRun[Any]) -> None:
+        raise AssertionError("not run")
+
+    with engine.begin() as conn:
+        app.start_run(conn, m, idempotency_key="k")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w1", lease_seconds=30)
+        assert job is not None
+    with engine.begin() as conn, pytest.raises(ConfigurationError, match="one per envelope"):
+        job.on(conn).emit_many([effect("reserve"), effect("charge")],
+                               compensations=[effect("release")])
+    with engine.begin() as conn:
+        ids = job.on(conn).emit_many([effect("reserve"), effect("notify"), effect("charge")],
+                                     compensations=[effect("release"), None, effect("refund")])
+        effects = job.on(conn).effects()
+    assert [(e.message_id, e.type) for e in effects] == [(ids[0], "reserve"),
+                                                         (ids[2], "charge")]
+    with engine.connect() as conn:
+        sent = conn.execute(text("SELECT count(*) FROM outboxkit.outbox_messages")).scalar_one()
+    assert sent == 3  # the refused batch wrote nothing
