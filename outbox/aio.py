@@ -390,11 +390,13 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
                                 until: datetime | timedelta | None = None,
                                 step: str | None = None, reason: str | None = None,
                                 actor: str | None = None, checkpoint: Any = KEEP,
-                                fail_fast: bool = False) -> None:
+                                fail_fast: bool = False,
+                                on_failure: children.OnFailure | None = None) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.wait_for_children`; it ends the lease."""
         lease = await run_plan_async(self.conn, children.wait_plan(
             self._held(), join, until=until, step=step, reason=reason, actor=actor,
-            settings=self.settings, checkpoint=stored(checkpoint), fail_fast=fail_fast),
+            settings=self.settings, checkpoint=stored(checkpoint), fail_fast=fail_fast,
+            on_failure=on_failure),
             self.settings)
         self._kept(lease, ends=transition_ends(RunState.WAITING))
 

@@ -209,13 +209,18 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
     def wait_for_children(self, join: children.Join = "all", *,
                           until: datetime | timedelta | None = None, step: str | None = None,
                           reason: str | None = None, actor: str | None = None,
-                          checkpoint: Any = KEEP, fail_fast: bool = False) -> None:
+                          checkpoint: Any = KEEP, fail_fast: bool = False,
+                          on_failure: children.OnFailure | None = None) -> None:
         """Move the run to ``waiting`` until *join* of its children (``"all"``, ``"first"`` or
         a number) are finished, or *until*, or (*fail_fast*) one of them failed; claimable at
-        once if that is so already (:mod:`outbox.runs.children`). It ends the lease."""
+        once if that is so already (:mod:`outbox.runs.children`). *on_failure* (``"fail"``,
+        ``"compensate"``): a failed child wakes it too, and the worker then fails it (or undoes
+        its effects) and cancels its other children, without running its code. It ends the
+        lease."""
         lease = run_plan(self.conn, children.wait_plan(
             self._held(), join, until=until, step=step, reason=reason, actor=actor,
-            settings=self.settings, checkpoint=stored(checkpoint), fail_fast=fail_fast),
+            settings=self.settings, checkpoint=stored(checkpoint), fail_fast=fail_fast,
+            on_failure=on_failure),
             self.settings)
         self._kept(lease, ends=transition_ends(RunState.WAITING))
 

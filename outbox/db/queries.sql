@@ -257,7 +257,7 @@ claimed AS (
       FROM candidate
      WHERE r.id = candidate.id
     RETURNING r.id, r.workflow, r.workflow_version, r.prompt_version, r.tool_schema_version,
-              r.parent_id, r.compensating_since,
+              r.parent_id, r.compensating_since, r.on_child_failure,
               r.state, r.step, r.checkpoint, r.last_evidence, r.idempotency_key, r.attempts,
               r.not_before, r.lease_owner, r.lease_token, r.lease_expires_at, r.version,
               r.reason, r.created_at, r.updated_at, r.finished_at, r.purged_at,

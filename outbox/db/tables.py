@@ -111,10 +111,13 @@ agent_runs = Table(
     _ts("compensating_since"),  # migration 0014
     Column("children_limit", Integer),  # migration 0015
     Column("awaits_failure", Boolean),  # migration 0015
+    Column("on_child_failure", Text),  # migration 0015
     CheckConstraint(
         "state IN ('queued', 'running', 'waiting', 'done', 'failed', 'needs-human')",
         name="agent_runs_state_check",
     ),
+    CheckConstraint("on_child_failure IN ('fail', 'compensate')",  # migration 0015
+                    name="agent_runs_on_child_failure_check"),
 )
 # Claiming scans only runnable rows; a partial index keeps that cheap however long history is.
 Index(

@@ -46,14 +46,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, workflows
 from outbox.errors import ConfigurationError, IllegalTransition, WorkflowRetired
-from outbox.runs import fencing, wakeups
+from outbox.runs import compensation, fencing, wakeups
 from outbox.runs.checkpoints import KEEP, bounded
 from outbox.runs.leases import Lease
-from outbox.runs.lifecycle import HELD_AT, Run, move_plan, wake_value
+from outbox.runs.lifecycle import HELD_AT, Run, move_plan, transition_plan, wake_value
 from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
 
 Join = Literal["all", "first"] | int
+OnFailure = Literal["fail", "compensate"]
+ON_FAILURE: tuple[OnFailure, ...] = ("fail", "compensate")
 _FINISHED = sorted(s.value for s in FINISHED)
 
 
@@ -74,10 +76,15 @@ def children_plan(run_id: uuid.UUID) -> Plan[list[Run]]:
 def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
               step: str | None, reason: str | None, actor: str | None,
               settings: OutboxSettings | None, checkpoint: Any = KEEP,
-              fail_fast: bool = False) -> Plan[Lease]:
+              fail_fast: bool = False, on_failure: OnFailure | None = None) -> Plan[Lease]:
     """Move the run to ``waiting`` for *join* of the children it started since its previous
-    join, or (*fail_fast*) the first of them that fails (claimable at once when that is so
-    already); ends the lease."""
+    join, or (*fail_fast*, or *on_failure*) the first of them that fails (claimable at once
+    when that is so already); ends the lease. *on_failure* is kept for the worker
+    (:func:`failure_plan`)."""
+    if on_failure not in (None, *ON_FAILURE):
+        raise ConfigurationError(f"on_failure must be one of {list(ON_FAILURE)} or None, "
+                                 f"got {on_failure!r}")
+    fail_fast = fail_fast or on_failure is not None
     r = agent_runs
     # The row lock first (see the module's doc), then a fresh statement counts.
     rows = yield (select(r.c.children_since).where(r.c.id == lease.run_id)
@@ -96,7 +103,8 @@ def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
     note = reason or f"waits for {join if isinstance(join, str) else needed} of its " \
                      f"{total} children" + (" (or the first to fail)" if fail_fast else "")
     waits: dict[str, Any] = {"awaits_children": None if ready else needed,
-                             "awaits_failure": True if fail_fast and not ready else None}
+                             "awaits_failure": True if fail_fast and not ready else None,
+                             "on_child_failure": on_failure}
     if ready:  # this join is met: the next counts the children started after it
         waits["children_since"] = func.now()
     return (yield from fencing.wait_plan(
@@ -264,3 +272,33 @@ def _recordset(data: list[dict[str, Any]], *, held: bool) -> Any:
         columns.append(column("held", TIMESTAMP(timezone=True)))
     return func.jsonb_to_recordset(literal(data, JSONB)).table_valued(*columns).render_derived(
         name="fresh" if held else "given", with_types=True)
+
+
+def failure_plan(lease: Lease, run: Run, *, actor: str,
+                 settings: OutboxSettings | None) -> Plan[Lease | None]:
+    """What the worker does first with a claimed parent whose last join declared
+    ``on_failure``: if one of its children failed, cancel its other unfinished children and
+    fail the parent (``"fail"``: it compensates first if it has effects to undo) or undo its
+    effects (``"compensate"``), without running its code; ``None``: no child failed, run it.
+    The children move before the parent: a child's finish waits for the parent's row only
+    at its commit, and this transaction takes that row last."""
+    r = agent_runs
+    failed = yield (select(r.c.id, r.c.idempotency_key, r.c.reason)
+                    .where(r.c.parent_id == run.id, r.c.state == RunState.FAILED.value)
+                    .order_by(r.c.finished_at).limit(1))
+    if not failed:
+        return None
+    key = failed[0]["idempotency_key"].split("/", 1)[-1]
+    note = f"child {key!r} failed: {failed[0]['reason']}"
+    rows = yield (select(r.c.id).where(r.c.parent_id == run.id, r.c.state.not_in(_FINISHED))
+                  .order_by(r.c.created_at, r.c.idempotency_key))
+    for row in rows:
+        yield from cancel_plan(row["id"], actor=actor, reason=f"its sibling {note}",
+                               settings=settings)
+    evidence = {"child": str(failed[0]["id"]), "key": key, "on_failure": run.on_child_failure}
+    if run.on_child_failure == "compensate":
+        return (yield from compensation.begin_leased_plan(
+            lease, reason=note, evidence=evidence, actor=actor, settings=settings))
+    return (yield from transition_plan(lease, RunState.FAILED, step=None, reason=note,
+                                       evidence=evidence, actor=actor, checkpoint=KEEP,
+                                       wake_at=None, settings=settings))

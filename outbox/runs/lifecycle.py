@@ -97,6 +97,9 @@ class Run:
     """The run whose step started this one (:mod:`outbox.runs.children`)."""
     compensating_since: datetime | None = None
     """Set while the run undoes its effects (:mod:`outbox.runs.compensation`)."""
+    on_child_failure: str | None = None
+    """What a failed child does to this run, as its last join declared (``"fail"``,
+    ``"compensate"``; :mod:`outbox.runs.children`)."""
 
     @property
     def held(self) -> bool:
@@ -119,6 +122,7 @@ class Run:
             created_at=row["created_at"], updated_at=row["updated_at"],
             finished_at=row["finished_at"], purged_at=row["purged_at"],
             parent_id=row.get("parent_id"), compensating_since=row.get("compensating_since"),
+            on_child_failure=row.get("on_child_failure"),
         )
 
 

@@ -34,6 +34,7 @@ from outbox.db.execution import run_plan, run_plan_async
 from outbox.errors import LeaseLost
 from outbox.handle import ClaimedRun
 from outbox.messages import compensations
+from outbox.runs import children
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run
 from outbox.runs.retry import RetryOutcome, RetryPolicy
@@ -170,6 +171,11 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
                 run_plan(tx, compensations.step_plan(lease, actor=actor, settings=settings),
                          settings)
             return "compensating"
+        if run.on_child_failure is not None:  # its join declared what a failed child does
+            with _transaction(engine, conn) as tx:
+                if run_plan(tx, children.failure_plan(lease, run, actor=actor,
+                                                      settings=settings), settings):
+                    return "moved"
         checkpoint = step.load(run)
         with _transaction(engine, conn) as tx:
             job: ClaimedRun = ClaimedRun(tx, run, lease, settings=settings,
@@ -205,6 +211,9 @@ async def run_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
         if run.compensating_since is not None:
             await _compensate_async(run, lease, engine, settings=settings, actor=actor)
             return "compensating"
+        if run.on_child_failure is not None and await _child_failed_async(
+                run, lease, engine, settings=settings, actor=actor):
+            return "moved"
         checkpoint = step.load(run)
         async with engine.begin() as conn:
             job: AsyncClaimedRun = AsyncClaimedRun(conn, run, lease, settings=settings,
@@ -254,6 +263,14 @@ async def _compensate_async(run: Run, lease: Lease, engine: AsyncEngine, *,
     async with engine.begin() as conn:
         await run_plan_async(conn, compensations.step_plan(lease, actor=actor,
                                                            settings=settings), settings)
+
+
+async def _child_failed_async(run: Run, lease: Lease, engine: AsyncEngine, *,
+                              settings: OutboxSettings, actor: str) -> bool:
+    """:func:`outbox.runs.children.failure_plan`: True if a failed child moved the run."""
+    async with engine.begin() as conn:
+        return await run_plan_async(conn, children.failure_plan(
+            lease, run, actor=actor, settings=settings), settings) is not None
 
 
 async def _failed_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine,

@@ -13,9 +13,9 @@ import pytest
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
-from outbox import App, ClaimedRun
+from outbox import App, ClaimedRun, Envelope
 from outbox.errors import ConfigurationError
-from tests.integration.worker_support import run_in, running
+from tests.integration.worker_support import run_in, running, wait_for
 
 
 class Item(BaseModel):
@@ -226,3 +226,103 @@ def test_a_fail_fast_join_wakes_the_parent_at_the_first_failed_child(
                                         "parent_id = :p AND state = 'waiting'"),
                                    {"p": run.id}).scalar_one()
     assert waiting == 2
+
+
+@pytest.mark.parametrize("on_failure", ["fail", "compensate"])
+def test_a_declared_on_failure_fails_or_undoes_the_parent_and_cancels_the_others(
+        engine: Engine, database_url: str, on_failure: str) -> None:
+    app = App(database_url=database_url)
+    woken: list[str | None] = []
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        if job.checkpoint.n == 1:
+            job.transition("failed", reason="out of stock")
+        else:  # the others wait for something that does not come
+            job.transition("waiting", reason="waits for the warehouse")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        woken.append(job.run.step)
+        job.emit(Envelope(topic="shop", type="hold", key="p", payload={}),
+                 compensation=Envelope(topic="shop", type="unhold", key="p", payload={}))
+        app.start_children(job, child, {f"k{n}": Item(n=n) for n in range(3)})
+        job.wait_for_children("all", step="joined", on_failure=on_failure)  # type: ignore[arg-type]
+
+    with running(app):
+        with engine.begin() as conn:
+            run = app.start_run(conn, parent, idempotency_key="p")
+        # a child failed: the parent compensates (on_failure="fail" too: it has a hold to
+        # undo), and first learns whether its hold took effect
+        wait_for(lambda: "learning whether hold" in (_run(engine, run.id).reason or ""),
+                 what="the parent to ask about its hold")
+        with engine.connect() as conn:
+            hold = conn.execute(text("SELECT message_id FROM outboxkit.outbox_messages "
+                                     "WHERE message_type = 'hold'")).scalar_one()
+        with engine.begin() as conn:
+            app.confirm(conn, run_id=run.id, confirmation_id=hold, outcome="running",
+                        evidence={"held": True}, actor="shop")
+        wait_for(lambda: "unhold" in _types(engine), what="the undo")
+        with engine.connect() as conn:
+            undo = conn.execute(text("SELECT message_id FROM outboxkit.outbox_messages "
+                                     "WHERE message_type = 'unhold'")).scalar_one()
+        run_in(engine, run.id, "waiting")
+        with engine.begin() as conn:
+            app.confirm(conn, run_id=run.id, confirmation_id=undo, outcome="running",
+                        evidence={"unheld": True}, actor="shop")
+        done = run_in(engine, run.id, "failed")
+    assert woken == [None]  # its code ran once: the failed child did the rest
+    assert done.reason == "compensated: 1 effect(s) undone"
+    with engine.connect() as conn:
+        moves = [t.reason for t in app.history(conn, run.id)]
+        kids = conn.execute(text("SELECT idempotency_key, state, reason FROM outboxkit.agent_runs "
+                                 "WHERE parent_id = :p ORDER BY idempotency_key"),
+                            {"p": run.id}).all()
+    assert "compensating: child 'k1' failed: out of stock" in moves
+    assert [(k.split("/")[1], s) for k, s, _ in kids] == [
+        ("k0", "failed"), ("k1", "failed"), ("k2", "failed")]
+    assert kids[0].reason == "its sibling child 'k1' failed: out of stock"
+
+
+def _types(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT message_type FROM outboxkit.outbox_messages "
+                                      "ORDER BY id")).scalars())
+
+
+def _run(engine: Engine, run_id: Any) -> Any:
+    with engine.connect() as conn:
+        return App().get_run(conn, run_id)
+
+
+def test_on_failure_fail_without_effects_just_fails_the_parent(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        if job.checkpoint.n == 0:
+            job.transition("failed", reason="no")
+        else:
+            job.transition("waiting", reason="waits")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        app.start_children(job, child, {f"k{n}": Item(n=n) for n in range(4)}, concurrency=2)
+        job.wait_for_children("all", step="joined", on_failure="fail")
+
+    with running(app):
+        with engine.begin() as conn:
+            run = app.start_run(conn, parent, idempotency_key="p")
+        done = run_in(engine, run.id, "failed")
+    assert (done.reason, done.compensating_since) == ("child 'k0' failed: no", None)
+    with engine.connect() as conn:  # the held ones were cancelled too, none released
+        states = conn.execute(text("SELECT state, count(*) FROM outboxkit.agent_runs "
+                                   "WHERE parent_id = :p GROUP BY state"), {"p": run.id}).all()
+    assert dict(states) == {"failed": 4}
+    with engine.begin() as conn:
+        app.start_run(conn, parent, idempotency_key="q")
+        job = app.claim(conn, worker="w", lease_seconds=30)
+    assert job is not None
+    with engine.begin() as conn, pytest.raises(ConfigurationError, match="on_failure must"):
+        job.on(conn).wait_for_children("all", on_failure="retry")  # type: ignore[arg-type]

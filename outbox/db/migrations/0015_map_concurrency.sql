@@ -7,9 +7,13 @@
 -- parent (0013) releases held siblings while fewer than the bound are unfinished and not
 -- held, whatever made the move, as long as the parent is unfinished and not compensating.
 -- awaits_failure: a join that ends at the first failed child (wait_for_children(...,
--- fail_fast=True)).
+-- fail_fast=True)). on_child_failure: what a failed child does to its parent, as its last
+-- join declared (on_failure=): the worker fails or compensates the parent, and cancels the
+-- other children, before any of the parent's code runs.
 ALTER TABLE {schema}.agent_runs ADD COLUMN children_limit integer;
 ALTER TABLE {schema}.agent_runs ADD COLUMN awaits_failure boolean;
+ALTER TABLE {schema}.agent_runs ADD COLUMN on_child_failure text
+    CONSTRAINT agent_runs_on_child_failure_check CHECK (on_child_failure IN ('fail', 'compensate'));
 
 -- The held children of a parent, in release order.
 CREATE INDEX agent_runs_held_idx ON {schema}.agent_runs (parent_id, not_before)
