@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Engine, text
 
@@ -55,14 +55,17 @@ def during_compensation(engine: Engine, ids: Sequence[uuid.UUID],
     return killed
 
 
-def wait_failed(engine: Engine, ids: Sequence[uuid.UUID], pipelines: Sequence[Pipeline], *,
+def restart_dead(pipeline: Pipeline) -> None:
+    for name in pipeline.dead():
+        pipeline.restart(name)
+
+
+def wait_failed(engine: Engine, ids: Sequence[uuid.UUID], heal: Callable[[], object], *,
                 timeout_s: float) -> bool:
-    """Until every run of *ids* is failed (undone), restarting whatever dies meanwhile."""
+    """Until every run of *ids* is failed (undone), calling *heal* (restart what died)."""
     deadline = time.monotonic() + timeout_s
     while states(engine, ids) != {"failed": len(ids)}:
-        for pipeline in pipelines:
-            for name in pipeline.dead():
-                pipeline.restart(name)
+        heal()
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)

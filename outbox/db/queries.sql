@@ -153,6 +153,7 @@ WITH moved AS (
                                            now() + CAST(%(wake_after)s AS interval))
                              ELSE not_before END,
            finished_at = CASE WHEN CAST(%(finished)s AS boolean) THEN now() ELSE finished_at END,
+           on_child_failure = NULL, failed_child = NULL,  -- the step handled its wake-up
            lease_owner = NULL,
            lease_expires_at = NULL,
            version = version + 1,
@@ -257,7 +258,7 @@ claimed AS (
       FROM candidate
      WHERE r.id = candidate.id
     RETURNING r.id, r.workflow, r.workflow_version, r.prompt_version, r.tool_schema_version,
-              r.parent_id, r.compensating_since, r.on_child_failure,
+              r.parent_id, r.compensating_since, r.on_child_failure, r.failed_child,
               r.state, r.step, r.checkpoint, r.last_evidence, r.idempotency_key, r.attempts,
               r.not_before, r.lease_owner, r.lease_token, r.lease_expires_at, r.version,
               r.reason, r.created_at, r.updated_at, r.finished_at, r.purged_at,

@@ -112,6 +112,7 @@ agent_runs = Table(
     Column("children_limit", Integer),  # migration 0015
     Column("awaits_failure", Boolean),  # migration 0015
     Column("on_child_failure", Text),  # migration 0015
+    Column("failed_child", UUID(as_uuid=True)),  # migration 0015
     CheckConstraint(
         "state IN ('queued', 'running', 'waiting', 'done', 'failed', 'needs-human')",
         name="agent_runs_state_check",

@@ -125,6 +125,7 @@ def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> P
         effect = Effect.from_row(row)
         if effect.state == "refused":  # a person requeued the run: the effect stays
             yield _decide(effect, "kept")
+            since = _Clock(overdue=False)  # progress: the next outcome gets its hour
             continue
         if effect.state == "open":
             outcome = yield from outcome_plan(lease.run_id, effect.message_id)
@@ -134,6 +135,7 @@ def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> P
             confirmed, evidence = outcome
             if not confirmed:
                 yield _decide(effect, "not-applied", evidence=evidence)
+                since = _Clock(overdue=False)
                 continue
             sent = yield from _send(lease, row, evidence, settings)
             yield _decide(effect, "compensating", evidence=evidence, compensation_id=sent)
@@ -150,6 +152,7 @@ def step_plan(lease: Lease, *, actor: str, settings: OutboxSettings | None) -> P
             yield _decide(effect, "refused", compensation_evidence=evidence)
             return (yield from _to_person(lease, effect, evidence, actor))
         yield _decide(effect, "compensated", compensation_evidence=evidence)
+        since = _Clock(overdue=False)
     return (yield from _finish(lease, actor))
 
 

@@ -45,7 +45,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from outbox.db.execution import Plan
 from outbox.db.tables import agent_runs, workflows
-from outbox.errors import ConfigurationError, IllegalTransition, WorkflowRetired
+from outbox.errors import ConfigurationError, IllegalTransition, RunNotFound, WorkflowRetired
 from outbox.runs import compensation, fencing, wakeups
 from outbox.runs.checkpoints import KEEP, bounded
 from outbox.runs.leases import Lease
@@ -105,6 +105,11 @@ def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
     waits: dict[str, Any] = {"awaits_children": None if ready else needed,
                              "awaits_failure": True if fail_fast and not ready else None,
                              "on_child_failure": on_failure}
+    if ready and fail_fast and rows[0]["failed"] > 0 and finished < needed:
+        # ready by a failure already: say which child, as the trigger would have
+        failed = yield (select(r.c.id).where(*wave, r.c.state == RunState.FAILED.value)
+                        .order_by(r.c.finished_at).limit(1))
+        waits["failed_child"] = failed[0]["id"]
     if ready:  # this join is met: the next counts the children started after it
         waits["children_since"] = func.now()
     return (yield from fencing.wait_plan(
@@ -154,28 +159,70 @@ def cancel_plan(run_id: uuid.UUID, *, actor: str, reason: str,
     finish then finds its parent no longer waiting). A finished run, or one a worker holds,
     raises :class:`IllegalTransition` and nothing moves."""
     done = Cancelled([], [], [])
-    todo = [run_id]
+    # A finished run is refused before anything is locked: the tree's locks would make a
+    # worker's claim skip its children (SKIP LOCKED) for a cancel that does nothing.
+    rows = yield select(agent_runs.c.state).where(agent_runs.c.id == run_id)
+    if not rows:
+        raise RunNotFound(run_id)
+    if rows[0]["state"] in _FINISHED:
+        raise IllegalTransition(run_id, rows[0]["state"], RunState.FAILED.value,
+                                "it is finished already")
+    yield from _lock_tree(run_id)
+    yield from _cancel_one(run_id, root=run_id, actor=actor, reason=reason, settings=settings,
+                           notify=notify, done=done)
+    yield from _cancel_below(run_id, root=run_id, actor=actor, reason=reason,
+                             settings=settings, notify=notify, done=done)
+    return done
+
+
+def _lock_tree(run_id: uuid.UUID) -> Plan[None]:
+    """Lock *run_id* and its unfinished descendants, the deepest first: a child finishing
+    meanwhile holds its own row and takes its parent's at its commit (the trigger), so
+    locking parents before children would wait for it crosswise (a deadlock)."""
+    r = agent_runs
+    tree = select(r.c.id, literal(0).label("depth")).where(r.c.id == run_id).cte(
+        "tree", recursive=True)
+    tree = tree.union_all(
+        select(r.c.id, tree.c.depth + 1).where(r.c.parent_id == tree.c.id,
+                                               r.c.state.not_in(_FINISHED)))
+    yield (select(r.c.id).join(tree, r.c.id == tree.c.id)
+           .order_by(tree.c.depth.desc(), r.c.id).with_for_update(of=r))
+
+
+def _cancel_one(current: uuid.UUID, *, root: uuid.UUID, actor: str, reason: str,
+                settings: OutboxSettings | None, notify: bool, done: Cancelled) -> Plan[None]:
+    rows = yield select(agent_runs.c.compensating_since, agent_runs.c.state).where(
+        agent_runs.c.id == current)
+    if rows and rows[0]["compensating_since"] is not None \
+            and rows[0]["state"] not in _FINISHED:
+        done.compensating.append(current)  # failing already: left to finish its undoing
+        return
+    if current != root and rows and rows[0]["state"] in _FINISHED:
+        return  # finished meanwhile
+    try:
+        done.moved.append((yield from move_plan(
+            current, RunState.FAILED, actor=actor, reason=reason,
+            evidence={"cancelled_by": actor, "cancelled": str(root)},
+            not_before=None, settings=settings, notify=notify)))
+    except IllegalTransition:
+        if current == root:
+            raise
+        done.held.append(current)  # a worker holds it: it ends its step first
+
+
+def _cancel_below(parent: uuid.UUID, *, root: uuid.UUID, actor: str, reason: str,
+                  settings: OutboxSettings | None, notify: bool,
+                  done: Cancelled) -> Plan[Cancelled]:
+    """Cancel *parent*'s unfinished descendants, each generation after its parents."""
+    todo = [parent]
     while todo:
-        current = todo.pop(0)
-        rows = yield (select(agent_runs.c.compensating_since, agent_runs.c.state)
-                      .where(agent_runs.c.id == current).with_for_update())
-        if rows and rows[0]["compensating_since"] is not None \
-                and rows[0]["state"] not in _FINISHED:
-            done.compensating.append(current)
-        else:
-            try:
-                done.moved.append((yield from move_plan(
-                    current, RunState.FAILED, actor=actor, reason=reason,
-                    evidence={"cancelled_by": actor, "cancelled": str(run_id)},
-                    not_before=None, settings=settings, notify=notify)))
-            except IllegalTransition:
-                if current == run_id:
-                    raise
-                done.held.append(current)  # only unfinished children are read: held ones
-        rows = yield (select(agent_runs.c.id).where(agent_runs.c.parent_id == current,
+        rows = yield (select(agent_runs.c.id).where(agent_runs.c.parent_id == todo.pop(0),
                                                     agent_runs.c.state.not_in(_FINISHED))
                       .order_by(agent_runs.c.created_at, agent_runs.c.idempotency_key))
-        todo.extend(row["id"] for row in rows)
+        for row in rows:
+            yield from _cancel_one(row["id"], root=root, actor=actor, reason=reason,
+                                   settings=settings, notify=notify, done=done)
+            todo.append(row["id"])
     return done
 
 
@@ -283,18 +330,20 @@ def failure_plan(lease: Lease, run: Run, *, actor: str,
     The children move before the parent: a child's finish waits for the parent's row only
     at its commit, and this transaction takes that row last."""
     r = agent_runs
-    failed = yield (select(r.c.id, r.c.idempotency_key, r.c.reason)
-                    .where(r.c.parent_id == run.id, r.c.state == RunState.FAILED.value)
-                    .order_by(r.c.finished_at).limit(1))
-    if not failed:
+    if run.failed_child is None:  # woken by its join, its deadline: its code decides
         return None
+    failed = yield select(r.c.id, r.c.idempotency_key, r.c.reason).where(
+        r.c.id == run.failed_child)
     key = failed[0]["idempotency_key"].split("/", 1)[-1]
     note = f"child {key!r} failed: {failed[0]['reason']}"
+    # Its unfinished children, as descendants of a cancel (none raises; one a worker holds
+    # is left to end its step), locked the deepest first, then this run last (its move).
     rows = yield (select(r.c.id).where(r.c.parent_id == run.id, r.c.state.not_in(_FINISHED))
-                  .order_by(r.c.created_at, r.c.idempotency_key))
+                  .order_by(r.c.id))
     for row in rows:
-        yield from cancel_plan(row["id"], actor=actor, reason=f"its sibling {note}",
-                               settings=settings)
+        yield from _lock_tree(row["id"])
+    yield from _cancel_below(run.id, root=run.id, actor=actor, reason=f"its sibling {note}",
+                             settings=settings, notify=True, done=Cancelled([], [], []))
     evidence = {"child": str(failed[0]["id"]), "key": key, "on_failure": run.on_child_failure}
     if run.on_child_failure == "compensate":
         return (yield from compensation.begin_leased_plan(

@@ -182,12 +182,15 @@ def keep_plan(run_id: uuid.UUID, message_id: uuid.UUID, *, actor: str,
             "kept only while a person holds a compensating run (needs-human); nothing was "
             "written")
     e = run_effects
+    # Not one whose undo was sent (compensating): that undo may take effect yet; settle
+    # the undo's own operation instead.
     kept = yield (update(e).where(e.c.run_id == run_id, e.c.message_id == message_id,
-                                  e.c.state.in_(UNDECIDED))
+                                  e.c.state.in_(("open", "refused")))
                   .values(state="kept", decided_at=func.now(),
                           compensation_evidence={"kept_by": actor, "reason": reason})
                   .returning(*e.c))
     if not kept:
-        raise RunError(f"run {run_id} has no effect {message_id} left to undo; nothing was "
-                       "written")
+        raise RunError(f"run {run_id} has no effect {message_id} that is open or whose undo "
+                       "was refused (an undo already sent is settled through its own operation)"
+                       "; nothing was written")
     return Effect.from_row(kept[0])

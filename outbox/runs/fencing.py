@@ -156,7 +156,8 @@ def _waits_end(values: Mapping[str, Any]) -> dict[str, Any]:
     write that sets them (a wait) keeps them. The claim clears them as well."""
     if "state" not in values:
         return {}
-    return {"awaits_signals": None, "awaits_children": None, "awaits_failure": None}
+    return {"awaits_signals": None, "awaits_children": None, "awaits_failure": None,
+            "on_child_failure": None, "failed_child": None}
 
 
 def probe(run_id: uuid.UUID) -> Select[Any]:

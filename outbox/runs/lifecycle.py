@@ -98,8 +98,10 @@ class Run:
     compensating_since: datetime | None = None
     """Set while the run undoes its effects (:mod:`outbox.runs.compensation`)."""
     on_child_failure: str | None = None
-    """What a failed child does to this run, as its last join declared (``"fail"``,
+    """What a failed child does to this run, as its join declared (``"fail"``,
     ``"compensate"``; :mod:`outbox.runs.children`)."""
+    failed_child: uuid.UUID | None = None
+    """The child whose failure woke this run (a fail-fast join's)."""
 
     @property
     def held(self) -> bool:
@@ -122,7 +124,7 @@ class Run:
             created_at=row["created_at"], updated_at=row["updated_at"],
             finished_at=row["finished_at"], purged_at=row["purged_at"],
             parent_id=row.get("parent_id"), compensating_since=row.get("compensating_since"),
-            on_child_failure=row.get("on_child_failure"),
+            on_child_failure=row.get("on_child_failure"), failed_child=row.get("failed_child"),
         )
 
 

@@ -248,6 +248,9 @@ async def run_driven(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
         if run.compensating_since is not None:
             await _compensate_async(run, lease, engine, settings=settings, actor=lease.owner)
             return "compensating"
+        if run.on_child_failure is not None and await _child_failed_async(
+                run, lease, engine, settings=settings, actor=lease.owner):
+            return "moved"
         state = await step.fn(engine, run, lease, settings=settings)
         return _DRIVEN.get(state, "moved")
     except asyncio.CancelledError:

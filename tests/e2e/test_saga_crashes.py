@@ -62,7 +62,8 @@ def test_killed_workers_relays_and_consumers_undo_each_effect_once_last_first(
     ids = seed(engine, orders)
     killed = kills.during_compensation(engine, ids, [(pipeline, list(pipeline.procs))],
                                        random.Random(int(uuid.uuid4()) % 10**6), kills=KILLS)
-    assert kills.wait_failed(engine, ids, [pipeline], timeout_s=150), (
+    assert kills.wait_failed(engine, ids, lambda: kills.restart_dead(pipeline),
+                             timeout_s=150), (
         f"runs not all failed after compensating: {kills.states(engine, ids)} (killed "
         f"{killed}); logs in {pipeline.workdir}")
     assert len(killed) >= 4, f"only {len(killed)} kills landed while runs compensated"

@@ -14,7 +14,9 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
 from outbox import App, ClaimedRun, Envelope
+from outbox.db.execution import run_plan
 from outbox.errors import ConfigurationError
+from outbox.runs import children
 from tests.integration.worker_support import run_in, running, wait_for
 
 
@@ -326,3 +328,74 @@ def test_on_failure_fail_without_effects_just_fails_the_parent(
     assert job is not None
     with engine.begin() as conn, pytest.raises(ConfigurationError, match="on_failure must"):
         job.on(conn).wait_for_children("all", on_failure="retry")  # type: ignore[arg-type]
+
+
+def test_on_failure_acts_on_the_failure_that_woke_the_parent_and_no_other(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+    steps: list[str | None] = []
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        if job.checkpoint.n == 0:
+            job.transition("failed", reason="no")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        steps.append(job.run.step)
+        if job.run.step is None:  # wave 1: a plain join; one child fails
+            app.start_children(job, child, {"a": Item(n=0), "b": Item(n=1)})
+            job.wait_for_children("all", step="wave-1")
+        elif job.run.step == "wave-1":  # it handles that itself, then declares on_failure
+            app.start_children(job, child, {"c": Item(n=2)})
+            job.wait_for_children("all", step="wave-2", on_failure="fail")
+        else:
+            job.transition("done", reason="wave 2 went well", evidence={"ok": True})
+
+    with running(app):
+        with engine.begin() as conn:
+            run = app.start_run(conn, parent, idempotency_key="p")
+        done = run_in(engine, run.id, "done", timeout=20)
+    assert steps == [None, "wave-1", "wave-2"]  # 'a' failing in wave 1 did not fail it later
+    assert (done.on_child_failure, done.failed_child) == (None, None)
+
+
+def test_on_failure_leaves_a_sibling_a_worker_holds_and_fails_the_parent(
+        engine: Engine, database_url: str) -> None:
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        raise AssertionError("the test takes the turns")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        raise AssertionError("the test takes the turns")
+
+    with engine.begin() as conn:
+        run = app.start_run(conn, parent, idempotency_key="p")
+    with engine.begin() as conn:
+        job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
+        assert job is not None
+        kids = app.start_children(job, child, {"a": Item(n=0), "b": Item(n=1)})
+        job.wait_for_children("all", on_failure="fail")
+    with engine.begin() as conn:  # a worker holds 'a' (its lease lives)
+        a = app.claim(conn, worker="w-a", lease_seconds=60, workflows=["child"])
+        assert a is not None
+        assert a.run.id == kids[0].id
+    with engine.begin() as conn:  # 'b' fails: it wakes the parent, naming itself
+        b = app.claim(conn, worker="w-b", lease_seconds=60, workflows=["child"])
+        assert b is not None
+        b.transition("failed", reason="out of stock")
+    with engine.begin() as conn:
+        woken = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
+    assert woken is not None
+    assert woken.run.failed_child == kids[1].id
+    with engine.begin() as conn:
+        moved = run_plan(conn, children.failure_plan(woken.lease, woken.run, actor="w",
+                                                     settings=None))
+    assert moved is not None
+    with engine.connect() as conn:
+        states = {r.idempotency_key.split("/")[-1]: r.state.value for r in
+                  [app.get_run(conn, i) for i in (run.id, kids[0].id, kids[1].id)]}
+    assert states == {"p": "failed", "a": "running", "b": "failed"}  # 'a': its step ends it

@@ -316,7 +316,7 @@ def test_cancel_fails_a_parent_and_its_unfinished_children_and_compensates_them(
         # the second child's reserve, and the first's charge, were never answered
         for kid, n in ((kids[1], 0), (kids[0], 1)):
             wait_for(lambda k=kid: "learning whether" in (app_run(engine, k).reason or ""),
-                     what="the child to wait for an outcome")
+                     what=f"the child to wait for an outcome: {app_run(engine, kid)}")
             settle(engine, kid, messages(engine, kid)[n][0], applied=False)
         run_in(engine, kids[1], "failed")
         reserve = messages(engine, kids[0])[0][0]

@@ -7,13 +7,16 @@
 -- parent (0013) releases held siblings while fewer than the bound are unfinished and not
 -- held, whatever made the move, as long as the parent is unfinished and not compensating.
 -- awaits_failure: a join that ends at the first failed child (wait_for_children(...,
--- fail_fast=True)). on_child_failure: what a failed child does to its parent, as its last
--- join declared (on_failure=): the worker fails or compensates the parent, and cancels the
--- other children, before any of the parent's code runs.
+-- fail_fast=True)). on_child_failure: what a failed child does to its parent, as its join
+-- declared (on_failure=): the worker fails or compensates the parent, and cancels the other
+-- children, before any of the parent's code runs; failed_child: the child whose failure
+-- woke the parent (set only then, so the worker acts on that failure and no other). Any
+-- move of the parent clears both.
 ALTER TABLE {schema}.agent_runs ADD COLUMN children_limit integer;
 ALTER TABLE {schema}.agent_runs ADD COLUMN awaits_failure boolean;
 ALTER TABLE {schema}.agent_runs ADD COLUMN on_child_failure text
     CONSTRAINT agent_runs_on_child_failure_check CHECK (on_child_failure IN ('fail', 'compensate'));
+ALTER TABLE {schema}.agent_runs ADD COLUMN failed_child uuid;
 
 -- The held children of a parent, in release order.
 CREATE INDEX agent_runs_held_idx ON {schema}.agent_runs (parent_id, not_before)
@@ -39,7 +42,10 @@ BEGIN
            children_limit, compensating_since IS NOT NULL
       INTO parent_state, needed, since, workflow_name, fail_fast, bound, undoing
       FROM {schema}.agent_runs WHERE id = NEW.parent_id FOR NO KEY UPDATE;
-    IF bound IS NOT NULL AND parent_state NOT IN ('done', 'failed') AND NOT undoing THEN
+    -- None either when a failed child ends a fail-fast join: the parent is about to act on
+    -- that failure (and cancel the rest), so nothing more should start.
+    IF bound IS NOT NULL AND parent_state NOT IN ('done', 'failed') AND NOT undoing
+       AND NOT (fail_fast AND NEW.state = 'failed') THEN
         SELECT count(*) INTO live FROM {schema}.agent_runs
          WHERE parent_id = NEW.parent_id AND state NOT IN ('done', 'failed')
            AND (not_before IS NULL OR not_before < '9000-01-01 00:00:00+00');
@@ -64,12 +70,13 @@ BEGIN
     SELECT count(*) INTO finished FROM {schema}.agent_runs
      WHERE parent_id = NEW.parent_id AND state IN ('done', 'failed')
        AND (since IS NULL OR created_at > since);
-    -- A child of this wave that failed ends a fail-fast join at once.
+    -- A child of this wave that failed ends a fail-fast join at once, and says which.
     IF finished >= needed OR (fail_fast AND NEW.state = 'failed'
                               AND (since IS NULL OR NEW.created_at > since)) THEN
         UPDATE {schema}.agent_runs
            SET not_before = now(), awaits_children = NULL, awaits_failure = NULL,
-               children_since = now(), updated_at = now()
+               children_since = now(), updated_at = now(),
+               failed_child = CASE WHEN fail_fast AND NEW.state = 'failed' THEN NEW.id END
          WHERE id = NEW.parent_id;
         -- As outbox/runs/wakeups.py: NOTIFY only while a worker waits for one.
         IF EXISTS (SELECT 1 FROM {schema}.run_workers WHERE idle_until > now()) THEN
