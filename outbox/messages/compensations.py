@@ -203,9 +203,11 @@ def _unknown(lease: Lease, what: str, since: _Clock, actor: str,
     if not since.overdue:
         return (yield from _wait(lease, f"learning whether {what} took effect", actor,
                                  settings))
+    then = ("settle the undo's operation or confirm it" if what.startswith("the undoing of")
+            else "settle its operation or confirm it, or keep the effect with `outbox runs "
+                 "keep-effect`")
     note = (f"whether {what} took effect is still unknown after {LEARN_LIMIT}: a person "
-            "decides (settle its operation or confirm it, or keep the effect with `outbox runs "
-            "keep-effect`; then requeue the run)")
+            f"decides ({then}; then requeue the run)")
     return (yield from _move(lease, RunState.NEEDS_HUMAN, note, evidence=None, actor=actor,
                              values={}))
 

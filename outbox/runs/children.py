@@ -105,8 +105,8 @@ def wait_plan(lease: Lease, join: Join, *, until: datetime | timedelta | None,
     waits: dict[str, Any] = {"awaits_children": None if ready else needed,
                              "awaits_failure": True if fail_fast and not ready else None,
                              "on_child_failure": on_failure}
-    if ready and fail_fast and rows[0]["failed"] > 0 and finished < needed:
-        # ready by a failure already: say which child, as the trigger would have
+    if on_failure is not None and rows[0]["failed"] > 0:
+        # a child of this wave failed already: name it for the policy, as the trigger would
         failed = yield (select(r.c.id).where(*wave, r.c.state == RunState.FAILED.value)
                         .order_by(r.c.finished_at).limit(1))
         waits["failed_child"] = failed[0]["id"]
@@ -338,10 +338,7 @@ def failure_plan(lease: Lease, run: Run, *, actor: str,
     note = f"child {key!r} failed: {failed[0]['reason']}"
     # Its unfinished children, as descendants of a cancel (none raises; one a worker holds
     # is left to end its step), locked the deepest first, then this run last (its move).
-    rows = yield (select(r.c.id).where(r.c.parent_id == run.id, r.c.state.not_in(_FINISHED))
-                  .order_by(r.c.id))
-    for row in rows:
-        yield from _lock_tree(row["id"])
+    yield from _lock_tree(run.id)  # one order for the whole tree, as cancel's
     yield from _cancel_below(run.id, root=run.id, actor=actor, reason=f"its sibling {note}",
                              settings=settings, notify=True, done=Cancelled([], [], []))
     evidence = {"child": str(failed[0]["id"]), "key": key, "on_failure": run.on_child_failure}

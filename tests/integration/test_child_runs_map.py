@@ -322,6 +322,12 @@ def test_on_failure_fail_without_effects_just_fails_the_parent(
         states = conn.execute(text("SELECT state, count(*) FROM outboxkit.agent_runs "
                                    "WHERE parent_id = :p GROUP BY state"), {"p": run.id}).all()
     assert dict(states) == {"failed": 4}
+    with engine.connect() as conn:  # only the two it started ran: no held one was released
+        ran = conn.execute(text(
+            "SELECT count(DISTINCT t.run_id) FROM outboxkit.run_transitions t JOIN "
+            "outboxkit.agent_runs r ON r.id = t.run_id WHERE r.parent_id = :p "
+            "AND t.to_state = 'running'"), {"p": run.id}).scalar_one()
+    assert ran == 2
     with engine.begin() as conn:
         app.start_run(conn, parent, idempotency_key="q")
         job = app.claim(conn, worker="w", lease_seconds=30)
@@ -399,3 +405,88 @@ def test_on_failure_leaves_a_sibling_a_worker_holds_and_fails_the_parent(
         states = {r.idempotency_key.split("/")[-1]: r.state.value for r in
                   [app.get_run(conn, i) for i in (run.id, kids[0].id, kids[1].id)]}
     assert states == {"p": "failed", "a": "running", "b": "failed"}  # 'a': its step ends it
+
+
+def _turns(database_url: str) -> tuple[App, Any]:
+    """An app whose runs the test moves by hand, one turn at a time."""
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        raise AssertionError("the test takes the turns")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        raise AssertionError("the test takes the turns")
+
+    return app, child
+
+
+def _claim(app: App, engine: Engine, workflow: str, worker: str = "w") -> Any:
+    with engine.begin() as conn:
+        return app.claim(conn, worker=worker, lease_seconds=60, workflows=[workflow])
+
+
+def test_a_late_failure_of_an_earlier_wave_still_frees_its_place(
+        engine: Engine, database_url: str) -> None:
+    app, child = _turns(database_url)
+    with engine.begin() as conn:
+        app.start_run(conn, "parent", idempotency_key="p")
+    job = _claim(app, engine, "parent")
+    with engine.begin() as conn:  # wave 1, one at a time, joined by the first to finish
+        _, b = app.start_children(job.on(conn), child, {"a": Item(n=0), "b": Item(n=1)},
+                                  concurrency=1)
+        job.on(conn).wait_for_children("first")
+    with engine.begin() as conn:
+        _claim(app, engine, "child").on(conn).transition("done", reason="ok", evidence={"ok": 1})
+    woken = _claim(app, engine, "parent")  # 'first' met; b was released
+    with engine.begin() as conn:  # wave 2 starts held (b still runs) and declares a policy
+        c, _ = app.start_children(woken.on(conn), child, {"c": Item(n=2), "d": Item(n=3)},
+                                  concurrency=1)
+        woken.on(conn).wait_for_children("all", on_failure="fail")
+    late = _claim(app, engine, "child")
+    assert late.run.id == b.id
+    with engine.begin() as conn:  # b, of wave 1, fails: not the policy's business
+        late.on(conn).transition("failed", reason="late")
+    nxt = _claim(app, engine, "child")
+    assert nxt is not None
+    assert nxt.run.id == c.id  # its place went to wave 2
+
+
+def test_after_a_failure_woke_the_parent_no_held_child_is_released(
+        engine: Engine, database_url: str) -> None:
+    app, child = _turns(database_url)
+    with engine.begin() as conn:
+        app.start_run(conn, "parent", idempotency_key="p")
+    job = _claim(app, engine, "parent")
+    with engine.begin() as conn:
+        app.start_children(job.on(conn), child, {"a": Item(n=0), "b": Item(n=1),
+                                                 "c": Item(n=2)}, concurrency=2)
+        job.on(conn).wait_for_children("all", on_failure="fail")
+    first, second = _claim(app, engine, "child"), _claim(app, engine, "child")
+    with engine.begin() as conn:
+        first.on(conn).transition("failed", reason="no")
+    with engine.begin() as conn:  # a sibling finishing after the wake frees no place
+        second.on(conn).transition("done", reason="ok", evidence={"ok": 1})
+    assert _claim(app, engine, "child", worker="w-c") is None
+
+
+def test_a_wait_declared_after_a_child_failed_applies_its_policy(
+        engine: Engine, database_url: str) -> None:
+    app, child = _turns(database_url)
+    with engine.begin() as conn:
+        app.start_run(conn, "parent", idempotency_key="p")
+    job = _claim(app, engine, "parent")
+    with engine.begin() as conn:
+        a, _ = app.start_children(job.on(conn), child, {"a": Item(n=0), "b": Item(n=1)})
+    for outcome in ("failed", "done"):  # both finish before the parent waits
+        with engine.begin() as conn:
+            _claim(app, engine, "child").on(conn).transition(
+                outcome, reason=outcome, evidence={"ok": 1} if outcome == "done" else None)
+    with engine.begin() as conn:
+        job.on(conn).wait_for_children("all", on_failure="fail")
+    woken = _claim(app, engine, "parent")
+    assert woken.run.failed_child == a.id
+    with engine.begin() as conn:
+        assert run_plan(conn, children.failure_plan(woken.lease, woken.run, actor="w",
+                                                    settings=None)) is not None

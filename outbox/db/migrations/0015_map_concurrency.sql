@@ -34,18 +34,26 @@ DECLARE
     finished integer;
     live integer;
     released text;
+    policy text;
+    pending uuid;
+    ends_by_failure boolean;
 BEGIN
     -- The parent's row first: children finishing at once take turns here, and each statement
     -- below reads a fresh snapshot, so the last of them counts all the others. NO KEY UPDATE:
     -- the key-share locks of children being inserted by the parent's step do not block it.
     SELECT state, awaits_children, children_since, workflow, coalesce(awaits_failure, false),
-           children_limit, compensating_since IS NOT NULL
-      INTO parent_state, needed, since, workflow_name, fail_fast, bound, undoing
+           children_limit, compensating_since IS NOT NULL, on_child_failure, failed_child
+      INTO parent_state, needed, since, workflow_name, fail_fast, bound, undoing, policy,
+           pending
       FROM {schema}.agent_runs WHERE id = NEW.parent_id FOR NO KEY UPDATE;
-    -- None either when a failed child ends a fail-fast join: the parent is about to act on
-    -- that failure (and cancel the rest), so nothing more should start.
+    -- This child's failure ends its parent's fail-fast join (it is of the wave joined).
+    ends_by_failure := parent_state = 'waiting' AND needed IS NOT NULL AND fail_fast
+                       AND NEW.state = 'failed' AND (since IS NULL OR NEW.created_at > since);
+    -- A finished child frees its place: held siblings go while fewer than the bound run.
+    -- None while the parent is finished or compensating, nor once a failure its join has a
+    -- policy for woke it (pending) or wakes it now: the worker is about to cancel the rest.
     IF bound IS NOT NULL AND parent_state NOT IN ('done', 'failed') AND NOT undoing
-       AND NOT (fail_fast AND NEW.state = 'failed') THEN
+       AND pending IS NULL AND NOT (ends_by_failure AND policy IS NOT NULL) THEN
         SELECT count(*) INTO live FROM {schema}.agent_runs
          WHERE parent_id = NEW.parent_id AND state NOT IN ('done', 'failed')
            AND (not_before IS NULL OR not_before < '9000-01-01 00:00:00+00');
@@ -70,13 +78,14 @@ BEGIN
     SELECT count(*) INTO finished FROM {schema}.agent_runs
      WHERE parent_id = NEW.parent_id AND state IN ('done', 'failed')
        AND (since IS NULL OR created_at > since);
-    -- A child of this wave that failed ends a fail-fast join at once, and says which.
-    IF finished >= needed OR (fail_fast AND NEW.state = 'failed'
-                              AND (since IS NULL OR NEW.created_at > since)) THEN
+    -- A child of this wave that failed ends a fail-fast join at once, and names itself for
+    -- the join's policy, if it has one (the worker acts on that failure only).
+    IF finished >= needed OR ends_by_failure THEN
         UPDATE {schema}.agent_runs
            SET not_before = now(), awaits_children = NULL, awaits_failure = NULL,
                children_since = now(), updated_at = now(),
-               failed_child = CASE WHEN fail_fast AND NEW.state = 'failed' THEN NEW.id END
+               failed_child = CASE WHEN ends_by_failure AND policy IS NOT NULL
+                                   THEN NEW.id END
          WHERE id = NEW.parent_id;
         -- As outbox/runs/wakeups.py: NOTIFY only while a worker waits for one.
         IF EXISTS (SELECT 1 FROM {schema}.run_workers WHERE idle_until > now()) THEN
