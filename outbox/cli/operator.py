@@ -32,7 +32,7 @@ from outbox.db.tables import RUN_STATES, operations
 from outbox.errors import IllegalTransition
 from outbox.messages.backlog import Listed, list_messages, retry_messages, run_messages
 from outbox.runs import children, compensation
-from outbox.runs.lifecycle import RunView, get_run, history, list_runs, move, view_run
+from outbox.runs.lifecycle import Run, RunView, get_run, history, list_runs, move, view_run
 from outbox.runs.retention import DEFAULT_STATES, purge, purgeable
 from outbox.runs.signals import send_plan
 from outbox.runs.states import RunState, sources
@@ -56,8 +56,14 @@ def duration(_ctx: click.Context, _param: click.Parameter, value: str) -> timede
 
 def _run_dict(view: RunView) -> dict[str, Any]:
     run = view.run
-    return {**run.__dict__, "state": run.state.value, "lease_owner": view.lease_owner,
-            "lease_expires_at": view.lease_expires_at, "checkpoint_bytes": view.checkpoint_bytes}
+    return {**run.__dict__, "state": run.state.value, "held": run.held,
+            "lease_owner": view.lease_owner, "lease_expires_at": view.lease_expires_at,
+            "checkpoint_bytes": view.checkpoint_bytes}
+
+
+def _state(run: Run) -> str:
+    """The run's state as a table shows it: a child its parent's bound holds back says so."""
+    return f"{run.state.value} (held)" if run.held else run.state.value
 
 
 def _lease(view: RunView) -> str:
@@ -92,7 +98,7 @@ def runs_list(database_url: str | None, state: str | None, workflow: str | None,
         return
     echo_table(
         ["id", "workflow", "state", "step", "attempts", "lease", "updated"],
-        [[v.run.id, f"{v.run.workflow}@{v.run.workflow_version}", v.run.state.value,
+        [[v.run.id, f"{v.run.workflow}@{v.run.workflow_version}", _state(v.run),
           v.run.step, v.run.attempts, _lease(v), v.run.updated_at] for v in views],
         empty="no runs",
     )
@@ -123,7 +129,7 @@ def runs_show(run_id: uuid.UUID, database_url: str | None, as_json: bool) -> Non
     purged = f" (purged {run.purged_at:%Y-%m-%d})" if run.purged_at else ""
     for label, value in [
         ("run", f"{run.id}"), ("workflow", run.workflow), ("versions", versions),
-        ("state", f"{run.state.value}{purged}" + (f" ({run.reason})" if run.reason else "")),
+        ("state", f"{_state(run)}{purged}" + (f" ({run.reason})" if run.reason else "")),
         ("step", run.step or "-"), ("attempts", str(run.attempts)),
         ("lease", _lease(view)), ("checkpoint", size),
         ("idempotency key", run.idempotency_key),

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
 from dedup.ledger import Ledger
+from outbox.db.execution import run_plan
 from outbox.handle import claim
 from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
+from outbox.runs.children import start_many_plan
 from outbox.runs.lifecycle import start_run, transition
 from relay.claims import Published, claim_messages, record
 from relay.lanes import LaneManager
@@ -296,3 +299,29 @@ def test_keep_effect_lets_a_compensating_runs_effect_stay_only_while_a_person_ho
     table = outbox("runs", "show", str(job.run.id), "--database-url", database_url).stdout
     assert "undo's evidence" in table
     assert "no such hold" in table
+
+
+def test_list_and_show_say_which_children_their_parents_bound_holds(
+    engine: Engine, database_url: str
+) -> None:
+    with engine.begin() as conn:
+        start_run(conn, workflow="supplier-order", workflow_version="3", idempotency_key="pa")
+    with engine.begin() as conn:
+        job = claim(conn, worker="worker-1", lease_seconds=30, workflows=["supplier-order"])
+        assert job is not None
+        kids = _two_children(conn, job)
+    listed = outbox("runs", "list", "--state", "queued", "--database-url", database_url).stdout
+    assert listed.count("queued (held)") == 1
+    shown = json.loads(outbox("runs", "show", str(kids[1].id), "--json",
+                              "--database-url", database_url).stdout)
+    assert shown["held"] is True
+    table = outbox("runs", "show", str(kids[1].id), "--database-url", database_url).stdout
+    assert "queued (held)" in table
+
+
+def _two_children(conn: Any, job: Any) -> list[Any]:
+    """Two children of *job*'s run, at most one at a time: the second starts held."""
+    pins = {"workflow": "supplier-order", "workflow_version": "3", "prompt_version": None,
+            "tool_schema_version": None}
+    return run_plan(conn, start_many_plan(job.lease, [("a", None), ("b", None)], pins=pins,
+                                          concurrency=1, settings=None))
