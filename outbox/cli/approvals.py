@@ -7,7 +7,6 @@ which revalidates it when it resumes.
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import click
@@ -19,12 +18,10 @@ from outbox.cli.main import (
     echo_table,
     one_line_errors,
     open_engine,
+    who_option,
 )
 from outbox.cli.operator import json_option, limit_option
 from outbox.runs.approvals import Approval, grant, list_approvals, revoke
-
-by_option = click.option("--by", default=lambda: os.environ.get("USER", ""),
-                         show_default="$USER", help="Who decides; recorded on the approval.")
 
 
 def _state(approval: Approval) -> str:
@@ -62,13 +59,11 @@ def approvals_list(run_id: uuid.UUID | None, pending: bool, limit: int,
 
 @approvals_group.command("grant")
 @click.argument("approval_id", type=click.UUID)
-@by_option
+@who_option("--by", who="who grants it", help="Who grants it; recorded on the approval.")
 @database_url_option
 @one_line_errors
 def approvals_grant(approval_id: uuid.UUID, by: str, database_url: str | None) -> None:
     """Grant an approval: its waiting run wakes and goes on."""
-    if not by:
-        raise click.UsageError("say who grants it: --by (no $USER to default to)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         approval = grant(conn, approval_id, by=by)
     click.echo(f"approval {approval.id} granted by {by}; run {approval.run_id} wakes")
@@ -77,14 +72,12 @@ def approvals_grant(approval_id: uuid.UUID, by: str, database_url: str | None) -
 @approvals_group.command("revoke")
 @click.argument("approval_id", type=click.UUID)
 @click.option("--reason", required=True, help="Why; recorded, and shown to whoever resumes it.")
-@by_option
+@who_option("--by", who="who revokes it", help="Who revokes it; recorded on the approval.")
 @database_url_option
 @one_line_errors
 def approvals_revoke(approval_id: uuid.UUID, reason: str, by: str,
                      database_url: str | None) -> None:
     """Revoke an approval (granted or not): the run that resumes on it goes to needs-human."""
-    if not by:
-        raise click.UsageError("say who revokes it: --by (no $USER to default to)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         approval = revoke(conn, approval_id, by=by, reason=reason)
     click.echo(f"approval {approval.id} revoked by {by}: {reason}")

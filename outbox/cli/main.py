@@ -14,6 +14,7 @@ Exit codes scripts can rely on: 0 done, 1 the operation failed (e.g. cannot conn
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,19 @@ database_url_option = click.option(
     show_envvar=True,
     help="PostgreSQL URL of the database holding the outboxkit schema.",
 )
+
+
+def who_option(flag: str, *, who: str, help: str) -> Callable[[F], F]:
+    """*flag* (``--actor``, ``--by``, ``--sender``): who does it, recorded with what it does;
+    ``$USER`` by default, and a usage error saying *who* when neither is given."""
+
+    def given(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        if not value:
+            raise click.UsageError(f"say {who}: {flag} (no $USER to default to)", ctx)
+        return value
+
+    return click.option(flag, default=lambda: os.environ.get("USER", ""), show_default="$USER",
+                        callback=given, help=help)
 
 
 def one_line_errors(fn: F) -> F:

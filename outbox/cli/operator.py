@@ -9,7 +9,6 @@ Each reads ``--database-url`` / ``OUTBOXKIT_DATABASE_URL``, prints data as a tab
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import uuid
@@ -26,6 +25,7 @@ from outbox.cli.main import (
     echo_table,
     one_line_errors,
     open_engine,
+    who_option,
 )
 from outbox.db.execution import run_plan
 from outbox.db.tables import RUN_STATES, operations
@@ -168,8 +168,8 @@ def _or_dash(value: object) -> object:
 @click.argument("run_id", type=click.UUID)
 @click.option("--reason", required=True,
               help="Why it can run again (e.g. the operation a person resolved); recorded.")
-@click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
-              help="Who requeues it; recorded in the run's history.")
+@who_option("--actor", who="who requeues it",
+            help="Who requeues it; recorded in the run's history.")
 @click.option("--force", is_flag=True,
               help="Requeue even though an operation of the run has no settled outcome.")
 @database_url_option
@@ -180,8 +180,6 @@ def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, force: bool,
     resolved what it waited on."""
     if not reason.strip():
         raise click.UsageError("--reason must say why the run can go again")
-    if not actor:
-        raise click.UsageError("say who requeues it: --actor (no $USER to default to)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         before = get_run(conn, run_id).state
         allowed = sorted(s.value for s in sources(RunState.QUEUED))
@@ -212,8 +210,7 @@ def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, force: bool,
               help="The signal's id: sending the same id again sends nothing.")
 @click.option("--payload", default="null", show_default=True,
               help="The signal's payload, as JSON.")
-@click.option("--sender", default=lambda: os.environ.get("USER", ""), show_default="$USER",
-              help="Who sends it; kept with the signal.")
+@who_option("--sender", who="who sends it", help="Who sends it; kept with the signal.")
 @database_url_option
 @one_line_errors
 def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, sender: str,
@@ -224,8 +221,6 @@ def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, s
         value = json.loads(payload, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise click.BadParameter(f"not JSON ({exc})", param_hint="--payload") from exc
-    if not sender:
-        raise click.UsageError("say who sends it: --sender (no $USER to default to)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         sent = run_plan(conn, send_plan(run_id, name, value, signal_id=signal_id,
                                         sender=sender))
@@ -237,15 +232,12 @@ def runs_signal(*, run_id: uuid.UUID, name: str, signal_id: str, payload: str, s
 @click.argument("run_id", type=click.UUID)
 @click.option("--reason", default="cancelled", show_default=True,
               help="Why; recorded in the history of each run it moves.")
-@click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
-              help="Who cancels; recorded in the history.")
+@who_option("--actor", who="who cancels it", help="Who cancels; recorded in the history.")
 @database_url_option
 @one_line_errors
 def runs_cancel(*, run_id: uuid.UUID, reason: str, actor: str, database_url: str | None) -> None:
     """Fail a run and every unfinished run it started; a run with effects to undo
     compensates them first, the last first."""
-    if not actor:
-        raise click.UsageError("say who cancels it: --actor (no $USER to default to)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         done = run_plan(conn, children.cancel_plan(run_id, actor=actor, reason=reason,
                                                    settings=None))
@@ -263,16 +255,13 @@ def runs_cancel(*, run_id: uuid.UUID, reason: str, actor: str, database_url: str
 @click.argument("run_id", type=click.UUID)
 @click.argument("message_id", type=click.UUID)
 @click.option("--reason", required=True, help="Why the effect stays; kept with it.")
-@click.option("--actor", default=lambda: os.environ.get("USER", ""), show_default="$USER",
-              help="Who decides; kept with the effect.")
+@who_option("--actor", who="who decides", help="Who decides; kept with the effect.")
 @database_url_option
 @one_line_errors
 def runs_keep_effect(*, run_id: uuid.UUID, message_id: uuid.UUID, reason: str, actor: str,
                      database_url: str | None) -> None:
     """Let an effect of a compensating run (in needs-human) stay as it is, then requeue the
     run to go on undoing the ones before it."""
-    if not actor:
-        raise click.UsageError("say who decides: --actor (no $USER to default to)")
     with open_engine(database_url) as engine, engine.begin() as conn:
         effect = run_plan(conn, compensation.keep_plan(run_id, message_id, actor=actor,
                                                        reason=reason))
