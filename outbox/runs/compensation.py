@@ -55,8 +55,9 @@ RECHECK = timedelta(seconds=5)
 with the time it has compensated (a tenth of it), up to :data:`RECHECK_MAX`."""
 RECHECK_MAX = timedelta(minutes=5)
 LEARN_LIMIT = timedelta(hours=1)
-"""How long a compensating run waits to learn an outcome (since it began, or since a person
-requeued it) before it goes to a person: an effect nobody settles blocks the older ones."""
+"""How long a compensating run waits to learn an outcome, since its last progress (an effect
+decided, an undo sent, its start, a person's requeue), before it goes to a person: an effect
+nobody settles blocks the older ones."""
 UNDECIDED = ("open", "compensating", "refused")
 _NAMESPACE = uuid.UUID("6f1d2a7e-9a52-4c0e-8f4d-0c8d5b1e7a31")
 

@@ -42,6 +42,26 @@ class Gauge:
             self.now -= 1
 
 
+def _turns(database_url: str) -> tuple[App, Any]:
+    """An app whose runs the test moves by hand, one turn at a time."""
+    app = App(database_url=database_url)
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        raise AssertionError("the test takes the turns")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        raise AssertionError("the test takes the turns")
+
+    return app, child
+
+
+def _claim(app: App, engine: Engine, workflow: str, worker: str = "w") -> Any:
+    with engine.begin() as conn:
+        return app.claim(conn, worker=worker, lease_seconds=60, workflows=[workflow])
+
+
 def test_a_hundred_children_ten_at_a_time_each_once_and_the_parent_woken_once(
         engine: Engine, database_url: str) -> None:
     app = App(database_url=database_url)
@@ -80,18 +100,9 @@ def test_a_hundred_children_ten_at_a_time_each_once_and_the_parent_woken_once(
 
 def test_the_step_run_again_starts_nothing_more_and_other_input_is_refused(
         engine: Engine, database_url: str) -> None:
-    app = App(database_url=database_url)
-
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        return None
-
-    @app.workflow("parent", version="1")
-    def parent(job: ClaimedRun[Any]) -> None:
-        return None
-
+    app, child = _turns(database_url)
     with engine.begin() as conn:
-        run = app.start_run(conn, parent, idempotency_key="p")
+        run = app.start_run(conn, "parent", idempotency_key="p")
     with engine.begin() as conn:
         job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
         assert job is not None
@@ -166,18 +177,9 @@ def held_ones(engine: Engine, parent_id: Any) -> list[str]:
 
 def test_a_second_batch_with_the_first_ones_keys_holds_only_what_is_over_the_bound(
         engine: Engine, database_url: str) -> None:
-    app = App(database_url=database_url)
-
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        return None
-
-    @app.workflow("parent", version="1")
-    def parent(job: ClaimedRun[Any]) -> None:
-        return None
-
+    app, child = _turns(database_url)
     with engine.begin() as conn:
-        run = app.start_run(conn, parent, idempotency_key="p")
+        run = app.start_run(conn, "parent", idempotency_key="p")
     with engine.begin() as conn:
         job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
         assert job is not None
@@ -368,18 +370,9 @@ def test_on_failure_acts_on_the_failure_that_woke_the_parent_and_no_other(
 
 def test_on_failure_leaves_a_sibling_a_worker_holds_and_fails_the_parent(
         engine: Engine, database_url: str) -> None:
-    app = App(database_url=database_url)
-
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        raise AssertionError("the test takes the turns")
-
-    @app.workflow("parent", version="1")
-    def parent(job: ClaimedRun[Any]) -> None:
-        raise AssertionError("the test takes the turns")
-
+    app, child = _turns(database_url)
     with engine.begin() as conn:
-        run = app.start_run(conn, parent, idempotency_key="p")
+        run = app.start_run(conn, "parent", idempotency_key="p")
     with engine.begin() as conn:
         job = app.claim(conn, worker="w", lease_seconds=30, workflows=["parent"])
         assert job is not None
@@ -405,26 +398,6 @@ def test_on_failure_leaves_a_sibling_a_worker_holds_and_fails_the_parent(
         states = {r.idempotency_key.split("/")[-1]: r.state.value for r in
                   [app.get_run(conn, i) for i in (run.id, kids[0].id, kids[1].id)]}
     assert states == {"p": "failed", "a": "running", "b": "failed"}  # 'a': its step ends it
-
-
-def _turns(database_url: str) -> tuple[App, Any]:
-    """An app whose runs the test moves by hand, one turn at a time."""
-    app = App(database_url=database_url)
-
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        raise AssertionError("the test takes the turns")
-
-    @app.workflow("parent", version="1")
-    def parent(job: ClaimedRun[Any]) -> None:
-        raise AssertionError("the test takes the turns")
-
-    return app, child
-
-
-def _claim(app: App, engine: Engine, workflow: str, worker: str = "w") -> Any:
-    with engine.begin() as conn:
-        return app.claim(conn, worker=worker, lease_seconds=60, workflows=[workflow])
 
 
 def test_a_late_failure_of_an_earlier_wave_still_frees_its_place(
