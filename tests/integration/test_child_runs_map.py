@@ -62,6 +62,20 @@ def _claim(app: App, engine: Engine, workflow: str, worker: str = "w") -> Any:
         return app.claim(conn, worker=worker, lease_seconds=60, workflows=[workflow])
 
 
+def _one_fails(app: App, n: int, reason: str) -> Any:
+    """A child workflow whose item *n* fails with *reason*; the others wait for something
+    that does not come."""
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        if job.checkpoint.n == n:
+            job.transition("failed", reason=reason)
+        else:
+            job.transition("waiting", reason="waits for the warehouse")
+
+    return child
+
+
 def test_a_hundred_children_ten_at_a_time_each_once_and_the_parent_woken_once(
         engine: Engine, database_url: str) -> None:
     app = App(database_url=database_url)
@@ -199,12 +213,7 @@ def test_a_fail_fast_join_wakes_the_parent_at_the_first_failed_child(
         engine: Engine, database_url: str, fail_fast: bool) -> None:
     app = App(database_url=database_url)
 
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        if job.checkpoint.n == 1:
-            job.transition("failed", reason="out of stock")
-        else:  # the others wait for something that does not come
-            job.transition("waiting", reason="waits for the warehouse")
+    child = _one_fails(app, 1, "out of stock")
 
     @app.workflow("parent", version="1")
     def parent(job: ClaimedRun[Any]) -> None:
@@ -238,12 +247,7 @@ def test_a_declared_on_failure_fails_or_undoes_the_parent_and_cancels_the_others
     app = App(database_url=database_url)
     woken: list[str | None] = []
 
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        if job.checkpoint.n == 1:
-            job.transition("failed", reason="out of stock")
-        else:  # the others wait for something that does not come
-            job.transition("waiting", reason="waits for the warehouse")
+    child = _one_fails(app, 1, "out of stock")
 
     @app.workflow("parent", version="1")
     def parent(job: ClaimedRun[Any]) -> None:
@@ -303,12 +307,7 @@ def test_on_failure_fail_without_effects_just_fails_the_parent(
         engine: Engine, database_url: str) -> None:
     app = App(database_url=database_url)
 
-    @app.workflow("child", version="1")
-    def child(job: ClaimedRun[Item]) -> None:
-        if job.checkpoint.n == 0:
-            job.transition("failed", reason="no")
-        else:
-            job.transition("waiting", reason="waits")
+    child = _one_fails(app, 0, "no")
 
     @app.workflow("parent", version="1")
     def parent(job: ClaimedRun[Any]) -> None:
