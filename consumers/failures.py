@@ -178,6 +178,25 @@ def retrying_among(
     return frozenset((r.topic, r.kafka_partition, r.kafka_offset) for r in found)
 
 
+def retrying_from(
+    conn: Connection, *, group: str, topic: str, partition: int, offset: int
+) -> frozenset[int]:
+    """Offsets from *offset* on in one partition that an earlier attempt left ``retrying``:
+    per-message mode parks a key, not a partition, so a parked message may be anywhere after
+    the first record a process reads there (its watermark)."""
+    t = consumer_failures
+    found = conn.execute(
+        select(t.c.kafka_offset).where(
+            t.c.consumer_group == group,
+            t.c.status == "retrying",
+            t.c.topic == topic,
+            t.c.kafka_partition == partition,
+            t.c.kafka_offset >= offset,
+        )
+    )
+    return frozenset(found.scalars())
+
+
 def mark_replayed(conn: Connection, failure_id: int) -> None:
     """An operator replayed the failure; never commits."""
     conn.execute(

@@ -32,7 +32,22 @@ class ConsumerMetrics:
         )
         self.parked = families.gauge(
             "parked_partitions",
-            "Partitions held back by a failed message: paused until its retry, or resumed for it.",
+            "Partitions held back by a failed message (per-message mode: partitions with a "
+            "parked key).",
+        )
+        self.in_flight = families.gauge(
+            "in_flight", "Per-message mode: messages being handled now."
+        )
+        self.parked_keys = families.gauge(
+            "parked_keys",
+            "Per-message mode: keys waiting for a retry of their first message.",
+            ["topic", "partition"],
+        )
+        self.watermark_lag = families.gauge(
+            "watermark_lag_messages",
+            "Per-message mode: records read above the offset that may be committed (what a "
+            "crash would redeliver, the dedup marks dropping what was done).",
+            ["topic", "partition"],
         )
         self.lag = families.gauge(
             "lag_messages",

@@ -49,6 +49,13 @@ class OffsetTracker:
                 if tp not in self._revoked:
                     self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
 
+    def advance(self, watermarks: Mapping[TopicPartition, int]) -> None:
+        """Per-message mode: each partition's watermark (everything below it is done)."""
+        with self._lock:
+            for tp, offset in watermarks.items():
+                if tp not in self._revoked and offset > self.pending.get(tp, -1):
+                    self.pending[tp] = offset
+
     def uncommitted(self, partitions: Iterable[TopicPartition] | None) -> dict[TopicPartition, int]:
         with self._lock:
             chosen = set(self.pending) if partitions is None else set(partitions) & set(

@@ -136,7 +136,7 @@ class Processor:
         for record in heads:
             if self.stop.is_set():
                 return Progress(handled, tuple(parked))
-            error = self._once(record, recovering=True)
+            error = self.handle_one(record, recovering=True)
             again = None if error is None else self.retries.settle(record, error)
             if again is None:
                 handled += 1
@@ -376,51 +376,62 @@ class Processor:
         for index, record in enumerate(records):
             if self.stop.is_set():
                 return index, None
-            error = self._once(record, recovering=False)
+            error = self.handle_one(record, recovering=False)
             if error is not None:
                 return index, _Failed(index, error)
         return len(records), None
 
-    def _once(self, record: Record, *, recovering: bool) -> BaseException | None:
+    def handle_one(
+        self, record: Record, *, recovering: bool, conn: Connection | None = None
+    ) -> BaseException | None:
         """One message in its own transaction; the error if it failed (nothing committed).
 
-        Rows its handler defers are inserted at the call (there is no batch to join)."""
+        On *conn* when given (a handler thread's own connection: no pool checkout and no
+        ping per message), else on a connection of the pool. Rows its handler defers are
+        inserted at the call (there is no batch to join)."""
         registration = self.app.registrations.get(record.topic)
         try:
             decoded = decode(record, registration)
         except MalformedMessage as exc:
             return exc
         assert registration is not None
-        settings = self.app.outbox_settings
-        with self.engine.connect() as conn:
-            tx = conn.begin()
-            try:
-                if not mark(conn, self.group, _mark(decoded), settings=settings):
-                    if recovering:  # handled meanwhile (by another process): recovered too
-                        self._recovered(conn, record)
-                    tx.commit()
-                    self._duplicate(decoded)
-                    self.committed([record])
-                    return None
-                try:
-                    self._handle(conn, registration, [decoded], None)
-                except SkipMessage as exc:
-                    tx.rollback()
-                    with conn.begin():
-                        mark(conn, self.group, _mark(decoded), settings=settings)
-                    self._skipped(decoded, exc)
-                    self.committed([record])
-                    return None
-                except Exception as exc:
-                    tx.rollback()
-                    return exc
-                failpoint("consumer.after_handler")
-                if recovering:
+        if conn is None:
+            with self.engine.connect() as pooled:
+                return self._one_on(pooled, registration, decoded, recovering)
+        return self._one_on(conn, registration, decoded, recovering)
+
+    def _one_on(
+        self, conn: Connection, registration: Registration, decoded: Decoded, recovering: bool
+    ) -> BaseException | None:
+        record, settings = decoded.record, self.app.outbox_settings
+        tx = conn.begin()
+        try:
+            if not mark(conn, self.group, _mark(decoded), settings=settings):
+                if recovering:  # handled meanwhile (by another process): recovered too
                     self._recovered(conn, record)
                 tx.commit()
-            finally:
-                if tx.is_active:
-                    tx.rollback()
+                self._duplicate(decoded)
+                self.committed([record])
+                return None
+            try:
+                self._handle(conn, registration, [decoded], None)
+            except SkipMessage as exc:
+                tx.rollback()
+                with conn.begin():
+                    mark(conn, self.group, _mark(decoded), settings=settings)
+                self._skipped(decoded, exc)
+                self.committed([record])
+                return None
+            except Exception as exc:
+                tx.rollback()
+                return exc
+            failpoint("consumer.after_handler")
+            if recovering:
+                self._recovered(conn, record)
+            tx.commit()
+        finally:
+            if tx.is_active:
+                tx.rollback()
         self._done([decoded])
         self.committed([record])
         return None

@@ -77,7 +77,7 @@ class Retries:
                 return None
             delay = max(delay, _until_check(awaited, self.settings.backoff_max_seconds))
         log.warning(
-            "message at %s[%d]@%d failed (attempt %d%s), partition waits %.2f s: %s%s",
+            "message at %s[%d]@%d failed (attempt %d%s), tried again in %.2f s: %s%s",
             record.topic,
             record.partition,
             record.offset,

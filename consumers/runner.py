@@ -24,12 +24,13 @@ from typing import Any
 from sqlalchemy import Engine
 
 from consumers.app import Consumer
+from consumers.concurrent import KeyedLoop, KeyedRebalance
 from consumers.deadletter import KafkaSender, Sent
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetTracker, Rebalance
 from consumers.parking import ParkingLot
 from consumers.processing import Position, Processor, Progress
-from consumers.unreadable import skip_unreadable
+from consumers.unreadable import SkippedRecord, skip_unreadable
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
@@ -55,8 +56,11 @@ class Runner:
         if not app.registrations:
             raise ConfigurationError("the consumer app has no handlers: register one first")
         self._url = url
+        keyed = s.mode == "per-message"
         self.engine: Engine = engine_for(
-            url, pool_size=3, max_overflow=2, pool_pre_ping=True
+            # Per-message mode: a connection for each handler thread, and the loop's own.
+            url, pool_size=s.concurrency + 1 if keyed else 3, max_overflow=2,
+            pool_pre_ping=True,
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
         self.lifecycle = Lifecycle(
@@ -80,8 +84,11 @@ class Runner:
         self.sender = KafkaSender(self.kafka, client_id=f"outboxkit-{app.group_id}")
         self._stop = self.lifecycle.stopping
         self.processor = Processor(
-            app, self.engine, self.metrics, self._send, stop=self._stop, committed=self._committed
+            app, self.engine, self.metrics, self._send, stop=self._stop,
+            # Per-message mode commits each partition's watermark, not what each commit did.
+            committed=self._committed_keyed if keyed else self._committed,
         )
+        self.keyed: KeyedLoop | None = KeyedLoop(self) if keyed else None
         self.consumer: Any = None  # a KafkaConsumer once run() started
         self._handler_thread: ThreadPoolExecutor | None = None
         self.parking = ParkingLot()
@@ -126,10 +133,15 @@ class Runner:
                 check_schema(conn, settings=app.outbox_settings)
             self.consumer = self._make_consumer()
             self._await_topic_metadata()
-            self.consumer.subscribe(app.topics, Rebalance(self.offsets, self.metrics))
+            rebalance = (Rebalance(self.offsets, self.metrics) if self.keyed is None
+                         else KeyedRebalance(self.keyed, self.offsets, self.metrics))
+            self.consumer.subscribe(app.topics, rebalance)
             self._start_scheduler()
             self.lifecycle.set_ready(True)
-            self._loop()
+            if self.keyed is None:
+                self._loop()
+            else:
+                self.keyed.run()
         finally:
             self._shutdown()
         return 0
@@ -217,10 +229,14 @@ class Runner:
                     # is (if that failed, both are read again first).
                     if not self._collect(()):
                         continue
-                    if not skip_unreadable(self.consumer, self.engine, group=self.app.group_id,
-                                           error=exc, offsets=self.offsets,
-                                           metrics=self.metrics):
+                    skipped = skip_unreadable(self.consumer, self.engine,
+                                              group=self.app.group_id, error=exc,
+                                              metrics=self.metrics)
+                    if skipped is None:
                         self.lifecycle.back_off(f"the Kafka client cannot read a record: {exc}")
+                    else:
+                        tp, offset = skipped
+                        self.offsets.done([SkippedRecord(tp.topic, tp.partition, offset)])
                     continue
                 self.parking.sync(self.consumer)  # the poll may have run a rebalance
                 assigned = self.consumer.assignment()
@@ -236,7 +252,7 @@ class Runner:
                     )
                     self._in_hand = (future, records, retries)
                 self.offsets.commit_async(self.consumer)
-                self._update_lag(assigned)
+                self.update_lag(assigned)
         finally:
             self._collect(())  # stopping: the batch in hand finishes (or gives up) first
             self._handler_thread.shutdown(wait=True)
@@ -309,6 +325,9 @@ class Runner:
         failpoint("consumer.after_db_commit")
         self.offsets.done(records)
 
+    def _committed_keyed(self, records: Sequence[Any]) -> None:
+        failpoint("consumer.after_db_commit")
+
     def _rewind(self, records: Sequence[Any]) -> None:
         """After a failure mid-batch, seek each partition back to its first unhandled record."""
         first: dict[TopicPartition, int] = {}
@@ -327,7 +346,7 @@ class Runner:
     ) -> Sent:
         return self.sender.send(topic, key=key, value=value, headers=headers)
 
-    def _update_lag(self, assigned: Collection[TopicPartition]) -> None:
+    def update_lag(self, assigned: Collection[TopicPartition]) -> None:
         """Lag per partition: the high watermark minus where this consumer will read next."""
         total = 0
         for tp in assigned:

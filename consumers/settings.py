@@ -23,8 +23,29 @@ class ConsumerSettings(ConnectionSettings):
     )
     mode: Literal["batch", "per-message"] = Field(
         default="batch",
-        description="batch: one transaction per poll batch, a savepoint per message; "
-        "per-message: one transaction per message.",
+        description="batch: one transaction per poll batch, a partition in offset order; "
+        "per-message: one transaction per message, keys of a partition at the same time, "
+        "each key in offset order.",
+    )
+    concurrency: int = Field(
+        default=16, gt=0, le=1024,
+        description="Per-message mode: messages handled at the same time (handler threads, "
+        "each with its own database connection).",
+    )
+    max_held_per_partition: int = Field(
+        default=2000, gt=0,
+        description="Per-message mode: records of one partition read and not yet done "
+        "(queued behind their key, running or parked) before the partition is paused.",
+    )
+    max_parked_keys: int = Field(
+        default=100, gt=0,
+        description="Per-message mode: keys of one partition waiting for a retry before the "
+        "partition is paused.",
+    )
+    revoke_wait_seconds: float = Field(
+        default=5.0, ge=0,
+        description="Per-message mode: on a rebalance, the longest to wait for a revoked "
+        "partition's running messages before its offset is committed without them.",
     )
     max_poll_records: int = Field(default=500, gt=0, le=50_000, description="Batch size.")
     poll_timeout_ms: int = Field(default=500, gt=0, description="How long one poll waits.")

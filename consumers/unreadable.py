@@ -20,7 +20,6 @@ from sqlalchemy import Engine
 
 from consumers import failures
 from consumers.metrics import ConsumerMetrics
-from consumers.offsets import OffsetTracker
 from outbox.kafka import TopicPartition, UnreadableRecord
 
 log = logging.getLogger(__name__)
@@ -64,11 +63,12 @@ def _probe(consumer: Any) -> tuple[TopicPartition, int] | None:
 
 
 def skip_unreadable(consumer: Any, engine: Engine, *, group: str, error: UnreadableRecord,
-                    offsets: OffsetTracker, metrics: ConsumerMetrics) -> bool:
-    """Record the unreadable record and move its partition past it; False if not found."""
+                    metrics: ConsumerMetrics) -> tuple[TopicPartition, int] | None:
+    """Record the unreadable record and move its partition past it: its position, which the
+    caller counts as done (None if not found)."""
     culprit = find_culprit(consumer, error)
     if culprit is None:
-        return False
+        return None
     tp, offset = culprit
     text = str(error)[:4000]  # it starts with the client's own name for the error
     with engine.begin() as conn:
@@ -79,14 +79,15 @@ def skip_unreadable(consumer: Any, engine: Engine, *, group: str, error: Unreada
             conn, group=group, topic=tp.topic, partition=tp.partition, offset=offset,
             dlq_topic=NOT_FORWARDED, dlq_partition=None, dlq_offset=None)
     consumer.seek(tp, offset + 1)
-    offsets.done([_Position(tp.topic, tp.partition, offset)])
     metrics.dead_lettered.labels(tp.topic).inc()
     log.error("record %s[%d]@%d cannot be parsed by the Kafka client (%s): recorded in the "
               "failures table and skipped", tp.topic, tp.partition, offset, text,
               extra={"event": "consumer.unreadable"})
-    return True
+    return culprit
 
 
-class _Position:
+class SkippedRecord:
+    """A record's position where only its position is known (an unreadable record)."""
+
     def __init__(self, topic: str, partition: int, offset: int) -> None:
         self.topic, self.partition, self.offset = topic, partition, offset

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import psycopg
+from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine
 
 from outbox.db.hashing import stable_hash64
@@ -109,8 +111,22 @@ def insert_new(
 def mark(
     conn: Connection, group: str, one: Mark, *, settings: OutboxSettings | None = None
 ) -> bool:
-    """Insert one mark; True if it was new (process the message), False for a duplicate."""
-    return bool(mark_many(conn, group, [one], settings=settings))
+    """Insert one mark; True if it was new (process the message), False for a duplicate.
+
+    As a transaction's first statement (per-message mode: a transaction per message), the
+    mark goes in one round trip with the BEGIN psycopg sends first (its pipeline mode):
+    at thousands of messages a second, each round trip saved is a wait and a thread switch.
+    """
+    statement = _driver_sql("insert_mark", settings)
+    parameters = {"group": group, "id": one.message_id, "topic": one.topic,
+                  "part": one.partition, "off": one.offset}
+    raw = conn.connection.driver_connection
+    if isinstance(raw, psycopg.Connection) and not raw.autocommit and (
+            raw.info.transaction_status == TransactionStatus.IDLE):
+        with raw.pipeline():
+            cursor = raw.execute(statement, parameters)
+        return cursor.fetchone() is not None
+    return conn.exec_driver_sql(statement, parameters).first() is not None
 
 
 def unmark(

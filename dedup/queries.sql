@@ -17,6 +17,14 @@ FROM unnest(CAST(%(ids)b AS text[]), CAST(%(topics)b AS text[]),
 ON CONFLICT (consumer_group, message_id) DO NOTHING
 RETURNING message_id
 
+-- name: insert_mark
+-- One message's mark (per-message mode): insert_marks without arrays to build and unnest.
+INSERT INTO {schema}.consumer_inbox
+    (consumer_group, message_id, topic, kafka_partition, kafka_offset)
+VALUES (%(group)s, %(id)s, %(topic)s, %(part)s, %(off)s)
+ON CONFLICT (consumer_group, message_id) DO NOTHING
+RETURNING 1
+
 -- name: insert_new_marks
 -- insert_marks without the conflict handling (dedup.inbox.insert_new: a batch expected new;
 -- ON CONFLICT costs a speculative insertion per row).

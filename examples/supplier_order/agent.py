@@ -39,12 +39,14 @@ def decide(job: ClaimedRun[Order]) -> None:
                    evidence={"decision": f"order {order.qty} x {order.item}"})
 
 
-def seed(engine: Engine, items: Iterable[str], *, batch: str) -> list[uuid.UUID]:
-    """Queue one run per item (idempotent per *batch* and position); return their ids."""
+def seed(engine: Engine, items: Iterable[str], *, batch: str,
+         accounts: int = config.ACCOUNTS) -> list[uuid.UUID]:
+    """Queue one run per item (idempotent per *batch* and position) over *accounts* accounts
+    (the message keys); return their ids."""
     with engine.begin() as conn:
         return [app.start_run(conn, decide, idempotency_key=f"{batch}-{i}",
                               checkpoint=Order(item=item, qty=i % 5 + 1,
-                                               account=config.account_of(i))).id
+                                               account=config.account_of(i, accounts))).id
                 for i, item in enumerate(items)]
 
 

@@ -54,8 +54,8 @@ def database_url() -> str:
     return url
 
 
-def account_of(index: int) -> str:
-    return f"account-{index % ACCOUNTS}"
+def account_of(index: int, accounts: int = ACCOUNTS) -> str:
+    return f"account-{index % accounts}"
 
 
 @cache

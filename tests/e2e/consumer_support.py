@@ -144,6 +144,7 @@ class ConsumerProcesses:
     log_dir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     group_id: str = field(default_factory=lambda: f"e2e-{uuid.uuid4().hex[:8]}")
+    app: str = "tests.e2e.consumer_app:app"
 
     def start(self, *, http_port: int | None = None, **env: str) -> subprocess.Popen[bytes]:
         environ = {
@@ -159,7 +160,7 @@ class ConsumerProcesses:
         }
         log = (self.log_dir / f"consumer-{len(self.procs)}.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "consumers", "tests.e2e.consumer_app:app"],
+            [sys.executable, "-m", "consumers", self.app],
             env=environ,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.faults import cluster_scenarios, runner, saga, scenarios
+from tests.faults import cluster_scenarios, consumer_kills, runner, saga, scenarios
 from tests.faults.harness import Harness, ScenarioResult, Topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +34,13 @@ def pick(args: argparse.Namespace, rng: random.Random) -> list[scenarios.Scenari
     if args.cluster:
         chosen = cluster_scenarios.cluster_set()
     elif args.soak:
-        chosen = [*scenarios.full(outage, kill_rounds=25), saga.saga_kills(25)]
+        chosen = [*scenarios.full(outage, kill_rounds=25), saga.saga_kills(25),
+                  consumer_kills.consumer_kills(10)]
     elif args.full:
-        chosen = [*scenarios.full(outage), saga.saga_kills()]
-    else:  # the CI subset, and the saga's (tests/e2e/test_saga_crashes.py is CI's)
-        chosen = [*scenarios.ci_subset(outage), saga.saga_kills()]
+        chosen = [*scenarios.full(outage), saga.saga_kills(), consumer_kills.consumer_kills(5)]
+    else:  # the CI subset (consumer-kills is CI's), and the saga's (its e2e test is CI's)
+        chosen = [*scenarios.ci_subset(outage), consumer_kills.consumer_kills(),
+                  saga.saga_kills()]
     if args.scenarios:
         wanted = [s.strip() for s in args.scenarios.split(",") if s.strip()]
         unknown = [w for w in wanted if w not in {s.name for s in chosen}]

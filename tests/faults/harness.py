@@ -190,11 +190,16 @@ class Harness:
         assert self.pipeline is not None
         return self.pipeline
 
-    def seed_orders(self, scenario: str, items: list[str] | None = None) -> list[uuid.UUID]:
+    def seed_orders(self, scenario: str, items: list[str] | None = None,
+                    accounts: int | None = None) -> list[uuid.UUID]:
+        """Queue orders (*items*, or the harness's number of them) over *accounts* accounts,
+        the message keys (default: the example's few)."""
         assert self.engine is not None
         items = items or [f"{scenario}-item-{i}" for i in range(self.orders)]
         batch = f"{scenario}-{self.seed}-{uuid.uuid4().hex[:4]}"
-        return agent.seed(self.engine, items, batch=batch)
+        if accounts is None:
+            return agent.seed(self.engine, items, batch=batch)
+        return agent.seed(self.engine, items, batch=batch, accounts=accounts)
 
     def names(self, kind: str) -> list[str]:
         return [n for n, p in self.p.procs.items() if p.kind == kind]

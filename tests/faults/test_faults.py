@@ -1,7 +1,8 @@
 """The fault harness's CI subset: every failpoint of the agents and consumers kills its process
 at least once, a few random kills, a PostgreSQL restart, PostgreSQL crashes (crash recovery
 issuing transaction ids again), the supplier's failure paths, a consumer killed during a
-hanging call and agent workers running 8 steps at once SIGKILLed mid-step —
+hanging call, agent workers running 8 steps at once SIGKILLed mid-step, and consumers
+handling 64 messages at once SIGKILLed mid-call —
 and after each, nothing lost, no effect repeated, every run settled with evidence.
 
 The seed is fixed so CI is repeatable (``OUTBOXKIT_FAULTS_SEED`` picks another); the long
@@ -17,6 +18,7 @@ import pytest
 
 from outbox.runtime.failpoints import FAILPOINTS
 from tests.faults import __main__ as faults
+from tests.faults.consumer_kills import consumer_kills
 from tests.faults.runner import table
 from tests.faults.scenarios import FAILPOINT_KIND, ci_subset
 
@@ -39,6 +41,7 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     seed = os.environ.get("OUTBOXKIT_FAULTS_SEED", "20261202")
     played = [s.name for s in ci_subset() if s.name not in IN_E2E]
     assert len(played) == len(ci_subset()) - len(IN_E2E)  # the names above are still current
+    played.append(consumer_kills().name)
     report = faults.run(faults.parse([
         "--seed", seed, "--workdir", str(tmp_path), "--report", str(ROOT / report_name()),
         "--scenarios", ",".join(played),
@@ -74,6 +77,12 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     assert all(k["interrupted_after_write"] >= 2 for k in worker["figures"]["kills"]), shown
     assert worker["figures"]["summary"]["order.submit per run (min, max)"] == [1, 1], shown
     assert set(worker["runs_by_state"]) == {"done"}, shown
+    # Consumers at concurrency 64, each order its own key, SIGKILLed 3 times with at least
+    # half their threads inside the supplier's call: every run done, one order each.
+    keyed = results[consumer_kills().name]
+    assert keyed["kills"] == 3, shown
+    assert min(keyed["figures"]["in flight at each kill (gauge, at least)"]) >= 32, shown
+    assert set(keyed["runs_by_state"]) == {"done"}, shown
     assert report["ok"], f"seed {seed}: {report['replay']}\n{shown}"
 
 
