@@ -18,7 +18,6 @@ is missing is skipped with a note), side by side in the same run:
 (f) batch mode, the same handler deferring its row with ``ctx.defer_insert`` (the README's
     fast way: the batch's rows in one statement before the commit);
 (c) batch mode with a batch handler that inserts the batch's rows in one statement;
-(d) per-message mode (a transaction per message) on the first ``--n-per-message`` messages;
 (e) kafka-python only: retry isolation: two 4-partition topics with the same
     ``--n-isolation`` messages on partitions 1 to 3 (b's handler); on the second, partition
     0 also holds 50 messages whose supplier hangs (the first attempt waits out a 0.2 s call
@@ -465,9 +464,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small N: a smoke run")
     p.add_argument("--n", type=int, help="messages for (a)-(c) (default 50,000; quick 10,000)")
     p.add_argument(
-        "--n-per-message", type=int, help="messages for (d) (default 3,000; quick 1,000)"
-    )
-    p.add_argument(
         "--n-isolation",
         type=int,
         help="messages per partition (1 to 3) for (e) (default 5,000; quick 1,000)",
@@ -501,14 +497,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 @dataclass
 class ClientResults:
-    """(a) to (d) with one Kafka client."""
+    """(a) to (c), (n), (f) with one Kafka client (per-message mode: bench/keyed_bench.py)."""
 
     raw: list[Rate] = field(default_factory=list)
     noop: list[Rate] = field(default_factory=list)
     batch: list[Rate] = field(default_factory=list)
     deferred: list[Rate] = field(default_factory=list)
     batch_handler: list[Rate] = field(default_factory=list)
-    per_message: Rate = field(default_factory=lambda: Rate(math.nan, math.nan, math.nan))
 
 
 @dataclass
@@ -556,7 +551,6 @@ def measure(
     admin_url: str,
     bootstrap: str,
     n: int,
-    n_pm: int,
     mpr: int,
     *,
     k: int,
@@ -612,18 +606,6 @@ def measure(
             if isolation:
                 isolation_round(results, url=url, bootstrap=bootstrap, topics=(idle, stuck), k=k,
                                 mpr=mpr, round_=round_, rounds=rounds)
-        for client, mine in results.clients.items():
-            log(f"(d) {client}, per-message mode on {n_pm:,} messages")
-            mine.per_message = consumer_rate(
-                url,
-                bootstrap,
-                topic,
-                n_pm,
-                client=client,
-                mode="per-message",
-                handler="one",
-                max_poll_records=mpr,
-            )
     finally:
         with contextlib.suppress(Exception):
             admin.delete_topics([topic, idle, stuck])
@@ -648,7 +630,7 @@ def ratio_of(ceilings: Sequence[Rate], rates: Sequence[Rate]) -> float:
     return median([b.per_s / a.per_s for a, b in zip(ceilings, rates, strict=True)])
 
 
-def client_figures(client: str, mine: ClientResults, n_pm: int, cpus: int) -> list[Figure]:
+def client_figures(client: str, mine: ClientResults, cpus: int) -> list[Figure]:
     """(a) to (d) of one client: kafka-python's under the names they always had."""
     prefix = "consumer" if client == "kafka-python" else f"consumer.{client.replace('-', '_')}"
     raw = median([r.per_s for r in mine.raw])
@@ -656,7 +638,6 @@ def client_figures(client: str, mine: ClientResults, n_pm: int, cpus: int) -> li
     batch = median([r.per_s for r in mine.batch])
     deferred = median([r.per_s for r in mine.deferred])
     batch_handler = median([r.per_s for r in mine.batch_handler])
-    per_message = mine.per_message.per_s
     noop_ratio = ratio_of(mine.raw, mine.noop)
     batch_ratio = ratio_of(mine.raw, mine.batch)
     deferred_ratio = ratio_of(mine.raw, mine.deferred)
@@ -695,10 +676,6 @@ def client_figures(client: str, mine: ClientResults, n_pm: int, cpus: int) -> li
                handler_ratio, *handler_goal,
                note=f"batch handler, one INSERT ... unnest per poll batch; "
                     f"{spent(mine.batch_handler)}"),
-        Figure(f"{prefix}.per_message_msgs_per_s", per_message, "msg/s", raw,
-               per_message / raw,
-               note=f"one transaction per message, {n_pm} messages; "
-                    f"{spent([mine.per_message])}"),
     ]
     for phase, rates in (("raw", mine.raw), ("noop", mine.noop), ("batch", mine.batch),
                          ("deferred", mine.deferred), ("batch_handler", mine.batch_handler)):
@@ -747,7 +724,6 @@ def isolation_figures(results: Results, k: int) -> list[Figure]:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     n = args.n or (10_000 if args.quick else 50_000)
-    n_pm = min(n, args.n_per_message or (1_000 if args.quick else 3_000))
     k = args.n_isolation or (1_000 if args.quick else 5_000)
     started = datetime.now(UTC)
     mpr = args.max_poll_records
@@ -771,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         machine = machine_info(admin_url, bootstrap)
         rounds = args.rounds or (1 if args.quick else 3)
         try:
-            results = measure(admin_url, bootstrap, n, n_pm, mpr, k=k, rounds=rounds,
+            results = measure(admin_url, bootstrap, n, mpr, k=k, rounds=rounds,
                               clients=clients, isolation=not args.no_isolation)
         finally:
             restore()
@@ -780,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     figures: list[Figure] = []
     for client, mine in results.clients.items():
-        figures += client_figures(client, mine, n_pm, cpus)
+        figures += client_figures(client, mine, cpus)
     if results.isolation_stuck:
         figures += isolation_figures(results, k)
     print(
@@ -789,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(f'{x:.2f}' for x in machine['loadavg_end'])}; PostgreSQL "
         f"{machine['postgres']} ({durability}), kafka-python {machine['kafka_python']}, "
         f"confluent-kafka {machine['confluent_kafka']}; clients {', '.join(clients)}; "
-        f"N={n:,} (per-message {n_pm:,}, isolation {k:,} x 3), max_poll_records={mpr}, "
+        f"N={n:,} (isolation {k:,} x 3), max_poll_records={mpr}, "
         f"{rounds} rounds (medians)\n"
     )
     print_table(figures)

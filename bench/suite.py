@@ -1,11 +1,12 @@
-"""The benchmark suite: the six benchmarks in one run, one table, one JSON file, two plots.
+"""The benchmark suite: the seven benchmarks in one run, one table, one JSON file, two plots.
 
 Runs bench/outbox_steps.py (what an outbox message costs an agent step), bench/run_claim.py
 (what a run claim costs with 1,000,000 queued runs against 10,000), bench/agent_steps.py
 (what durability costs a pydantic-ai agent step), bench/relay_bench.py
 (relay throughput against the producer alone and against reading plus sending, commit-to-Kafka
 latency, PostgreSQL CPU and dead tuples per message, idle cost, backlog cost, memory),
-bench/consumer_bench.py (idempotent consumer against kafka-python's consumer alone) and
+bench/consumer_bench.py (idempotent consumer against kafka-python's consumer alone),
+bench/keyed_bench.py (per-message mode: keys at the same time, a failing key's isolation) and
 bench/worker_bench.py (the agent worker's steps/s against the same loop in raw SQL, its
 NOTIFY wake-up latency), one after the other, each as its own process, against the same
 services: a throwaway PostgreSQL and Kafka started once for the suite, or the ones given
@@ -70,6 +71,10 @@ REQUIRED = (
     "consumer.batch_msgs_per_s",
     "consumer.batch_ratio",
     "consumer.retry_isolation_ratio",
+    "consumer.per_message_msgs_per_s",
+    "consumer.io_bound_msgs_per_s",
+    "consumer.key_isolation_ratio",
+    "consumer.keyed_rss_ratio",
     "outbox.worker_steps_per_s",
     "outbox.worker_wakeup_p50_ms",
     "outbox.worker_wakeup_p99_ms",
@@ -88,8 +93,10 @@ QUICK_ARGS = {
         "--idle-seconds", "3",
     ],
     "consumer_bench": [
-        "--quick", "--n", "2000", "--n-per-message", "300", "--n-isolation", "300",
+        "--quick", "--n", "2000", "--n-isolation", "300",
     ],
+    "keyed_bench": ["--quick", "--n", "600", "--n-isolation", "300", "--keys-small", "300",
+                    "--keys-large", "900"],
     "worker_bench": ["--quick", "--runs", "600", "--processes", "2", "--wakeup-seconds", "1"],
 }
 
@@ -208,7 +215,8 @@ def figure_of(data: dict[str, Any]) -> Figure:
 def collect(work: Path) -> list[Figure]:
     steps = json.loads((work / "outbox_steps.json").read_text())
     figures = step_figures(steps["rows"]) + [figure_of(f) for f in steps.get("figures", [])]
-    for name in ("run_claim", "agent_steps", "relay_bench", "consumer_bench", "worker_bench"):
+    for name in ("run_claim", "agent_steps", "relay_bench", "consumer_bench", "keyed_bench",
+                 "worker_bench"):
         document = json.loads((work / f"{name}.json").read_text())
         figures += [figure_of(f) for f in document["figures"]]
     return figures
@@ -284,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             "agent_steps": common,
             "relay_bench": [*common, *kafka, "--samples", str(work / "samples.json")],
             "consumer_bench": [*common, *kafka],
+            "keyed_bench": [*common, *kafka],
             "worker_bench": common,
         }
         seconds = {}

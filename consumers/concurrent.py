@@ -83,7 +83,9 @@ class KeyedLoop:
     def run(self) -> None:
         r, s = self.runner, self.settings
         for i in range(s.concurrency):
-            thread = threading.Thread(target=self._work, name=f"outboxkit-handlers_{i}")
+            # Daemon: a handler stuck past the shutdown's bound does not keep the process.
+            thread = threading.Thread(target=self._work, name=f"outboxkit-handlers_{i}",
+                                      daemon=True)
             thread.start()
             self._threads.append(thread)
         try:
@@ -125,29 +127,49 @@ class KeyedLoop:
         """Queue *records*; partitions read for the first time learn first which of their
         messages an earlier process left parked (handling those marks them recovered)."""
         with self.cond:
-            new = {(r.topic, r.partition): r.offset for r in records
-                   if self.lanes.next_offset(TopicPartition(r.topic, r.partition)) is None}
+            new: dict[TopicPartition, int] = {}
+            for rec in records:
+                tp = TopicPartition(rec.topic, rec.partition)
+                if self.lanes.next_offset(tp) is None:
+                    new.setdefault(tp, rec.offset)
         found: set[tuple[str, int, int]] = set()
         if new:
-            with self.runner.engine.connect() as conn:
-                for (topic, partition), first in new.items():
-                    for offset in failures.retrying_from(
-                        conn, group=self.runner.app.group_id, topic=topic,
-                        partition=partition, offset=first,
-                    ):
-                        found.add((topic, partition, offset))
+            try:
+                with self.runner.engine.connect() as conn:
+                    for tp, first in new.items():
+                        for offset in failures.retrying_from(
+                            conn, group=self.runner.app.group_id, topic=tp.topic,
+                            partition=tp.partition, offset=first,
+                        ):
+                            found.add((tp.topic, tp.partition, offset))
+            except Exception as exc:  # no database: read these partitions again later
+                for tp, first in new.items():
+                    self.runner.consumer.seek(tp, first)
+                records = [r for r in records
+                           if TopicPartition(r.topic, r.partition) not in new]
+                self.runner.lifecycle.set_ready(False, f"database: {exc}")
+                self.runner.lifecycle.back_off(
+                    f"reading the failures of new partitions failed: {type(exc).__name__}: "
+                    f"{exc}")
         with self.cond:
             self._recovering |= found
             self.lanes.add(records)
             self.cond.notify(len(records))
 
     def _rewind(self, records: list[Any], assigned: Collection[TopicPartition]) -> list[Any]:
-        """A partition revoked and assigned back: read again from its watermark.
-
-        Its lanes were dropped with the records they held, but a client may keep the
-        partition's position across the rebalance (kafka-python does), after them."""
-        if not self._dropped:
+        """*records* less those of partitions sought back by :meth:`_seek_dropped`."""
+        back = self._seek_dropped(assigned)
+        if not back:
             return records
+        return [rec for rec in records if TopicPartition(rec.topic, rec.partition) not in back]
+
+    def _seek_dropped(self, assigned: Collection[TopicPartition]) -> set[TopicPartition]:
+        """A partition revoked and assigned back is read again from its watermark: its
+        lanes were dropped with the records they held, but a client may keep the
+        partition's position across the rebalance (kafka-python does), after them. The
+        partitions sought back."""
+        if not self._dropped:
+            return set()
         with self.cond:
             dropped, self._dropped = self._dropped, {}
         back = set()
@@ -158,9 +180,7 @@ class KeyedLoop:
             if position is not None and position > mark:
                 self.runner.consumer.seek(tp, mark)
                 back.add(tp)
-        if not back:
-            return records
-        return [rec for rec in records if TopicPartition(rec.topic, rec.partition) not in back]
+        return back
 
     def _throttle(self, assigned: Collection[TopicPartition]) -> None:
         """Pause a partition holding ``max_held_per_partition`` records or
@@ -197,12 +217,20 @@ class KeyedLoop:
 
     def _skip(self, exc: UnreadableRecord) -> None:
         r = self.runner
+        # The poll that raised may have run a rebalance: partitions dropped and assigned
+        # back are read again from their watermark first (the bad record is met again).
+        assigned = r.consumer.assignment()
+        self._forget_unassigned(assigned)
+        if self._seek_dropped(assigned):
+            return  # read again from there first; the bad record raises again when reached
         skipped = skip_unreadable(r.consumer, r.engine, group=r.app.group_id, error=exc,
                                   metrics=r.metrics)
         if skipped is None:
             r.lifecycle.back_off(f"the Kafka client cannot read a record: {exc}")
             return
         with self.cond:
+            # A partition not read yet starts at the bad record: the client's position
+            # (the committed offset) was there.
             self.lanes.skip(*skipped)
 
     def _gauges(self, assigned: Collection[TopicPartition]) -> None:
@@ -238,11 +266,18 @@ class KeyedLoop:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # --- rebalances (the client's thread) --------------------------------------------------
+    @property
+    def revoke_wait_s(self) -> float:
+        """``revoke_wait_seconds``, at most half the session timeout: the client may run the
+        revocation where it also sends heartbeats, and must not be presumed dead meanwhile."""
+        s = self.settings
+        return min(s.revoke_wait_seconds, s.session_timeout_ms / 2000)
+
     def quiesce(self, partitions: Collection[TopicPartition]) -> None:
         """Before *partitions* are given up: start nothing new of theirs, await what runs
         (at most ``revoke_wait_seconds``), and hand their watermarks to the offsets."""
         chosen = set(partitions)
-        deadline = time.monotonic() + self.settings.revoke_wait_seconds
+        deadline = time.monotonic() + self.revoke_wait_s
         with self.cond:
             self._holding |= chosen
             while self.lanes.busy_in(chosen) and time.monotonic() < deadline:
@@ -252,8 +287,7 @@ class KeyedLoop:
         if running:
             log.warning("%d message(s) of revoked partitions still running after %.1f s: "
                         "left to the next owner (their dedup marks decide)", running,
-                        self.settings.revoke_wait_seconds,
-                        extra={"event": "consumer.revoke_abandoned"})
+                        self.revoke_wait_s, extra={"event": "consumer.revoke_abandoned"})
         self.runner.offsets.advance(watermarks)
 
     def drop(self, partitions: Collection[TopicPartition]) -> None:
@@ -295,9 +329,9 @@ class KeyedLoop:
         if again is None:
             if self._recovering:
                 self._recovering.discard((record.topic, record.partition, record.offset))
-            self.lanes.finished(record)
+            self.lanes.finished(take)
         else:
-            self.lanes.park(record, again.due)
+            self.lanes.park(take, again.due)
         if self._holding:
             self.cond.notify_all()  # a revocation or the shutdown awaits running work
 
@@ -305,48 +339,51 @@ class KeyedLoop:
         conn: Connection | None = None  # this thread's own, kept between messages
         done: Take | None = None
         again: Parked | None = None
+        failed = 0  # this thread's failures in a row that were not the message's
         try:
             while (got := self._next(done, again)) is not None:
                 take, recovering = got
-                conn, ok, again = self._handle(take, recovering, conn)
-                done = take if ok else None
-                if ok and self._failing:
+                try:
+                    if conn is None:
+                        conn = self.runner.engine.connect()
+                    again = self._handle(take, recovering, conn)
+                except Exception as exc:  # the database (or the dead-letter producer) failed
+                    if conn is not None:
+                        conn.close()  # maybe broken: the next message gets a fresh one
+                        conn = None
+                    failed += 1
+                    self._infrastructure(take, exc, failed)
+                    done = None
+                    continue
+                done, failed = take, 0
+                if self._failing:
                     with self.cond:
-                        self._failing = 0
-                    self.runner.lifecycle.succeeded()
+                        if self._failing:
+                            self._failing = 0
+                            self.runner.lifecycle.succeeded()
         finally:
             if conn is not None:
                 conn.close()
 
-    def _handle(
-        self, take: Take, recovering: bool, conn: Connection | None
-    ) -> tuple[Connection | None, bool, Parked | None]:
-        """Handle one lane head: (the connection to keep using, whether the message was
-        settled, when it is to be retried)."""
-        r, record = self.runner, take.record
-        processor = r.processor
-        try:
-            if conn is None:
-                conn = r.engine.connect()
-            error = processor.handle_one(record, recovering=recovering, conn=conn)
-            again = None if error is None else processor.retries.settle(record, error)
-        except Exception as exc:  # the database (or the dead-letter producer) failed
-            if conn is not None:
-                conn.close()  # maybe broken: the next message gets a fresh one
-            self._infrastructure(record, exc)
-            return None, False, None
-        return conn, True, again
+    def _handle(self, take: Take, recovering: bool, conn: Connection) -> Parked | None:
+        """Handle one lane head on this thread's connection: when to retry it, if it
+        failed (the failure counted on the same connection)."""
+        processor, record = self.runner.processor, take.record
+        error = processor.handle_one(record, recovering=recovering, conn=conn)
+        return None if error is None else processor.retries.settle(record, error, conn=conn)
 
-    def _infrastructure(self, record: Any, exc: BaseException) -> None:
-        """Not the message's fault: its key waits the runner's backoff (no attempt counted)."""
-        r = self.runner
+    def _infrastructure(self, take: Take, exc: BaseException, failed: int) -> None:
+        """Not the message's fault: its key waits the runner's backoff, longer after each
+        such failure in a row of this thread (no attempt counted)."""
+        r, record = self.runner, take.record
         reason = f"handling a message failed: {type(exc).__name__}: {exc}"
-        delay = r.lifecycle.backoff.delay(self._failing + 1)
+        delay = r.lifecycle.backoff.delay(failed)
         with self.cond:
             self._failing += 1
-            self.lanes.park(record, time.monotonic() + delay, retry=False)
-            self.cond.notify_all()
-        r.lifecycle.set_ready(False, reason)
+            self.lanes.park(take, time.monotonic() + delay, retry=False)
+            r.lifecycle.set_ready(False, reason)  # under the lock: a success resets both
+            if self._holding:
+                self.cond.notify_all()
         log.error("%s (%s[%d]@%d; its key waits %.1f s)", reason, record.topic,
                   record.partition, record.offset, delay, exc_info=exc,
                   extra={"event": "consumer.batch_failed"})

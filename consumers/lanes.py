@@ -61,12 +61,15 @@ class _Lane:
     retry: bool = False  # its head failed before: the next try is a retry
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Take:
-    """A record handed out to run: *retry* when it failed before (in this process)."""
+    """A record handed out to run: *retry* when it failed before (in this process). Its
+    outcome is settled with it, in the lane it was taken from: a partition dropped and read
+    again meanwhile has new lanes, which a late outcome of the old one must not touch."""
 
     record: Any
     retry: bool
+    lane: _Lane
 
 
 class Lanes:
@@ -121,16 +124,17 @@ class Lanes:
                 continue
             lane.busy = True
             self.in_flight += 1
-            out.append(Take(lane.records[0], lane.retry))
+            out.append(Take(lane.records[0], lane.retry, lane))
         return out
 
     # --- outcomes --------------------------------------------------------------------------
-    def finished(self, record: Any) -> bool:
-        """*record* is done for good (handled, a duplicate, skipped, dead-lettered): its lane
-        moves on. False when its partition was dropped meanwhile (revoked)."""
-        key, lane = self._lane_of(record)
+    def finished(self, take: Take) -> bool:
+        """*take*'s record is done for good (handled, a duplicate, skipped, dead-lettered):
+        its lane moves on. False when its partition was dropped meanwhile (revoked)."""
+        key, lane = self._lane_of(take)
         if lane is None:
             return False
+        record = take.record
         self._settle(lane)
         lane.records.popleft()
         lane.retry = False
@@ -141,10 +145,11 @@ class Lanes:
             del self._lanes[key]
         return True
 
-    def park(self, record: Any, due: float, *, retry: bool = True) -> bool:
-        """*record* failed: its lane waits until *due*, then runs it again (as a retry,
-        unless *retry* is False: the failure was not the message's, e.g. no database)."""
-        key, lane = self._lane_of(record)
+    def park(self, take: Take, due: float, *, retry: bool = True) -> bool:
+        """*take*'s record failed: its lane waits until *due*, then runs it again (as a
+        retry, unless *retry* is False: the failure was not the message's, e.g. no
+        database)."""
+        key, lane = self._lane_of(take)
         if lane is None:
             return False
         self._settle(lane)
@@ -234,11 +239,12 @@ class Lanes:
         return list(self._partitions)
 
     # --- helpers ---------------------------------------------------------------------------
-    def _lane_of(self, record: Any) -> tuple[LaneKey, _Lane | None]:
-        tp = TopicPartition(record.topic, record.partition)
-        key: LaneKey = (tp, record.key)
+    def _lane_of(self, take: Take) -> tuple[LaneKey, _Lane | None]:
+        """*take*'s lane, if it is still there and still running *take*."""
+        record = take.record
+        key: LaneKey = (TopicPartition(record.topic, record.partition), record.key)
         lane = self._lanes.get(key)
-        if lane is None or not lane.records or lane.records[0].offset != record.offset:
+        if lane is not take.lane or not lane.busy or lane.records[0] is not record:
             return key, None
         return key, lane
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from consumers import failures
 from consumers.app import Consumer
@@ -56,24 +57,29 @@ class Retries:
         self.send_dead_letter = send_dead_letter
         self.committed = committed
 
-    def settle(self, record: Record, error: BaseException) -> Parked | None:
-        """Count the failed attempt, then dead-letter the message (None) or park it."""
-        attempt = self._count_attempt(record, error)
+    def settle(
+        self, record: Record, error: BaseException, *, conn: Connection | None = None
+    ) -> Parked | None:
+        """Count the failed attempt, then dead-letter the message (None) or park it.
+
+        On *conn* when given (a handler thread's own, with no transaction open), else on
+        connections of the pool; each write in a short transaction of its own."""
+        attempt = self._count_attempt(record, error, conn)
         if attempt.status in ("dead-lettered", "replayed"):
             # Dead-lettered before (a redelivery of a message without a mark): move on.
             self.committed([record])
             return None
         if isinstance(error, MalformedMessage | DeadLetter):
-            self._dead_letter(record, error, attempt.attempts)
+            self._dead_letter(record, error, attempt.attempts, conn)
             return None
         delay = self.settings.backoff(attempt.attempts)
         if isinstance(error, RetryLater) and error.delay_s is not None:
             delay = error.delay_s
         awaited = None
         if attempt.attempts >= self.settings.max_attempts:
-            awaited = self._awaited(record)
+            awaited = self._awaited(record, conn)
             if awaited is None:
-                self._dead_letter(record, error, attempt.attempts)
+                self._dead_letter(record, error, attempt.attempts, conn)
                 return None
             delay = max(delay, _until_check(awaited, self.settings.backoff_max_seconds))
         log.warning(
@@ -92,19 +98,27 @@ class Retries:
         )
         return Parked(record.topic, record.partition, record.offset, time.monotonic() + delay)
 
-    def _awaited(self, record: Record) -> Operation | None:
+    def _awaited(self, record: Record, conn: Connection | None) -> Operation | None:
         """An open ledger operation started for this message: its outcome is still due."""
         message_id = message_id_of(record)
         if message_id is None:
             return None
-        with self.engine.connect() as conn:
-            return awaited_operation(conn, message_id, settings=self.app.outbox_settings)
+        with self._begin(conn) as tx:
+            return awaited_operation(tx, message_id, settings=self.app.outbox_settings)
 
-    def _count_attempt(self, record: Record, error: BaseException) -> failures.Attempt:
+    def _begin(self, conn: Connection | None) -> AbstractContextManager[Connection]:
+        """A short transaction on *conn*, or on a connection of the pool."""
+        if conn is None:
+            return self.engine.begin()
+        return _transaction(conn)
+
+    def _count_attempt(
+        self, record: Record, error: BaseException, conn: Connection | None
+    ) -> failures.Attempt:
         self.metrics.failures.labels(record.topic).inc()
-        with self.engine.begin() as conn:
+        with self._begin(conn) as tx:
             return failures.record_attempt(
-                conn,
+                tx,
                 group=self.group,
                 topic=record.topic,
                 partition=record.partition,
@@ -116,7 +130,9 @@ class Retries:
                 error=describe(error),
             )
 
-    def _dead_letter(self, record: Record, error: BaseException, attempts: int) -> None:
+    def _dead_letter(
+        self, record: Record, error: BaseException, attempts: int, conn: Connection | None
+    ) -> None:
         topic = record.topic + self.settings.dlq_suffix
         headers = dead_letter_headers(
             record, error=describe(error), group=self.group, attempts=attempts
@@ -130,16 +146,16 @@ class Retries:
             # for ever and stop the partition. The failures table has the bytes already.
             sent = self.send_dead_letter(topic, *slim_copy(record, headers))
         message_id = message_id_of(record)
-        with self.engine.begin() as conn:
+        with self._begin(conn) as tx:
             if message_id is not None:
                 mark(
-                    conn,
+                    tx,
                     self.group,
                     Mark(message_id, record.topic, record.partition, record.offset),
                     settings=self.app.outbox_settings,
                 )
             failures.mark_dead_lettered(
-                conn,
+                tx,
                 group=self.group,
                 topic=record.topic,
                 partition=record.partition,
@@ -160,6 +176,12 @@ class Retries:
             extra={"event": "consumer.dead_lettered"},
         )
         self.committed([record])
+
+
+@contextmanager
+def _transaction(conn: Connection) -> Iterator[Connection]:
+    with conn.begin():
+        yield conn
 
 
 def _until_check(operation: Operation, longest: float) -> float:

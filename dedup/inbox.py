@@ -16,10 +16,14 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from outbox.db.hashing import stable_hash64
 from outbox.db.queries import driver_sql, sql
 from outbox.settings import OutboxSettings, default_settings
+
+# psycopg's pipeline mode needs libpq 14 or later (the binary wheel brings its own).
+_PIPELINE = psycopg.Pipeline.is_supported()
 
 
 @dataclass(frozen=True)
@@ -121,11 +125,18 @@ def mark(
     parameters = {"group": group, "id": one.message_id, "topic": one.topic,
                   "part": one.partition, "off": one.offset}
     raw = conn.connection.driver_connection
-    if isinstance(raw, psycopg.Connection) and not raw.autocommit and (
-            raw.info.transaction_status == TransactionStatus.IDLE):
-        with raw.pipeline():
-            cursor = raw.execute(statement, parameters)
-        return cursor.fetchone() is not None
+    if (isinstance(raw, psycopg.Connection) and not raw.autocommit and _PIPELINE
+            and raw.info.transaction_status == TransactionStatus.IDLE):
+        try:
+            with raw.pipeline():
+                cursor = raw.execute(statement, parameters)
+            return cursor.fetchone() is not None
+        except psycopg.Error as exc:
+            # As SQLAlchemy would have raised it (IntegrityError, OperationalError, ...),
+            # and a connection that broke is not handed out again by the pool.
+            if raw.closed or raw.broken:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(statement, parameters, exc, psycopg.Error) from exc
     return conn.exec_driver_sql(statement, parameters).first() is not None
 
 

@@ -144,6 +144,32 @@ class TestPerKeyOrder:
                 " AND kafka_offset = 0"), {"g": app.group_id}).scalar_one()
         assert status == "recovered"
 
+    def test_a_message_parked_by_a_stopped_process_is_marked_recovered_by_the_next(
+        self, keyed: Engine, database_url: str, kafka_bootstrap: str,
+        kafka_topic: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A deploy stops a consumer while a message waits for its retry: the next process
+        handles it (the offset stayed below it) and its failure row says ``recovered``,
+        however far into the first batch it reads the message."""
+        topic = kafka_topic(partitions=1)
+        items = [*spread(5, 1), ("bad", 0), *spread(30, 1)]
+        ids = produce_keyed(kafka_bootstrap, topic, items)
+        monkeypatch.setenv("TEST_KEYED_FAILING", "bad")
+        first = app_for(database_url, kafka_bootstrap, topic, concurrency=4, max_attempts=100)
+        with InProcess(first):
+            wait_until(lambda: len(rows(keyed)) >= 35, 60, "the other keys' effects")
+        monkeypatch.delenv("TEST_KEYED_FAILING")
+        second = Consumer(group_id=first.group_id, settings=first.settings)
+        second.register(topic, handle)
+        with InProcess(second):
+            wait_until(lambda: len(rows(keyed)) >= 36, 60, "the parked message's effect")
+        check(keyed, ids, items)
+        with keyed.connect() as conn:
+            status = conn.execute(text(
+                "SELECT status FROM outboxkit.consumer_failures WHERE consumer_group = :g"),
+                {"g": first.group_id}).scalars().all()
+        assert status == ["recovered"]
+
     def test_keyless_records_and_a_key_of_a_megabyte(
         self, keyed: Engine, database_url: str, kafka_bootstrap: str,
         kafka_topic: Callable[..., str],

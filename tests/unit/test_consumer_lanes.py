@@ -33,7 +33,7 @@ def test_different_keys_run_together_and_one_key_one_at_a_time() -> None:
     assert offsets(first) == [0, 1, 3]  # the heads of a, b, c; a's and b's seconds wait
     assert lanes.take(10) == []
     assert lanes.in_flight == 3
-    lanes.finished(first[0].record)  # a@0 done: a@2 may run
+    lanes.finished(first[0])  # a@0 done: a@2 may run
     assert offsets(lanes.take(10)) == [2]
 
 
@@ -42,10 +42,10 @@ def test_the_watermark_stays_at_the_lowest_offset_not_done() -> None:
     lanes.add(recs(b"a", b"b", b"c"))
     a, b, c = lanes.take(3)
     assert lanes.watermark(P0) == 0
-    lanes.finished(c.record)
-    lanes.finished(b.record)
+    lanes.finished(c)
+    lanes.finished(b)
     assert lanes.watermark(P0) == 0  # offset 0 still running: nothing may be committed
-    lanes.finished(a.record)
+    lanes.finished(a)
     assert lanes.watermark(P0) == 3  # all done: the offset after the last read
 
 
@@ -53,11 +53,11 @@ def test_a_parked_key_holds_up_only_itself_and_the_watermark() -> None:
     lanes = Lanes()
     lanes.add(recs(b"bad", b"ok", b"bad", b"ok"))
     bad, ok = lanes.take(10)
-    assert lanes.park(bad.record, due=100.0)
-    lanes.finished(ok.record)
+    assert lanes.park(bad, due=100.0)
+    lanes.finished(ok)
     (ok2,) = lanes.take(10)  # the other key flows past the parked one
     assert ok2.record.offset == 3
-    lanes.finished(ok2.record)
+    lanes.finished(ok2)
     assert lanes.watermark(P0) == 0  # below the parked message
     assert lanes.parked_lanes(P0) == 1
     assert lanes.wake(now=99.0) == 0
@@ -65,10 +65,10 @@ def test_a_parked_key_holds_up_only_itself_and_the_watermark() -> None:
     assert lanes.wake(now=100.0) == 1
     (retry,) = lanes.take(10)
     assert (retry.record.offset, retry.retry) == (0, True)
-    lanes.finished(retry.record)
+    lanes.finished(retry)
     (after,) = lanes.take(10)
     assert (after.record.offset, after.retry) == (2, False)  # the key's next, in order
-    lanes.finished(after.record)
+    lanes.finished(after)
     assert lanes.watermark(P0) == 4
     assert lanes.parked_lanes(P0) == 0
 
@@ -77,7 +77,7 @@ def test_a_failure_that_is_not_the_message_keeps_its_retry_flag() -> None:
     lanes = Lanes()
     lanes.add(recs(b"a"))
     (a,) = lanes.take(1)
-    lanes.park(a.record, due=1.0, retry=False)
+    lanes.park(a, due=1.0, retry=False)
     lanes.wake(2.0)
     (again,) = lanes.take(1)
     assert again.retry is False
@@ -111,8 +111,8 @@ def test_a_dropped_partition_forgets_its_lanes_and_ignores_late_outcomes() -> No
     lanes.drop([P0])
     assert lanes.in_flight == 1
     assert lanes.watermark(P0) is None
-    assert not lanes.finished(taken[0].record)
-    assert not lanes.park(taken[1].record, due=0.0)
+    assert not lanes.finished(taken[0])
+    assert not lanes.park(taken[1], due=0.0)
     assert lanes.watermarks() == {TopicPartition("t", 1): 0}
 
 
@@ -121,7 +121,7 @@ def test_skip_holds_the_partition_until_its_earlier_records_are_done() -> None:
     lanes.add(recs(b"a"))
     lanes.skip(P0, 1)  # unreadable record at offset 1
     assert lanes.watermark(P0) == 0
-    lanes.finished(lanes.take(1)[0].record)
+    lanes.finished(lanes.take(1)[0])
     assert lanes.watermark(P0) == 2
     fresh = Lanes()
     fresh.skip(P0, 9)
@@ -163,9 +163,9 @@ def test_a_random_schedule_keeps_every_key_in_offset_order() -> None:
         for take in running[: rng.randrange(len(running) + 1)]:
             running.remove(take)
             if rng.random() < 0.1:
-                lanes.park(take.record, due=now + rng.randrange(5))
+                lanes.park(take, due=now + rng.randrange(5))
             else:
-                lanes.finished(take.record)
+                lanes.finished(take)
                 done.append(take.record)
         finished = {(r.partition, r.offset) for r in done}
         for tp, mark in lanes.watermarks().items():
@@ -182,3 +182,21 @@ def test_a_random_schedule_keeps_every_key_in_offset_order() -> None:
             assert seen == sorted(seen)
     assert lanes.in_flight == 0
     assert lanes.watermarks() == {TopicPartition("t", p): by_partition[p] for p in range(3)}
+
+
+def test_a_late_outcome_from_a_dropped_partition_does_not_touch_its_new_lanes() -> None:
+    """Work of a revoked partition may still be running when the partition is assigned back
+    and its records read again: its outcome must not move the new lane on."""
+    lanes = Lanes()
+    lanes.add(recs(b"k", b"k"))
+    (old,) = lanes.take(10)
+    lanes.drop([P0])
+    lanes.add(recs(b"k", b"k"))  # assigned back, read again from the watermark
+    (new,) = lanes.take(10)
+    assert new.record.offset == old.record.offset == 0
+    assert not lanes.finished(old)
+    assert not lanes.park(old, due=0.0)
+    assert lanes.take(10) == []  # k@1 waits for the new k@0, still running
+    assert lanes.in_flight == 1
+    assert lanes.finished(new)
+    assert [t.record.offset for t in lanes.take(10)] == [1]
