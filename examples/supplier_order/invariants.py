@@ -204,8 +204,10 @@ def _operations(f: Findings, engine: Engine, run_ids: Sequence[uuid.UUID]) -> No
     for op_id, status, events in rows:
         if status not in ("confirmed", "rejected", "needs-human"):
             f.open_operations.append(op_id)
-        was_unknown = any(e.endswith((":unknown", ":pending")) and not e.startswith("intent")
-                          for e in events) or len(events) > 2
+        # Unknown: a call that timed out (or is pending), or no answer at all (the consumer
+        # died during the call: intent, then the reconciler's status check).
+        was_unknown = any((e.endswith((":unknown", ":pending")) and not e.startswith("intent"))
+                          or e.startswith("check:") for e in events) or len(events) > 2
         if was_unknown and status == "confirmed":
             f.unknown_reconciled += 1
         if status == "needs-human":

@@ -30,7 +30,12 @@ def test_the_demo_ends_with_every_invariant_holding(database_url: str,
     assert "relay killed" in result.stdout, result.stdout
     assert "consumer killed" in result.stdout, result.stdout
     assert "every run settled" in result.stdout, result.stdout
-    assert "unknown outcomes reconciled by a status query: 1" in result.stdout, result.stdout
+    # The supplier's timeout leaves widget-3's outcome unknown; a consumer killed while other
+    # calls are in flight (16 handlers at once) may leave more: each reconciled by a query.
+    reconciled = re.search(r"unknown outcomes reconciled by a status query: (\d+)", result.stdout)
+    assert reconciled is not None, result.stdout
+    assert int(reconciled.group(1)) >= 1, result.stdout
+    assert re.search(r"widget-3 .*check:confirmed", result.stdout), result.stdout
     assert "orders at the supplier: 7 for 7 done runs" in result.stdout, result.stdout
 
 

