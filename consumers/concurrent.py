@@ -7,9 +7,13 @@ heads and handle each in its own transaction (mark, handler, commit;
 :meth:`Processor.handle_one`); one key never has two messages running, so a key's effects
 commit in offset order. A failure parks the key, not the partition.
 
-Why threads: a handler waits on PostgreSQL and on outside systems, and each thread holds
-a connection of its own, so a transaction never waits for another one's round trips; the
-GIL is released during those waits.
+Why threads: handlers are plain functions on a plain connection (``ctx.conn``), and they
+wait on PostgreSQL and on outside systems with the GIL released; each thread holds a
+connection of its own, so a transaction never waits for another one's round trips. The
+price, measured: about half the process's CPU at a few thousand messages a second is
+thread switches (the GIL changing hands around each round trip); one asyncio loop with
+async connections would not pay it, and is the design to try next (with ``async def``
+handlers).
 
 Rebalances: before a partition is given up, new work of it stops and the work running is
 awaited (at most ``revoke_wait_seconds``); then its watermark is committed. Work still
@@ -34,6 +38,8 @@ from consumers.offsets import Rebalance
 from consumers.parking import Parked
 from consumers.unreadable import skip_unreadable
 from outbox.kafka import TopicPartition, UnreadableRecord
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -60,8 +66,6 @@ class Host(Protocol):
 
     def update_lag(self, assigned: Collection[TopicPartition]) -> None: ...
 
-log = logging.getLogger(__name__)
-
 
 class KeyedLoop:
     """The per-message loop of one :class:`~consumers.runner.Runner`."""
@@ -75,7 +79,7 @@ class KeyedLoop:
         self._holding: set[TopicPartition] = set()  # being revoked: nothing new starts
         self._paused: set[TopicPartition] = set()  # loop thread only
         self._threads: list[threading.Thread] = []
-        self._failing = 0  # handler threads whose last transaction failed (database down)
+        self._failing = 0  # failures not the messages' since the last success (no database)
         self._stopped = False
         self._dropped: dict[TopicPartition, int] = {}  # watermarks of partitions dropped
 

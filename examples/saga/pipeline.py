@@ -21,16 +21,18 @@ COMMANDS = {
 
 
 def start(*, database_url: str, bootstrap: str, workdir: Path, urls: Mapping[str, str],
-          processes: Sequence[tuple[str, str]], partitions: int = 3) -> Pipeline:
+          processes: Sequence[tuple[str, str]], partitions: int = 3,
+          env: Mapping[str, str] | None = None) -> Pipeline:
     """Fresh topics (one per system), then *processes* ((kind, name) of :data:`COMMANDS`),
-    with short leases so that a killed worker's run is taken over in seconds."""
+    with short leases so that a killed worker's run is taken over in seconds; *env* is
+    given to every process."""
     prefix = f"checkout-{uuid.uuid4().hex[:8]}"
     p = Pipeline(database_url=database_url, bootstrap=bootstrap, topic=prefix,
                  group=f"{prefix}-effects", workdir=workdir, commands=COMMANDS)
-    env = {f"OUTBOXKIT_EXAMPLE_{name.upper()}_URL": url for name, url in urls.items()}
+    urls_env = {f"OUTBOXKIT_EXAMPLE_{name.upper()}_URL": url for name, url in urls.items()}
     for kind in COMMANDS:
-        p.overrides[kind] = {**env, "OUTBOXKIT_WORKER_LEASE_SECONDS": "3",
-                             "OUTBOXKIT_WORKER_POLL_SECONDS": "1"}
+        p.overrides[kind] = {**urls_env, "OUTBOXKIT_WORKER_LEASE_SECONDS": "3",
+                             "OUTBOXKIT_WORKER_POLL_SECONDS": "1", **(env or {})}
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:  # created up front: the consumers then join with every partition known
         admin.create_topics([NewTopic(f"{prefix}.{name}", partitions, 1) for name in SYSTEMS])

@@ -175,6 +175,27 @@ def cancel_plan(run_id: uuid.UUID, *, actor: str, reason: str,
     return done
 
 
+def orphan_plan(run_id: uuid.UUID, *, actor: str,
+                settings: OutboxSettings | None) -> Plan[Cancelled | None]:
+    """After a child's step ended in a state that is not final: if its parent failed or
+    began undoing its effects while the step ran, fail the child (and its own unfinished
+    descendants) now. A cancel, or a sibling's failure acted on (``on_failure``), leaves a
+    child a worker holds to end its step (:func:`_cancel_one`); this is that end. ``None``:
+    its parent goes on (or it has none, or it is finished or held again)."""
+    r, parent = agent_runs, agent_runs.alias("parent")
+    rows = yield (select(r.c.state, parent.c.id.label("parent"),
+                         parent.c.state.label("parent_state"), parent.c.compensating_since)
+                  .select_from(r.join(parent, parent.c.id == r.c.parent_id))
+                  .where(r.c.id == run_id))
+    if not rows or rows[0]["state"] in _FINISHED or rows[0]["state"] == RunState.RUNNING.value:
+        return None
+    if rows[0]["parent_state"] != RunState.FAILED.value and rows[0]["compensating_since"] is None:
+        return None
+    return (yield from cancel_plan(
+        run_id, actor=actor, settings=settings,
+        reason=f"its parent {rows[0]['parent']} failed while this run's step ran"))
+
+
 def _lock_tree(run_id: uuid.UUID) -> Plan[None]:
     """Lock *run_id* and its unfinished descendants, the deepest first: a child finishing
     meanwhile holds its own row and takes its parent's at its commit (the trigger), so

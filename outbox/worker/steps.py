@@ -189,7 +189,6 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
             except BaseException:
                 broke = tx.invalidated  # read before the rollback closes it
                 raise
-        return ended
     except BaseException as exc:
         if (lost := _lost(broke, exc)) or isinstance(exc, LeaseLost):
             return _dropped(step, run, exc, lost=lost)
@@ -200,6 +199,20 @@ def run_sync(step: Step, run: Run, lease: Lease, engine: Engine, *,
         except Exception as second:
             return _dropped(step, run, second)
         return _failed(step, run, exc, outcome)
+    if run.parent_id is not None and ended == "moved":
+        try:
+            with _transaction(engine, conn) as tx:
+                run_plan(tx, children.orphan_plan(run.id, actor=actor, settings=settings),
+                         settings)
+        except Exception as exc:  # the step committed: only its parent's cancel is late
+            _orphan_unchecked(run, exc)
+    return ended
+
+
+def _orphan_unchecked(run: Run, exc: BaseException) -> None:
+    log.warning("run %s: whether its parent %s failed during the step was not checked "
+                "(%s: %s); a cancel of the parent moves it later", run.id, run.parent_id,
+                type(exc).__name__, exc, extra={"event": "worker.orphan_unchecked"})
 
 
 async def run_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
@@ -227,12 +240,19 @@ async def run_async(step: Step, run: Run, lease: Lease, engine: AsyncEngine, *,
             except BaseException:
                 broke = conn.invalidated  # read before the rollback closes it
                 raise
-        return ended
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
         return await _failed_async(step, run, lease, engine, exc, settings=settings,
                                    lost=_lost(broke, exc))
+    if run.parent_id is not None and ended == "moved":
+        try:
+            async with engine.begin() as conn:
+                await run_plan_async(conn, children.orphan_plan(
+                    run.id, actor=actor, settings=settings), settings)
+        except Exception as exc:  # the step committed: only its parent's cancel is late
+            _orphan_unchecked(run, exc)
+    return ended
 
 
 _DRIVEN: dict[RunState, Outcome] = {RunState.DONE: "done", RunState.RUNNING: "lease_lost",

@@ -26,6 +26,9 @@ pytestmark = pytest.mark.timeout(240)
 
 RUNS = 10
 KILLS = 8
+# One undo call at a time per consumer (per-message mode would make 16 at once and the
+# ten sagas would be undone before the kills could land inside the undoing).
+ONE_AT_A_TIME = {"OUTBOXKIT_CONSUMER_CONCURRENCY": "1"}
 
 
 @pytest.fixture
@@ -45,7 +48,8 @@ def pipeline(database_url: str, kafka_bootstrap: str, tmp_path: Path,
         database_url=database_url, bootstrap=kafka_bootstrap, workdir=tmp_path / "logs",
         urls={name: s.url for name, s in systems.items()},
         processes=[("worker", "worker-1"), ("worker", "worker-2"), ("relay", "relay-1"),
-                   ("consumer", "consumer-1"), ("consumer", "consumer-2")])
+                   ("consumer", "consumer-1"), ("consumer", "consumer-2")],
+        env=ONE_AT_A_TIME)
     try:
         yield p
     finally:

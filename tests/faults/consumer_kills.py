@@ -8,19 +8,31 @@ from __future__ import annotations
 import time
 import uuid
 
+from sqlalchemy import text
+
 from tests.faults.harness import Harness, ScenarioResult
 from tests.faults.scenarios import Scenario, _wait
 
 CONCURRENCY = 64
-WAVE = 80  # orders per round, each under its own key: enough for half the victim's threads
+WAVE = 100  # orders per round, each under its own key: more than the threads of a consumer
 IN_FLIGHT = "outboxkit_consumer_in_flight"
 
 
+def _all_waiting(h: Harness, run_ids: list[uuid.UUID]) -> bool:
+    """Every run of *run_ids* committed its order.submit (it waits for the supplier)."""
+    assert h.engine is not None
+    with h.engine.connect() as db:
+        left = db.execute(text("SELECT count(*) FROM outboxkit.agent_runs WHERE id = ANY(:ids) "
+                               "AND state IN ('queued', 'running')"), {"ids": run_ids})
+        return int(left.scalar_one()) == 0
+
+
 def consumer_kills(rounds: int = 3) -> Scenario:
-    """Each round seeds a wave of orders (one key each), waits until a consumer has at least
-    half its threads inside the supplier's call (0.4-0.8 s; its ``in_flight`` gauge), then
-    SIGKILLs it and restarts it at once. Per-key order and one effect per message must hold
-    although the killed process's dedup marks and offsets were mid-flight."""
+    """Each round stops the consumers, seeds a wave of orders (one key each) and lets the
+    agents and the relay send them, starts the consumers again, waits until one has at
+    least half its threads inside the supplier's call (0.4-0.8 s; its ``in_flight`` gauge),
+    then SIGKILLs the busiest and restarts it at once. Per-key order and one effect per
+    message must hold although the killed process's marks and offsets were mid-flight."""
     scenario = Scenario(f"consumer-kills:{rounds}", lambda h, r: [], settle_s=120)
 
     def run(h: Harness, r: ScenarioResult) -> list[uuid.UUID]:
@@ -33,23 +45,35 @@ def consumer_kills(rounds: int = 3) -> Scenario:
         run_ids: list[uuid.UUID] = []
         peaks: list[float] = []
         for n in range(rounds):
+            # The wave waits in Kafka while the consumers are down, so that it arrives at
+            # once: how many calls are in flight is then the consumers' concurrency, not how
+            # fast the agents emit.
+            consumers = h.names("consumer")
+            for name in consumers:
+                h.p.stop(name)
             items = [f"consumer-kills-{n}-{i}" for i in range(WAVE)]
-            run_ids += h.seed_orders(f"consumer-kills-{n}", items, accounts=WAVE)
-            victim = h.rng.choice(h.names("consumer"))
-            seen: list[float] = [0.0]
+            wave = h.seed_orders(f"consumer-kills-{n}", items, accounts=WAVE)
+            run_ids += wave
+            if not _wait(lambda w=wave: _all_waiting(h, w), 60):
+                r.unexpected.append(f"round {n + 1}: the wave's orders were not all sent")
+            time.sleep(1.0)  # the relay's last batch
+            for name in consumers:
+                h.p.restart(name)
+            seen: dict[str, float] = {}
 
-            def busy(name: str = victim, seen: list[float] = seen) -> bool:
-                seen[0] = max(seen[0], h.p.metric(name, IN_FLIGHT) or 0.0)
-                return seen[0] >= CONCURRENCY // 2
+            def busy(seen: dict[str, float] = seen, names: list[str] = consumers) -> bool:
+                for name in names:
+                    seen[name] = max(seen.get(name, 0.0), h.p.metric(name, IN_FLIGHT) or 0.0)
+                return max(seen.values()) >= CONCURRENCY // 2
 
             if not _wait(busy, 60):
-                r.unexpected.append(f"round {n + 1}: {victim} never had {CONCURRENCY // 2} "
-                                    f"messages in flight (at most {seen[0]:.0f})")
-            time.sleep(h.rng.uniform(0.0, 0.3))
+                r.unexpected.append(f"round {n + 1}: no consumer had {CONCURRENCY // 2} "
+                                    f"messages in flight (at most {max(seen.values()):.0f})")
+            victim = max(seen, key=lambda name: seen[name])
             h.p.kill(victim)
             r.kills += 1
-            peaks.append(seen[0])
-            r.notes.append(f"killed {victim} with {seen[0]:.0f} in flight")
+            peaks.append(seen[victim])
+            r.notes.append(f"killed {victim} with {seen[victim]:.0f} in flight")
             h.p.restart(victim)
         r.fault_ended = time.monotonic()
         r.figures = {"in flight at each kill (gauge, at least)": peaks}

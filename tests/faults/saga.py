@@ -39,7 +39,8 @@ def saga_kills(rounds: int = 8) -> Scenario:
                 workdir=h.workdir / "logs" / "saga",
                 urls={n: s.url for n, s in servers.items()},
                 processes=[("worker", "saga-worker-1"), ("worker", "saga-worker-2"),
-                           ("consumer", "saga-consumer-1"), ("consumer", "saga-consumer-2")])
+                           ("consumer", "saga-consumer-1"), ("consumer", "saga-consumer-2")],
+                env={"OUTBOXKIT_CONSUMER_CONCURRENCY": "1"})  # the kills land in the undoing
             orders = [f"saga-{h.seed}-{uuid.uuid4().hex[:4]}-{i}" for i in range(SAGAS)]
             ids = seed(h.engine, orders)
             killed = kills.during_compensation(

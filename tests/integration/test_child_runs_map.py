@@ -64,9 +64,9 @@ def _claim(app: App, engine: Engine, workflow: str, worker: str = "w") -> Any:
 
 def _one_fails(app: App, n: int, reason: str) -> Any:
     """A child workflow whose item *n* fails with *reason*, a second after the others began
-    waiting for something that does not come. (A sibling still inside its step when the
-    parent acts on the failure is left to end it, and then waits for good: a known gap,
-    which these tests do not race into.)"""
+    waiting for something that does not come (so that the siblings' reasons are the
+    cancel's; a sibling still inside its step is failed when it ends:
+    test_a_child_inside_its_step_when_its_parent_is_cancelled_fails_once_the_step_ends)."""
 
     @app.workflow("child", version="1")
     def child(job: ClaimedRun[Item]) -> None:
@@ -182,6 +182,43 @@ def test_cancelling_a_parent_fails_its_held_children_too(
     with engine.connect() as conn:  # none released by its siblings' failures
         assert conn.execute(text("SELECT count(*) FROM outboxkit.agent_runs WHERE state <> "
                                  "'failed'")).scalar_one() == 0
+
+
+def test_a_child_inside_its_step_when_its_parent_is_cancelled_fails_once_the_step_ends(
+        engine: Engine, database_url: str) -> None:
+    """The cancel cannot move a child a worker holds (its step runs): it is left to end its
+    step, and when that step ends in ``waiting`` the worker fails it, since its parent
+    failed meanwhile. Without that, the child would wait for good."""
+    app = App(database_url=database_url)
+    inside, release = threading.Event(), threading.Event()
+
+    @app.workflow("child", version="1")
+    def child(job: ClaimedRun[Item]) -> None:
+        inside.set()
+        release.wait(10)
+        job.transition("waiting", reason="waits for the warehouse")
+
+    @app.workflow("parent", version="1")
+    def parent(job: ClaimedRun[Any]) -> None:
+        app.start_children(job, child, {"k0": Item(n=0)})
+        job.wait_for_children("all", step="joined")
+
+    with running(app):
+        with engine.begin() as conn:
+            run = app.start_run(conn, parent, idempotency_key="p")
+        assert inside.wait(10), "the child's step never ran"
+        with engine.begin() as conn:
+            cancelled = app.cancel(conn, run.id, actor="ops")
+        with engine.connect() as conn:
+            kid_id = conn.execute(text("SELECT id FROM outboxkit.agent_runs WHERE parent_id "
+                                       "= :p"), {"p": run.id}).scalar_one()
+        assert cancelled.held == [kid_id]  # held by the worker: left to end its step
+        release.set()
+        ended = run_in(engine, kid_id, "failed")
+    assert ended.reason == f"its parent {run.id} failed while this run's step ran"
+    with engine.connect() as conn:
+        moves = [str(t.to_state) for t in app.history(conn, kid_id)]
+    assert moves[-2:] == ["waiting", "failed"]
 
 
 def held_ones(engine: Engine, parent_id: Any) -> list[str]:
