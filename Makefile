@@ -21,10 +21,8 @@ lint: bootstrap
 	$(VENV)/mypy
 	$(VENV)/lint-imports
 
-# The whole suite, once, on WORKERS processes, each given its next test when it is nearly
-# done (--maxschedchunk 1), the longest first (tests/conftest.py): none is left to start last.
-# The tests mostly wait on PostgreSQL, Kafka and child processes; each has its own database
-# and topics. Tests where the Kafka client
+# The whole suite, once, on WORKERS processes (the tests mostly wait on PostgreSQL, Kafka
+# and child processes; each has its own database and topics). Tests where the Kafka client
 # matters run with both clients (the kafka_client fixture in tests/conftest.py). The local
 # services start here, before the workers, so that the workers do not race to start them;
 # they are stopped afterwards unless they were already running. A service given through
@@ -40,7 +38,7 @@ test: lint
 	  export OUTBOXKIT_TEST_DATABASE_URL="$${OUTBOXKIT_TEST_DATABASE_URL:-$$(given OUTBOXKIT_TEST_DATABASE_URL)}"; \
 	  export OUTBOXKIT_TEST_KAFKA_BOOTSTRAP="$${OUTBOXKIT_TEST_KAFKA_BOOTSTRAP:-$$(given OUTBOXKIT_TEST_KAFKA_BOOTSTRAP)}"; \
 	fi; \
-	$(VENV)/pytest -n $(WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	$(VENV)/pytest -n $(WORKERS) --dist load $(PYTEST_ARGS)
 
 # The benchmark suite on throwaway services: a table, bench/results/latest.json, two SVGs.
 # Minutes long; run it on a quiet machine. bench-quick is a one-minute smoke run.
