@@ -16,4 +16,3 @@ def kafka_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     tests/integration/test_kafka_clients.py, so the other Kafka tests run with the default."""
     monkeypatch.setenv("OUTBOXKIT_KAFKA_CLIENT", request.param)
     return str(request.param)
-
