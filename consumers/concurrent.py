@@ -112,7 +112,7 @@ class KeyedLoop:
                 self._throttle(assigned)
                 with self.cond:
                     watermarks = self.lanes.watermarks()
-                    self._gauges(assigned)
+                    self._gauges(assigned, watermarks)
                 r.offsets.advance(watermarks)
                 r.offsets.commit_async(r.consumer)
                 r.update_lag(assigned)
@@ -237,7 +237,9 @@ class KeyedLoop:
             # (the committed offset) was there.
             self.lanes.skip(*skipped)
 
-    def _gauges(self, assigned: Collection[TopicPartition]) -> None:
+    def _gauges(self, assigned: Collection[TopicPartition],
+                watermarks: Mapping[TopicPartition, int]) -> None:
+        """(Under the lock.) The per-message gauges, from the watermarks just read."""
         m = self.runner.metrics
         m.in_flight.set(self.lanes.in_flight)
         parked = 0
@@ -246,8 +248,7 @@ class KeyedLoop:
             parked += keys > 0
             labels = (tp.topic, str(tp.partition))
             m.parked_keys.labels(*labels).set(keys)
-            next_offset = self.lanes.next_offset(tp)
-            mark = self.lanes.watermark(tp)
+            next_offset, mark = self.lanes.next_offset(tp), watermarks.get(tp)
             m.watermark_lag.labels(*labels).set(
                 0 if next_offset is None or mark is None else next_offset - mark)
         m.parked.set(parked)

@@ -188,6 +188,11 @@ class TestPerKeyOrder:
         assert [len(seqs) for (key, _), seqs in by_key.items() if key == "big"] == [3]
 
 
+# The consumers of these tests: tests/e2e/keyed_app.py, 64 handlers at a time.
+APP = "tests.e2e.keyed_app:app"
+AT_64 = {"OUTBOXKIT_CONSUMER_MODE": "per-message", "OUTBOXKIT_CONSUMER_CONCURRENCY": "64"}
+
+
 class TestCrashesAndRebalances:
     def test_sigkill_with_64_in_flight_repeated_loses_nothing_and_repeats_nothing(
         self, keyed: Engine, database_url: str, kafka_bootstrap: str,
@@ -196,10 +201,8 @@ class TestCrashesAndRebalances:
         topic = kafka_topic(partitions=6)
         items = spread(300, 4)
         ids = produce_keyed(kafka_bootstrap, topic, items)
-        procs = ConsumerProcesses(database_url, kafka_bootstrap, topic, tmp_path,
-                                  app="tests.e2e.keyed_app:app")
-        env = {"OUTBOXKIT_CONSUMER_MODE": "per-message", "OUTBOXKIT_CONSUMER_CONCURRENCY": "64",
-               "TEST_KEYED_SLEEP_MS": "400"}
+        procs = ConsumerProcesses(database_url, kafka_bootstrap, topic, tmp_path, app=APP)
+        env = {**AT_64, "TEST_KEYED_SLEEP_MS": "400"}
         try:
             for _ in range(3):
                 before = len(rows(keyed))
@@ -223,10 +226,8 @@ class TestCrashesAndRebalances:
         topic = kafka_topic(partitions=6)
         items = spread(600, 4)
         ids = produce_keyed(kafka_bootstrap, topic, items)
-        procs = ConsumerProcesses(database_url, kafka_bootstrap, topic, tmp_path,
-                                  app="tests.e2e.keyed_app:app")
-        env = {"OUTBOXKIT_CONSUMER_MODE": "per-message", "OUTBOXKIT_CONSUMER_CONCURRENCY": "64",
-               "TEST_KEYED_SLEEP_MS": "800"}  # 64 at a time: about 160 a second
+        procs = ConsumerProcesses(database_url, kafka_bootstrap, topic, tmp_path, app=APP)
+        env = {**AT_64, "TEST_KEYED_SLEEP_MS": "800"}  # 64 at a time: about 160 a second
         try:
             procs.start(**env)
             wait_until(lambda: len(rows(keyed)) >= 100, 60, "the first consumer's effects")
