@@ -8,11 +8,14 @@ the schema name, so workers of another schema in the same database are not woken
 (:mod:`outbox.worker`) LISTENs on it and claims at once instead of polling.
 
 Like emit's wake-up of the relay (:mod:`outbox.messages.emit`), it fires only while some
-worker has declared itself idle (``run_workers.idle_until`` in the future, read in the same
-statement): a transaction that NOTIFYs takes a database-wide lock at commit, so commits pay
-it only when a worker waits for them, never while every worker is busy or none runs. A worker
-declares itself idle when a claim found nothing and then claims once more, so a commit that
-read the table just before the declaration is found by that claim. ``notify=False`` leaves
+worker has declared itself idle (``run_workers.idle_until`` in the future): a transaction
+that NOTIFYs takes a database-wide lock at commit, so commits pay it only when a worker waits
+for them, never while every worker is busy or none runs. A worker declares itself idle when a
+claim found nothing, then claims once more. The statement asks through ``wake_workers``
+(migration 0016), which takes a shared advisory lock before it reads the declarations; the
+worker claims once more only after it could take that lock exclusively (:func:`settled`), so a
+transaction that read the declarations before they said "idle" has ended by then and that
+claim finds its run: none waits for the fallback poll. ``notify=False`` leaves
 the NOTIFY out altogether: for a transaction that will be prepared (``PREPARE TRANSACTION`` is
 refused after a NOTIFY); a worker then finds the run by its due-time wake-up or fallback poll.
 """
@@ -22,9 +25,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import CTE, ColumnElement, case, delete, exists, func, literal, select
+from sqlalchemy import (
+    CTE,
+    Boolean,
+    ColumnElement,
+    Select,
+    delete,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Delete, Insert
+from sqlalchemy.sql.functions import Function
 
 from outbox.db.queries import runs_channel
 from outbox.db.tables import run_workers
@@ -36,12 +50,25 @@ def channel(settings: OutboxSettings | None) -> str:
     return runs_channel((settings or default_settings()).schema_name)
 
 
+# The advisory lock's class (two-int form: never one of emit's bigint keys); its second half
+# is hashtext(<channel>), so each schema's workers have their own. Migration 0016 writes it.
+WAKE_LOCK_CLASS = 0x6F6B7772  # "okwr"
+
+
 def notify(workflow: ColumnElement[str], settings: OutboxSettings | None) -> ColumnElement[Any]:
     """A select-list item that NOTIFYs the runs channel with *workflow* (fires at commit), if
-    a worker waits: ``pg_notify`` is volatile, so the CASE never calls it otherwise."""
-    waiting = exists(select(run_workers.c.worker).where(run_workers.c.idle_until > func.now()))
-    return case((waiting, func.pg_notify(literal(channel(settings)), workflow)),
-                else_=None).label("notified")
+    a worker waits (``wake_workers``, migration 0016: true when it notified)."""
+    schema = (settings or default_settings()).schema_name
+    return Function("wake_workers", workflow, packagenames=(schema,),
+                    type_=Boolean).label("notified")
+
+
+def settled(settings: OutboxSettings | None) -> Select[tuple[bool]]:
+    """True once no transaction that may have read the declarations before this worker's
+    is still open (the exclusive form of ``wake_workers``' lock, never queued: false means
+    look again shortly). Held only until the statement's transaction ends: commit at once."""
+    key = func.hashtext(literal(channel(settings)))
+    return select(func.pg_try_advisory_xact_lock(literal_column(str(WAKE_LOCK_CLASS)), key))
 
 
 def woken(settings: OutboxSettings | None) -> Callable[[CTE], ColumnElement[Any]]:

@@ -54,6 +54,9 @@ T = TypeVar("T")
 
 # Reconnect pauses while the database is down: 0.2 s doubling up to 5 s (no log per attempt).
 OUTAGE = Backoff(base=0.2, cap=5.0)
+# Pauses between tries of wakeups.settled after declaring idle: a transaction that started a
+# run and is still open (10 ms doubling, at most 1 s; the NOTIFY covers every later one).
+SETTLE = Backoff(base=0.01, cap=1.0)
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
@@ -97,6 +100,7 @@ class Worker:
         self._listener: Listener | None = None
         self._idle = False  # declared in run_workers: commits NOTIFY while it is
         self._declared_at = 0.0
+        self._settling = 0  # >0: declared idle, and the claim once more not yet safe (tries)
         self._workflows = app.workflows
         self.abandoned = False
         """True once a step was abandoned at shutdown (a sync one may still run in its thread)."""
@@ -236,10 +240,13 @@ class Worker:
                         continue  # look for more at once
                     if skipped:
                         continue  # runs set aside by the version policy: newer ones may wait
-                    if await self._declare_idle(engine):
+                    again = await self._declare_idle(engine)
+                    if again == 0.0:
                         continue  # a commit that did not see the declaration: claim once more
                     # A few ms late, so the run is due by the database's clock when we look.
                     timeout = timeout if due is None else max(0.0, min(timeout, due + 0.005))
+                    if again is not None:
+                        timeout = min(timeout, again)
                 elif self._idle:
                     await self._declare(engine, idle=False)  # every slot busy: no NOTIFY needed
             except Exception as exc:
@@ -371,17 +378,28 @@ class Worker:
                         or self.lifecycle.stopping.is_set()):
                     return outcome
 
-    async def _declare_idle(self, engine: AsyncEngine) -> bool:
+    async def _declare_idle(self, engine: AsyncEngine) -> float | None:
         """Say this worker waits for runs (the runs' wake-ups NOTIFY only while one does), or
-        renew that; True when it just started waiting. Only while LISTENing: a NOTIFY nobody
-        hears would cost every commit for nothing."""
+        renew that. Only while LISTENing: a NOTIFY nobody hears would cost every commit for
+        nothing. Returns in how many seconds to claim once more (``None``: no need): 0 once
+        every transaction that may have missed the new declaration has ended (so the claim
+        sees its run), a short pause while one is still open (:func:`wakeups.settled`)."""
         if not self.listening:
-            return False
-        if self._idle and time.monotonic() - self._declared_at < self.settings.poll_seconds:
-            return False
-        started = not self._idle
-        await self._declare(engine, idle=True)
-        return started
+            return None
+        if not self._idle or time.monotonic() - self._declared_at >= self.settings.poll_seconds:
+            started = not self._idle
+            await self._declare(engine, idle=True)
+            self._settling = 1 if started else self._settling
+        if not self._settling:
+            return None
+        async with engine.begin() as conn:
+            settled = (await conn.execute(wakeups.settled(self.app.settings),
+                                          execution_options=options(self.app.settings))).scalar()
+        if settled:
+            self._settling = 0
+            return 0.0
+        self._settling += 1
+        return SETTLE.delay(self._settling - 1)
 
     async def _declare(self, engine: AsyncEngine, *, idle: bool) -> None:
         # Renewed at least every 2 poll_seconds while idle (the wait never exceeds one).
@@ -391,6 +409,8 @@ class Worker:
         async with engine.begin() as conn:
             await conn.execute(statement, execution_options=options(self.app.settings))
         self._idle, self._declared_at = idle, time.monotonic()
+        if not idle:
+            self._settling = 0
 
     def _start(self, run: Run, lease: Lease, engine: AsyncEngine, sync_engine: Engine | None,
                pool: concurrent.futures.Executor | None) -> None:

@@ -323,3 +323,28 @@ def test_a_listener_that_connects_after_the_loop_went_idle_still_gets_it_woken(
         with engine.begin() as conn:
             run = app.start_run(conn, step, idempotency_key="k")
         run_in(engine, run.id, "done", timeout=5)
+
+
+def test_a_run_started_before_the_worker_went_idle_and_committed_after_is_claimed_at_once(
+        engine: Engine, database_url: str) -> None:
+    """The start's statement read the declarations before the worker's said "idle" (so it
+    will not NOTIFY), and its transaction commits after the worker's claim once more: the
+    worker must not take that claim until the transaction ended, or the run waits for the
+    fallback poll (30 s here)."""
+    app = App(database_url=database_url)
+
+    @app.workflow("wf", version="1")
+    def step(job: ClaimedRun[Any]) -> None:
+        return None
+
+    with engine.connect() as open_start:
+        opened = open_start.begin()
+        run = app.start_run(open_start, step, idempotency_key="late")
+        with running(app):
+            with engine.connect() as conn:
+                wait_for(lambda: conn.execute(text(
+                    "SELECT count(*) FROM outboxkit.run_workers WHERE idle_until > now()"
+                )).scalar(), what="the worker to declare itself idle")
+            time.sleep(0.5)  # its claim once more would be over by now
+            opened.commit()
+            run_in(engine, run.id, "done", timeout=5)
