@@ -53,12 +53,19 @@ class Status:
 def read_status(conn: Connection, schema: str, *, lease_seconds: float) -> Status:
     """The outbox's counts and the relays, judging a relay dead after *lease_seconds* silent."""
     counts = conn.execute(sql("relay", "status_counts", schema)).one()
+    relays, unowned = read_relays(conn, schema, lease_seconds=lease_seconds)
+    history = check_history(conn, schema)
+    return Status(counts.pending, counts.failed, counts.published, float(counts.oldest_age),
+                  relays, unowned, history.describe() if history.moved else None)
+
+
+def read_relays(conn: Connection, schema: str, *,
+                lease_seconds: float) -> tuple[list[RelayInfo], list[int]]:
+    """The relays with their lanes, and the lanes nobody owns: two small reads (the console
+    shows them live; :func:`read_status` adds the counts, a pass over the outbox)."""
     relays = [
         RelayInfo(r.relay_id, r.idle, float(r.heartbeat_age), list(r.lanes),
                   dead=float(r.heartbeat_age) > lease_seconds)
         for r in conn.execute(sql("relay", "status_relays", schema))
     ]
-    unowned = list(conn.execute(sql("relay", "unowned_lanes", schema)).scalars())
-    history = check_history(conn, schema)
-    return Status(counts.pending, counts.failed, counts.published, float(counts.oldest_age),
-                  relays, unowned, history.describe() if history.moved else None)
+    return relays, list(conn.execute(sql("relay", "unowned_lanes", schema)).scalars())

@@ -16,7 +16,6 @@ from datetime import timedelta
 from typing import Any
 
 import click
-from sqlalchemy import select
 
 from outbox.cli.main import (
     compact_json,
@@ -28,14 +27,13 @@ from outbox.cli.main import (
     who_option,
 )
 from outbox.db.execution import run_plan
-from outbox.db.tables import RUN_STATES, operations
-from outbox.errors import IllegalTransition
+from outbox.db.tables import RUN_STATES
 from outbox.messages.backlog import Listed, list_messages, retry_messages, run_messages
 from outbox.runs import children, compensation
-from outbox.runs.lifecycle import Run, RunView, get_run, history, list_runs, move, view_run
+from outbox.runs.lifecycle import Run, RunView, history, list_runs, view_run
+from outbox.runs.requeue import requeue
 from outbox.runs.retention import DEFAULT_STATES, purge, purgeable
 from outbox.runs.signals import send_plan
-from outbox.runs.states import RunState, sources
 from outbox.settings import OutboxSettings
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the data as JSON.")
@@ -181,25 +179,7 @@ def runs_requeue(run_id: uuid.UUID, reason: str, actor: str, force: bool,
     if not reason.strip():
         raise click.UsageError("--reason must say why the run can go again")
     with open_engine(database_url) as engine, engine.begin() as conn:
-        before = get_run(conn, run_id).state
-        allowed = sorted(s.value for s in sources(RunState.QUEUED))
-        if before.value not in allowed:
-            # Checked here, not only by move(): to say what a requeue needs, in its terms.
-            raise IllegalTransition(
-                run_id, before.value, RunState.QUEUED.value,
-                f"run {run_id} is {before.value!r}; only a run that is "
-                f"{' or '.join(allowed)} can be requeued")
-        unsettled = [] if force else _unsettled_operations(conn, run_id)
-        if unsettled:
-            # Its worker would decide again and could place the order a second time (a new
-            # message, a new key) while the first one's outcome is still to be learnt.
-            op_id, what, status = unsettled[0]
-            raise IllegalTransition(
-                run_id, before.value, RunState.QUEUED.value,
-                f"run {run_id} has operation {op_id} ({what}) that is still {status}: "
-                f"settle it with `outbox ops resolve {op_id}` (that settles the run too), or "
-                f"pass --force if its worker must decide again anyway")
-        move(conn, run_id, RunState.QUEUED, actor=actor, reason=reason)
+        before, _ = requeue(conn, run_id, reason=reason, actor=actor, force=force)
     click.echo(f"run {run_id}: {before.value} → queued (by {actor}: {reason})")
 
 
@@ -271,18 +251,6 @@ def runs_keep_effect(*, run_id: uuid.UUID, message_id: uuid.UUID, reason: str, a
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value PostgreSQL stores")
-
-
-def _unsettled_operations(conn: Any, run_id: uuid.UUID) -> list[tuple[Any, str, str]]:
-    """The run's outside operations whose outcome is not settled: (id, what, status)."""
-    ops = operations
-    rows = conn.execute(
-        select(ops.c.id, ops.c.operation, ops.c.system, ops.c.status)
-        .where(ops.c.run_id == run_id,
-               ops.c.status.in_(["pending", "unknown", "not-applied", "needs-human"]))
-        .order_by(ops.c.created_at)
-    ).all()
-    return [(r.id, f"{r.operation} on {r.system}", r.status) for r in rows]
 
 
 # --- outbox messages ------------------------------------------------------------------------

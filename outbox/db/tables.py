@@ -146,6 +146,9 @@ Index("agent_runs_parent_idx", agent_runs.c.parent_id, agent_runs.c.created_at,
       postgresql_where=text("parent_id IS NOT NULL"))
 Index("agent_runs_held_idx", agent_runs.c.parent_id, agent_runs.c.not_before,  # migration 0015
       postgresql_where=text("state = 'queued' AND not_before >= '9000-01-01 00:00:00+00'"))
+# The console's runs list by keyset, newest first, all states or one (migration 0017).
+Index("agent_runs_newest_idx", agent_runs.c.created_at, agent_runs.c.id)
+Index("agent_runs_state_newest_idx", agent_runs.c.state, agent_runs.c.created_at, agent_runs.c.id)
 
 run_transitions = Table(
     "run_transitions",

@@ -1,0 +1,326 @@
+"""The console's web application: server-rendered pages, the same routes as JSON.
+
+Every page answers JSON too, to ``Accept: application/json`` or ``?format=json``: scripts
+use the routes the pages use. Reads and actions are blocking library calls, run in a thread
+each. What an operator does is a POST that needs the operator role and, from a form, the
+page's CSRF token (a JSON body needs none: no other site's page can send one here, as this
+application allows no cross-origin requests).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from sqlalchemy import Engine
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from console import actions, reads
+from console.auth import ANONYMOUS, User, Users, csrf_ok, csrf_token
+from console.live import Live
+from console.settings import ConsoleSettings
+from outbox.db.dsn import engine_for, redact, sqlalchemy_url
+from outbox.db.schema import translate
+from outbox.errors import ConfigurationError, OutboxError, RunNotFound
+from outbox.runs.states import RunState
+from outbox.settings import OutboxSettings
+
+HERE = Path(__file__).parent
+# The relays' lane lease (relay settings' default): a relay silent for longer is shown dead.
+RELAY_LEASE_SECONDS = 10.0
+FAILURE_STATUSES = ("dead-lettered", "retrying", "replayed", "recovered")
+SECURITY_HEADERS = {
+    # Only this console's own files: no inline script, no other origin, no framing.
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+class Console:
+    """The application's state: one engine, the users, the templates, the live counts."""
+
+    def __init__(self, settings: ConsoleSettings, outbox: OutboxSettings) -> None:
+        url = settings.database_url.get_secret_value()
+        if not url:
+            raise ConfigurationError("no database: set OUTBOXKIT_CONSOLE_DATABASE_URL or "
+                                     "OUTBOXKIT_DATABASE_URL (or pass --database-url)")
+        self.settings, self.outbox = settings, outbox
+        self.database = redact(url)
+        self.engine: Engine = engine_for(sqlalchemy_url(url), pool_size=4, max_overflow=4,
+                                         pool_pre_ping=True, execution_options={
+                                             "schema_translate_map": translate(outbox)})
+        self.users = Users(settings.users.get_secret_value())
+        self.secret = settings.secret_key.get_secret_value()
+        self.templates = Jinja2Templates(directory=str(HERE / "templates"))
+        self.templates.env.filters["pretty"] = _pretty
+        self.templates.env.filters["ago"] = _ago
+        self.templates.env.filters["at"] = _at
+        self.live = Live(self._overview, settings.refresh_seconds)
+
+    def _overview(self) -> dict[str, Any]:
+        with self.engine.connect() as conn:
+            return reads.overview(conn, self.outbox,
+                                  lease_seconds=RELAY_LEASE_SECONDS).as_dict()
+
+    def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        """*fn*(conn, ...) on a connection of its own, in a thread."""
+        def go() -> Any:
+            with self.engine.connect() as conn:
+                return fn(conn, *args, **kwargs)
+        return run_in_threadpool(go)
+
+    def page(self, request: Request, user: User, name: str, code: int = 200,
+             **context: Any) -> Response:
+        context.update(user=user, csrf=csrf_token(self.secret, user) if user.can_act
+                       else "", said=request.query_params.get("said"),
+                       database=self.database, path=request.url.path,
+                       signing_in=self.users.any)
+        return self.templates.TemplateResponse(request, name, context, status_code=code)
+
+    def failed(self, request: Request, user: User, status: int, message: str) -> Response:
+        if wants_json(request):
+            return _json({"error": message}, status)
+        return self.page(request, user, "error.html", status, message=message, status=status)
+
+    def view(self, handler: Callable[[Request, User], Awaitable[Response]]
+             ) -> Callable[[Request], Awaitable[Response]]:
+        """*handler* for a signed-in user; the library's refusals as pages (or JSON)."""
+        console = self
+        async def endpoint(request: Request) -> Response:
+            user = console.who(request)
+            if user is None:
+                return Response("sign in (HTTP basic auth)", status_code=401,
+                                headers={"WWW-Authenticate": 'Basic realm="outboxkit console"'})
+            try:
+                response = await handler(request, user)
+            except (actions.BadInput, reads.BadCursor, ValueError) as exc:
+                response = console.failed(request, user, 400, str(exc))
+            except RunNotFound as exc:
+                response = console.failed(request, user, 404, str(exc))
+            except OutboxError as exc:  # refused by the library: nothing was written
+                response = console.failed(request, user, 409, str(exc))
+            response.headers.update(SECURITY_HEADERS)
+            return response
+        return endpoint
+
+    def act(self, handler: Callable[[Request, User, dict[str, Any]], Awaitable[str]]
+            ) -> Callable[[Request], Awaitable[Response]]:
+        """*handler* for an operator (CSRF-checked from a form); then back to the page."""
+        console = self
+        async def acting(request: Request, user: User) -> Response:
+            if not user.can_act:
+                why = ("this user may only read" if console.users.any else
+                       "no operator is configured (OUTBOXKIT_CONSOLE_USERS): the console "
+                       "is read-only")
+                return console.failed(request, user, 403, why)
+            if request.headers.get("content-type", "").startswith("application/json"):
+                try:
+                    body = await request.json()
+                except ValueError as exc:
+                    raise actions.BadInput(f"the body is not JSON: {exc}") from exc
+                if not isinstance(body, dict):
+                    raise actions.BadInput("the body must be a JSON object")
+            else:
+                form = await request.form()
+                body = {k: form.getlist(k) if k == "id" else form.get(k) for k in form}
+                if not csrf_ok(console.secret, user, body.get("csrf")):
+                    return console.failed(request, user, 403, "the form's CSRF token is missing or "
+                                  "wrong: reload the page and try again")
+            said = await handler(request, user, body)
+            if wants_json(request) or "csrf" not in body:
+                return _json({"ok": True, "said": said})
+            back = _same_site(body.get("next"), "/")
+            glue = "&" if "?" in back else "?"
+            return RedirectResponse(f"{back}{glue}said={quote(said)}", status_code=303)
+        return self.view(acting)
+
+    def who(self, request: Request) -> User | None:
+        """The signed-in user (``None``: wrong or missing credentials while users exist)."""
+        if not self.users.any:
+            return ANONYMOUS
+        return self.users.check(request.headers.get("authorization"))
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def _at(when: datetime | None) -> str:
+    """To the second, in UTC: the page's times line up with the database's and the logs'."""
+    return "-" if when is None else when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    seconds = (datetime.now(UTC) - when).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    text = (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+            if seconds < 7200 else f"{seconds / 3600:.1f} h" if seconds < 172800
+            else f"{seconds / 86400:.0f} d")
+    return f"in {text}" if future else f"{text} ago"
+
+
+def wants_json(request: Request) -> bool:
+    """A script, not a page: asked for JSON, or sent it."""
+    return (request.query_params.get("format") == "json"
+            or request.headers.get("accept", "").startswith("application/json")
+            or request.headers.get("content-type", "").startswith("application/json"))
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(json.dumps(value, default=_plain, indent=2), status_code=status,
+                    media_type="application/json")
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return str(value)
+
+
+def _uuid(raw: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError as exc:
+        raise actions.BadInput(f"{raw[:60]!r} is not a {what} id (a UUID)") from exc
+
+
+def _same_site(target: str | None, fallback: str) -> str:
+    """Where to go after a form: a path of this console, never another site."""
+    if not target or not target.startswith("/") or target.startswith("//"):
+        return fallback
+    parts = urlsplit(target)
+    return fallback if parts.scheme or parts.netloc else target
+
+
+def create_app(settings: ConsoleSettings | None = None,
+               outbox: OutboxSettings | None = None) -> Starlette:
+    """The console as an ASGI application (serve it with uvicorn, or ``outbox console``)."""
+    console = Console(settings or ConsoleSettings(), outbox or OutboxSettings())
+
+    # --- pages --------------------------------------------------------------------------
+    async def overview(request: Request, user: User) -> Response:
+        data = await run_in_threadpool(console._overview)
+        if wants_json(request):
+            return _json(data)
+        return console.page(request, user, "overview.html", o=data)
+
+    async def events(request: Request, user: User) -> Response:
+        return StreamingResponse(console.live.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    async def runs(request: Request, user: User) -> Response:
+        q = request.query_params
+        state = q.get("state") or None
+        if state is not None and state not in {s.value for s in RunState}:
+            raise actions.BadInput(f"state {state!r} is not one of "
+                                   f"{', '.join(s.value for s in RunState)}")
+        found = await console.read(reads.runs_page, state=state,
+                                   workflow=q.get("workflow") or None,
+                                   search=q.get("q") or None, before=q.get("before") or None,
+                                   limit=console.settings.page_size)
+        if wants_json(request):
+            return _json({"runs": found.runs, "next": found.next_cursor})
+        return console.page(request, user, "runs.html", found=found, q=q, states=list(RunState))
+
+    async def run(request: Request, user: User) -> Response:
+        run_id = _uuid(request.path_params["run_id"], "run")
+        found = await console.read(reads.run_page, run_id, console.outbox)
+        if wants_json(request):
+            return _json(found)
+        return console.page(request, user, "run.html", r=found, run=found.view.run)
+
+    async def inbox(request: Request, user: User) -> Response:
+        found = await console.read(reads.inbox, console.outbox,
+                                   limit=console.settings.page_size)
+        if wants_json(request):
+            return _json(found)
+        return console.page(request, user, "inbox.html", i=found, now=datetime.now(UTC))
+
+    async def messages(request: Request, user: User) -> Response:
+        status = request.query_params.get("failures") or "dead-lettered"
+        if status not in FAILURE_STATUSES:
+            raise actions.BadInput(f"failures {status!r} is not one of "
+                                   f"{', '.join(FAILURE_STATUSES)}")
+        found = await console.read(reads.messages_page, console.outbox, failures=status,
+                                   limit=console.settings.page_size)
+        if wants_json(request):
+            return _json(found)
+        return console.page(request, user, "messages.html", m=found, failures=status,
+                    statuses=FAILURE_STATUSES)
+
+    # --- actions ------------------------------------------------------------------------
+    def blocking(fn: Callable[..., str], *args: Any, **kwargs: Any) -> Awaitable[str]:
+        return run_in_threadpool(fn, console.engine, console.outbox, *args, **kwargs)
+
+    async def resolve(request: Request, user: User, body: dict[str, Any]) -> str:
+        return await blocking(actions.resolve, _uuid(request.path_params["op_id"], "operation"),
+                              outcome=str(body.get("outcome") or ""),
+                              evidence=body.get("evidence"), reason=body.get("reason"),
+                              actor=user.name)
+
+    async def grant(request: Request, user: User, body: dict[str, Any]) -> str:
+        return await blocking(actions.grant_approval,
+                              _uuid(request.path_params["approval_id"], "approval"),
+                              actor=user.name)
+
+    async def revoke(request: Request, user: User, body: dict[str, Any]) -> str:
+        return await blocking(actions.revoke_approval,
+                              _uuid(request.path_params["approval_id"], "approval"),
+                              reason=body.get("reason"), actor=user.name)
+
+    async def requeue(request: Request, user: User, body: dict[str, Any]) -> str:
+        return await blocking(actions.requeue_run, _uuid(request.path_params["run_id"], "run"),
+                              reason=body.get("reason"),
+                              force=body.get("force") in (True, "on", "true", "1"),
+                              actor=user.name)
+
+    async def cancel(request: Request, user: User, body: dict[str, Any]) -> str:
+        return await blocking(actions.cancel_run, _uuid(request.path_params["run_id"], "run"),
+                              reason=body.get("reason"), actor=user.name)
+
+    async def retry(request: Request, user: User, body: dict[str, Any]) -> str:
+        ids = body.get("id") or body.get("ids") or []
+        return await blocking(actions.retry, ids if isinstance(ids, list) else [ids])
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        yield
+        await console.live.close()
+        console.engine.dispose()
+
+    app = Starlette(routes=[
+        Route("/", console.view(overview)),
+        Route("/events", console.view(events)),
+        Route("/runs", console.view(runs)),
+        Route("/runs/{run_id}", console.view(run)),
+        Route("/runs/{run_id}/requeue", console.act(requeue), methods=["POST"]),
+        Route("/runs/{run_id}/cancel", console.act(cancel), methods=["POST"]),
+        Route("/inbox", console.view(inbox)),
+        Route("/operations/{op_id}/resolve", console.act(resolve), methods=["POST"]),
+        Route("/approvals/{approval_id}/grant", console.act(grant), methods=["POST"]),
+        Route("/approvals/{approval_id}/revoke", console.act(revoke), methods=["POST"]),
+        Route("/messages", console.view(messages)),
+        Route("/messages/retry", console.act(retry), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ], lifespan=lifespan)
+    app.state.console = console
+    return app

@@ -1,0 +1,132 @@
+"""The operator console in a real browser (Debian's Chromium driven by Playwright) against
+real PostgreSQL: an operator settles an unknown outcome from the inbox, the overview counts
+change live, a viewer sees no action, a forged form is refused.
+
+Screenshots of the pages go to pytest's temporary folder, and to
+``$OUTBOXKIT_CONSOLE_SCREENSHOTS`` when it is set (docs/console/ was made that way)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from sqlalchemy import Engine
+
+from outbox.runs.lifecycle import get_run
+from tests.integration.console_support import LEDGER, PASSWORDS, serving, unknown_order
+
+
+def _chromium() -> str:
+    found = os.environ.get("OUTBOXKIT_CHROMIUM") or shutil.which("chromium") \
+        or shutil.which("chromium-browser")
+    if not found:
+        raise AssertionError("no Chromium: scripts/bootstrap installs Debian's chromium "
+                             "(or set OUTBOXKIT_CHROMIUM to a Chromium binary)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        # As root (CI), Chromium's sandbox cannot start: the pages are our own, on loopback.
+        launched = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def console(database_url: str) -> Iterator[str]:
+    with serving(database_url) as base:
+        yield base
+
+
+def _page(browser: Browser, user: str) -> Any:
+    context = browser.new_context(http_credentials={"username": user,
+                                                    "password": PASSWORDS[user]},
+                                  viewport={"width": 1280, "height": 900})
+    return context, context.new_page()
+
+
+def _shot(page: Page, tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    wanted = os.environ.get("OUTBOXKIT_CONSOLE_SCREENSHOTS")
+    if wanted:
+        Path(wanted).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(wanted) / path.name)
+
+
+def test_an_operator_settles_an_unknown_outcome_from_the_inbox(
+        browser: Browser, console: str, engine: Engine, tmp_path: Path) -> None:
+    run_id, op_id = unknown_order(engine, "widget-3")
+    context, page = _page(browser, "olga")
+    try:
+        page.goto(console + "/")
+        live = page.locator('[data-live="operations.needs-human"]').first
+        expect(live).to_have_text("1")
+        expect(page.locator("#live")).to_contain_text("updated")  # the stream is up
+        unknown_order(engine, "widget-4")  # a second one, while the page is open
+        expect(live).to_have_text("2", timeout=10_000)  # no reload: the live counts
+        _shot(page, tmp_path, "overview")
+
+        page.goto(console + "/inbox")
+        item = page.locator(f"#op-{op_id}")
+        expect(item).to_contain_text("place-order on supplier")
+        _shot(page, tmp_path, "inbox")
+        applied = item.locator("form", has=page.locator("input[value=confirmed]"))
+        applied.locator("input[name=evidence]").fill('{"reference": "PO-4471"}')
+        applied.locator("input[name=reason]").fill("seen in the supplier's portal")
+        applied.get_by_role("button", name="It was applied").click()
+        expect(page.get_by_role("status")).to_contain_text(f"operation {op_id} is confirmed")
+        expect(page.locator(f"#op-{op_id}")).to_have_count(0)
+
+        with engine.connect() as conn:
+            run = get_run(conn, run_id)
+            op = LEDGER.get_operation(conn, op_id)
+        assert run.state.value == "done"
+        assert (op.status.value, op.resolved_by) == ("confirmed", "olga")
+
+        page.goto(f"{console}/runs/{run_id}")
+        expect(page.locator("#timeline")).to_contain_text("done")
+        expect(page.locator("#timeline")).to_contain_text("PO-4471")
+        _shot(page, tmp_path, "run")
+    finally:
+        context.close()
+
+
+def test_a_viewer_sees_no_action_and_a_forged_form_is_refused(
+        browser: Browser, console: str, engine: Engine) -> None:
+    run_id, op_id = unknown_order(engine, "forged")
+    context, page = _page(browser, "vic")
+    try:
+        page.goto(console + "/inbox")
+        expect(page.locator(f"#op-{op_id}")).to_be_visible()
+        expect(page.get_by_role("button")).to_have_count(0)
+    finally:
+        context.close()
+    context, page = _page(browser, "olga")
+    try:
+        page.goto(console + "/inbox")
+        # A form like the page's, but without its token (what another site could post).
+        page.evaluate("""(opId) => {
+            const form = document.createElement("form");
+            form.method = "post";
+            form.action = "/operations/" + opId + "/resolve";
+            for (const [name, value] of [["outcome", "not-applied"], ["reason", "forged"]]) {
+                const input = document.createElement("input");
+                input.name = name; input.value = value; form.appendChild(input);
+            }
+            document.body.appendChild(form);
+            form.submit();
+        }""", str(op_id))
+        expect(page.get_by_role("alert")).to_contain_text("CSRF")
+    finally:
+        context.close()
+    with engine.connect() as conn:
+        assert LEDGER.get_operation(conn, op_id).status.value == "needs-human"
+        assert get_run(conn, run_id).state.value == "waiting"

@@ -1,0 +1,249 @@
+"""The operator console over real HTTP (uvicorn) against real PostgreSQL: who may read and
+act, CSRF, bad input answered clearly with nothing changed, escaping, keyset pages, and each
+action settling things exactly as the CLI does."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from dedup.ledger import OperationStatus
+from outbox.runs.approvals import request_approval
+from outbox.runs.lifecycle import get_run, start_run
+from tests.integration.console_support import (
+    LEDGER,
+    call,
+    csrf_of,
+    serving,
+    unknown_order,
+)
+from tests.integration.operations_support import waiting_run
+
+
+@pytest.fixture
+def console(database_url: str) -> Any:
+    with serving(database_url, page_size=2) as base:
+        yield base
+
+
+def _state(engine: Engine, run_id: uuid.UUID) -> str:
+    with engine.connect() as conn:
+        return get_run(conn, run_id).state.value
+
+
+def _op_status(engine: Engine, op_id: uuid.UUID) -> str:
+    with engine.connect() as conn:
+        return LEDGER.get_operation(conn, op_id).status.value
+
+
+def test_signing_in_is_required_and_a_viewer_reads_but_cannot_act(
+        console: str, engine: Engine) -> None:
+    run_id, op_id = unknown_order(engine)
+    assert call(console, "/", user=None).status == 401
+    inbox = call(console, "/inbox", user="vic")
+    assert inbox.status == 200
+    assert str(op_id) in inbox.body
+    assert "It was applied" not in inbox.body  # no forms for a viewer
+    refused = call(console, f"/operations/{op_id}/resolve", user="vic",
+                   body={"outcome": "confirmed", "evidence": '{"reference": "PO-1"}'})
+    assert refused.status == 403
+    assert "may only read" in refused.json()["error"]
+    assert _op_status(engine, op_id) == "needs-human"
+    assert _state(engine, run_id) == "waiting"
+
+
+def test_a_form_without_the_csrf_token_is_refused_and_changes_nothing(
+        console: str, engine: Engine) -> None:
+    run_id, op_id = unknown_order(engine)
+    form = {"outcome": "confirmed", "evidence": '{"reference": "PO-1"}', "next": "/inbox"}
+    for forged in ({}, {"csrf": "0" * 64}):
+        answer = call(console, f"/operations/{op_id}/resolve", form={**form, **forged})
+        assert answer.status == 403
+        assert "CSRF" in answer.body
+    assert _op_status(engine, op_id) == "needs-human"
+    assert _state(engine, run_id) == "waiting"
+
+
+def test_an_operator_resolves_an_unknown_outcome_from_the_inbox_and_the_run_is_done(
+        console: str, engine: Engine) -> None:
+    run_id, op_id = unknown_order(engine)
+    page = call(console, "/inbox")
+    token = csrf_of(page.body)
+    answer = call(console, f"/operations/{op_id}/resolve", form={
+        "csrf": token, "next": "/inbox", "outcome": "confirmed",
+        "evidence": '{"reference": "PO-77"}', "reason": "the supplier's portal shows it"})
+    assert answer.status == 303
+    assert answer.headers["location"].startswith("/inbox?said=")
+    assert _op_status(engine, op_id) == "confirmed"
+    with engine.connect() as conn:
+        run = get_run(conn, run_id)
+        op = LEDGER.get_operation(conn, op_id)
+    assert run.state.value == "done"
+    assert run.last_evidence["reference"] == "PO-77"
+    assert op.resolved_by == "olga"  # the signed-in operator, as the CLI's --actor
+    # Someone else resolved it a second ago: a clear refusal, nothing changed.
+    again = call(console, f"/operations/{op_id}/resolve", form={
+        "csrf": token, "outcome": "not-applied", "reason": "I think not"})
+    assert again.status == 409
+    assert "confirmed" in again.body
+    assert _op_status(engine, op_id) == "confirmed"
+
+
+def test_bad_input_gets_a_clear_error_and_nothing_is_written(console: str, engine: Engine
+                                                           ) -> None:
+    run_id, op_id = unknown_order(engine)
+    assert call(console, "/runs/not-a-uuid").status == 400
+    missing = call(console, f"/runs/{uuid.uuid4()}", as_json=True)
+    assert missing.status == 404
+    assert "error" in missing.json()
+    assert call(console, "/runs?before=garbage!").status == 400
+    assert call(console, "/runs?state=sleeping").status == 400
+    for body, said in (({"outcome": "confirmed"}, "evidence is required"),
+                       ({"outcome": "confirmed", "evidence": "{not json"}, "not JSON"),
+                       ({"outcome": "confirmed", "evidence": "[1]"}, "JSON object"),
+                       ({"outcome": "not-applied"}, "reason"),
+                       ({"outcome": "maybe"}, "outcome must be")):
+        answer = call(console, f"/operations/{op_id}/resolve", body=body)
+        assert answer.status == 400, body
+        assert said in answer.json()["error"]
+    assert _op_status(engine, op_id) == "needs-human"
+    assert _state(engine, run_id) == "waiting"
+
+
+def test_html_in_a_reason_is_shown_as_text(console: str, engine: Engine) -> None:
+    with engine.begin() as conn:
+        run = start_run(conn, workflow="wf", workflow_version="1", idempotency_key="xss")
+        conn.execute(text("UPDATE outboxkit.agent_runs SET reason = :r WHERE id = :i"),
+                     {"r": "<script>alert(1)</script>", "i": run.id})
+    for path in (f"/runs/{run.id}", "/runs"):
+        page = call(console, path)
+        assert "<script>alert(1)</script>" not in page.body
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.body
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+
+
+def test_the_runs_list_pages_by_keyset_newest_first_and_filters(console: str, engine: Engine
+                                                               ) -> None:
+    with engine.begin() as conn:
+        made = [start_run(conn, workflow="wf", workflow_version="1",
+                          idempotency_key=f"page-{i}").id for i in range(5)]
+    seen: list[str] = []
+    before = ""
+    for _ in range(5):
+        page = call(console, f"/runs?before={before}", as_json=True).json()
+        seen += [r["id"] for r in page["runs"]]
+        if page["next"] is None:
+            break
+        before = page["next"]
+    assert len(seen) == 5
+    assert set(seen) == {str(i) for i in made}
+    found = call(console, "/runs?q=page-3", as_json=True).json()["runs"]
+    assert [r["idempotency_key"] for r in found] == ["page-3"]
+    assert call(console, "/runs?state=done", as_json=True).json()["runs"] == []
+
+
+def test_an_operator_grants_and_revokes_approvals(console: str, engine: Engine) -> None:
+    waiting = waiting_run(engine, "needs-approval")
+    with engine.begin() as conn:
+        first = request_approval(conn, waiting, scope={"tool": "refund", "amount": 20},
+                                 expires_at=timedelta(hours=1))
+        second = request_approval(conn, waiting, scope={"tool": "refund", "amount": 900},
+                                  expires_at=timedelta(hours=1))
+    inbox = call(console, "/inbox")
+    assert '&#34;amount&#34;: 900' in inbox.body or "&quot;amount&quot;: 900" in inbox.body \
+        or '"amount": 900' in inbox.body
+    token = csrf_of(inbox.body)
+    granted = call(console, f"/approvals/{first.id}/grant", form={"csrf": token})
+    assert (granted.status, granted.headers["location"].split("?")[0]) == (303, "/")
+    no_reason = call(console, f"/approvals/{second.id}/revoke", body={})
+    assert no_reason.status == 400
+    assert call(console, f"/approvals/{second.id}/revoke",
+                body={"reason": "too much"}).status == 200
+    with engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(text(
+            "SELECT id, granted_by, revoked_by FROM outboxkit.approvals"))}
+    assert rows[first.id].granted_by == "olga"
+    assert rows[second.id].revoked_by == "olga"
+    assert call(console, f"/approvals/{second.id}/grant", body={}).status == 409
+
+
+def test_requeue_keeps_the_clis_guard(console: str, engine: Engine) -> None:
+    run_id, op_id = unknown_order(engine, "rq")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE outboxkit.agent_runs SET state = 'needs-human' WHERE id = :i"),
+                     {"i": run_id})
+    refused = call(console, f"/runs/{run_id}/requeue", body={"reason": "again"})
+    assert refused.status == 409
+    assert f"operation {op_id}" in refused.json()["error"]
+    assert _state(engine, run_id) == "needs-human"
+    forced = call(console, f"/runs/{run_id}/requeue", body={"reason": "again", "force": True})
+    assert forced.status == 200, forced.body
+    assert _state(engine, run_id) == "queued"
+
+
+def test_the_overview_counts_and_streams_them(console: str, engine: Engine) -> None:
+    unknown_order(engine, "o-1")
+    unknown_order(engine, "o-2", status="unknown")
+    data = call(console, "/", as_json=True).json()
+    assert data["runs"]["waiting"] == 2
+    assert data["operations"] == {"needs-human": 1, "unknown": 1}
+    assert data["backlog"] == 0
+    page = call(console, "/")
+    assert 'data-live="runs.waiting"' in page.body
+
+
+def test_without_users_the_console_is_read_only(database_url: str, engine: Engine) -> None:
+    _, op_id = unknown_order(engine, "ro")
+    with serving(database_url, users="") as base:
+        assert call(base, "/inbox", user=None).status == 200
+        answer = call(base, f"/operations/{op_id}/resolve", user=None,
+                      body={"outcome": "not-applied", "reason": "x"})
+    assert answer.status == 403
+    assert "read-only" in answer.json()["error"]
+    assert _op_status(engine, op_id) == OperationStatus.NEEDS_HUMAN.value
+
+
+def test_after_a_form_the_console_only_sends_you_back_to_itself(console: str, engine: Engine
+                                                               ) -> None:
+    run_id = waiting_run(engine, "redirect")
+    with engine.begin() as conn:
+        approval = request_approval(conn, run_id, scope={"tool": "t"},
+                                    expires_at=timedelta(hours=1))
+    token = csrf_of(call(console, "/inbox").body)
+    for elsewhere in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)"):
+        answer = call(console, f"/approvals/{approval.id}/revoke",
+                      form={"csrf": token, "reason": "r", "next": elsewhere})
+        assert answer.status in (303, 409)
+        if answer.status == 303:
+            assert answer.headers["location"].startswith("/?said=")
+
+
+def test_the_live_overview_is_a_stream_of_server_sent_events(console: str, engine: Engine
+                                                            ) -> None:
+    import base64  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    from tests.integration.console_support import PASSWORDS  # noqa: PLC0415
+
+    token = base64.b64encode(f"vic:{PASSWORDS['vic']}".encode()).decode()
+    request = urllib.request.Request(console + "/events",  # noqa: S310 - loopback
+                                     headers={"Authorization": f"Basic {token}"})
+    events: list[dict[str, Any]] = []
+    with urllib.request.urlopen(request, timeout=20) as stream:  # noqa: S310
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        for raw in stream:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if len(events) == 1:
+                    unknown_order(engine, "live")  # the next event must count it
+                elif events[-1]["runs"]["waiting"] == 1:
+                    break
+            assert len(events) < 20, "the stream never showed the new run"
+    assert events[0]["runs"]["waiting"] == 0
+    assert events[-1]["operations"]["needs-human"] == 1
