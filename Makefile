@@ -3,13 +3,17 @@
 VENV := .venv/bin
 SERVICES := $(VENV)/python -m outbox.testing.services
 
-.PHONY: demo demo-agent test lint unit bench bench-quick bench-peers faults soak bootstrap services-up services-down services-status clean
+.PHONY: demo demo-agent console test lint unit bench bench-quick bench-peers faults soak bootstrap services-up services-down services-status clean
 
 bootstrap:
 	@bash scripts/bootstrap
 
 demo: bootstrap
 	$(VENV)/python examples/demo.py
+
+# The operator console on the demo's services (run `make demo` first): http://127.0.0.1:8470/
+console: bootstrap
+	$(VENV)/python examples/console.py
 
 # The durable pydantic-ai agent: a support agent reorders from the supplier while its worker
 # is killed mid-run (examples/support_agent); no model step asked twice, one order per run.

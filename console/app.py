@@ -54,7 +54,7 @@ class Console:
     """The application's state: one engine, the users, the templates, the live counts."""
 
     def __init__(self, settings: ConsoleSettings, outbox: OutboxSettings) -> None:
-        url = settings.database_url.get_secret_value()
+        url = settings.resolved_database_url()
         if not url:
             raise ConfigurationError("no database: set OUTBOXKIT_CONSOLE_DATABASE_URL or "
                                      "OUTBOXKIT_DATABASE_URL (or pass --database-url)")

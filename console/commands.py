@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from pydantic import SecretStr
 
 from outbox.cli.main import one_line_errors
 from outbox.errors import ConfigurationError
@@ -32,8 +33,8 @@ def console_command(ctx: click.Context, database_url: str | None, host: str | No
     given: dict[str, object] = {k: v for k, v in {"host": host, "port": port}.items()
                                 if v is not None}
     settings = ConsoleSettings(**given)  # type: ignore[arg-type]
-    if not settings.database_url.get_secret_value() and database_url:
-        settings = settings.model_copy(update={"database_url": database_url})
+    if database_url:
+        settings = settings.model_copy(update={"database_url": SecretStr(database_url)})
     app = create_app(settings)
     users = "" if app.state.console.users.any else (
         " (read-only: no OUTBOXKIT_CONSOLE_USERS; `outbox console hash-password` makes one)")

@@ -184,7 +184,9 @@ def main() -> int:
     finally:
         p.stop_all()
         engine.dispose()
-    console.print("services keep running; stop them with `make services-down`")
+    console.print("services keep running; see this demo's runs, its reconciled order and its "
+                  "refused one in the operator console: `make console`; stop the services "
+                  "with `make services-down`")
     return 0 if ok else 1
 
 
