@@ -10,6 +10,7 @@ application allows no cross-origin requests).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -37,6 +39,7 @@ from outbox.errors import ConfigurationError, OutboxError, RunNotFound
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
 
+log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 # The relays' lane lease (relay settings' default): a relay silent for longer is shown dead.
 RELAY_LEASE_SECONDS = 10.0
@@ -113,6 +116,13 @@ class Console:
                 response = console.failed(request, user, 404, str(exc))
             except OutboxError as exc:  # refused by the library: nothing was written
                 response = console.failed(request, user, 409, str(exc))
+            except DBAPIError as exc:  # rolled back: nothing was written either
+                log.warning("console: %s %s failed in the database: %s", request.method,
+                            request.url.path, exc.orig, extra={"event": "console.db_error"})
+                status = 503 if exc.connection_invalidated else 500
+                first = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
+                response = console.failed(request, user, status,
+                                          f"the database refused or did not answer: {first}")
             response.headers.update(SECURITY_HEADERS)
             return response
         return endpoint

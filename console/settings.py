@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 
 from pydantic import Field, SecretStr
-from pydantic_settings import SettingsConfigDict
-
-from outbox.settings import ConnectionSettings
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class ConsoleSettings(ConnectionSettings):
+class ConsoleSettings(BaseSettings):
     """Where the console listens and who may act in it."""
 
-    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSOLE_", frozen=True, extra="ignore")
+    # hide_input_in_errors: a bad value's error must not quote a password or the users' hashes.
+    model_config = SettingsConfigDict(env_prefix="OUTBOXKIT_CONSOLE_", frozen=True,
+                                      extra="ignore", hide_input_in_errors=True)
 
+    database_url: SecretStr = Field(
+        default=SecretStr(""),
+        description="PostgreSQL URL of the outboxkit database (falls back to "
+        "OUTBOXKIT_DATABASE_URL). Kept secret: never shown in a page or a log.",
+    )
     host: str = Field(
         default="127.0.0.1",
         description="Address to listen on. The default serves this machine only; put it "
@@ -38,3 +44,6 @@ class ConsoleSettings(ConnectionSettings):
         default=2.0, ge=0.5,
         description="How often an open overview page gets fresh counts (server-sent events).",
     )
+
+    def resolved_database_url(self) -> str:
+        return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")

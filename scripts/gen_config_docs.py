@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ of this checkout
 
+from console.settings import ConsoleSettings
 from consumers.settings import ConsumerSettings
 from outbox.worker import WorkerSettings
 from relay.settings import RelaySettings
@@ -28,10 +29,19 @@ WORKER = """
 
 """
 
+CONSOLE = """
+## Operator console (`OUTBOXKIT_CONSOLE_*`)
+
+`outbox console` (docs/console.md) reads these; its flags `--host`, `--port` and
+`--database-url` override the ones they name.
+
+"""
+
 
 def render() -> str:
     return (configuration_reference(RelaySettings, ConsumerSettings) + WORKER
-            + settings_table([WorkerSettings], flags=False))
+            + settings_table([WorkerSettings], flags=False) + CONSOLE
+            + settings_table([ConsoleSettings], flags=False))
 
 
 if __name__ == "__main__":

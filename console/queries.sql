@@ -1,0 +1,20 @@
+-- The console's SQL that is not a library call. ``{schema}`` is the configured schema.
+
+-- name: console_role_grants
+-- The least privilege of the console's database role ({role}: console.roles.console_grants).
+-- A script, not a statement: several GRANTs, run as they are. It reads what its pages show
+-- and writes only what an operator's action writes (a run's move and its history, an
+-- operation's resolution and its event, an approval, a refused row's retry); it deletes
+-- nothing, and cannot touch the relays' leases and proofs or the consumers' dedup marks.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT ON {schema}.agent_runs, {schema}.run_transitions, {schema}.run_log,
+    {schema}.approvals, {schema}.operations, {schema}.operation_events,
+    {schema}.outbox_messages, {schema}.outbox_failures, {schema}.deliveries,
+    {schema}.message_status, {schema}.relays, {schema}.relay_lanes, {schema}.run_workers,
+    {schema}.run_effects, {schema}.workflows, {schema}.consumer_failures,
+    {schema}.confirmations TO {role};
+GRANT UPDATE ON {schema}.agent_runs, {schema}.approvals, {schema}.operations,
+    {schema}.outbox_failures, {schema}.run_effects TO {role};
+GRANT INSERT ON {schema}.run_transitions, {schema}.operation_events,
+    {schema}.confirmations TO {role};
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
