@@ -222,6 +222,9 @@ approvals = Table(
     Column("reason", Text),
 )
 Index("approvals_run_idx", approvals.c.run_id)
+# The approvals waiting on a person, for the console's inbox (migration 0017).
+Index("approvals_pending_idx", approvals.c.expires_at,
+      postgresql_where=text("granted_at IS NULL AND revoked_at IS NULL"))
 
 outbox_messages = Table(
     "outbox_messages",

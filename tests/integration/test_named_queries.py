@@ -18,7 +18,7 @@ import pytest
 
 from outbox.db.queries import DIALECT, queries, sql
 
-PACKAGES = ("outbox.db", "relay", "dedup")
+PACKAGES = ("outbox.db", "relay", "dedup", "console")
 SCHEMA = "outboxkit"
 # Parameters as the driver sees them: %(name)s, or %(name)b (sent in binary).
 _PARAMETER = re.compile(r"%\((\w+)\)[sb]")

@@ -5,3 +5,7 @@
 -- state filter.
 CREATE INDEX agent_runs_newest_idx ON {schema}.agent_runs (created_at, id);
 CREATE INDEX agent_runs_state_newest_idx ON {schema}.agent_runs (state, created_at, id);
+-- The approvals still waiting on a person, soonest to expire first (the inbox; the overview
+-- counts them): few rows, however many approvals history keeps.
+CREATE INDEX approvals_pending_idx ON {schema}.approvals (expires_at)
+    WHERE granted_at IS NULL AND revoked_at IS NULL;
