@@ -1,4 +1,4 @@
-"""The benchmark suite: the seven benchmarks in one run, one table, one JSON file, two plots.
+"""The benchmark suite: the eight benchmarks in one run, one table, one JSON file, two plots.
 
 Runs bench/outbox_steps.py (what an outbox message costs an agent step), bench/run_claim.py
 (what a run claim costs with 1,000,000 queued runs against 10,000), bench/agent_steps.py
@@ -8,7 +8,8 @@ latency, PostgreSQL CPU and dead tuples per message, idle cost, backlog cost, me
 bench/consumer_bench.py (idempotent consumer against kafka-python's consumer alone),
 bench/keyed_bench.py (per-message mode: keys at the same time, a failing key's isolation) and
 bench/worker_bench.py (the agent worker's steps/s against the same loop in raw SQL, its
-NOTIFY wake-up latency), one after the other, each as its own process, against the same
+NOTIFY wake-up latency) and bench/console_bench.py (the operator console's pages with
+1,000,000 runs and outbox rows), one after the other, each as its own process, against the same
 services: a throwaway PostgreSQL and Kafka started once for the suite, or the ones given
 with --database-url and --kafka-bootstrap. The server is made durable (fsync,
 synchronous_commit, full_page_writes) once for the whole suite and restored at the end.
@@ -78,6 +79,7 @@ REQUIRED = (
     "outbox.worker_steps_per_s",
     "outbox.worker_wakeup_p50_ms",
     "outbox.worker_wakeup_p99_ms",
+    "console.page_ms_1m",
 )
 
 # Smoke sizes: every phase runs, briefly (the benches' own --quick is still minutes long),
@@ -99,6 +101,7 @@ QUICK_ARGS = {
     "keyed_bench": ["--quick", "--clients", "kafka-python", "--n", "600", "--n-isolation",
                     "300", "--keys-small", "300", "--keys-large", "900"],
     "worker_bench": ["--quick", "--runs", "600", "--processes", "2", "--wakeup-seconds", "1"],
+    "console_bench": ["--quick", "--runs", "5000", "--requests", "2", "--live-seconds", "1.5"],
 }
 
 
@@ -295,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             "consumer_bench": [*common, *kafka],
             "keyed_bench": [*common, *kafka],
             "worker_bench": common,
+            "console_bench": common,
         }
         seconds = {}
         try:

@@ -63,9 +63,12 @@ class Console:
                                      "OUTBOXKIT_DATABASE_URL (or pass --database-url)")
         self.settings, self.outbox = settings, outbox
         self.database = redact(url)
-        self.engine: Engine = engine_for(sqlalchemy_url(url), pool_size=4, max_overflow=4,
-                                         pool_pre_ping=True, execution_options={
-                                             "schema_translate_map": translate(outbox)})
+        # jit off: PostgreSQL compiles a statement whose estimated cost is high (a count
+        # over a big table), ~200-300 ms here, for reads that then take a few ms.
+        self.engine: Engine = engine_for(
+            sqlalchemy_url(url), connect={"options": "-c jit=off"}, pool_size=4,
+            max_overflow=4, pool_pre_ping=True,
+            execution_options={"schema_translate_map": translate(outbox)})
         self.users = Users(settings.users.get_secret_value())
         self.secret = settings.secret_key.get_secret_value()
         self.templates = Jinja2Templates(directory=str(HERE / "templates"))

@@ -244,6 +244,9 @@ outbox_messages = Table(
     # snapshot differences and never updates a row (see relay/claims.py).
     Column("xid", XID8, nullable=False, server_default=text("pg_current_xact_id()")),
 )
+# A run's messages, for its page in the console and `outbox runs show` (migration 0017).
+Index("outbox_messages_run_idx", outbox_messages.c.run_id,
+      postgresql_where=text("run_id IS NOT NULL"))
 # A lane's rows in id order (the relay's read) and by transaction id (a snapshot difference).
 Index("outbox_messages_lane_id_idx", outbox_messages.c.lane, outbox_messages.c.id)
 Index(

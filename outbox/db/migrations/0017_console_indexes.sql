@@ -1,4 +1,4 @@
--- outboxkit 0017: the operator console's lists, newest first, page after page (console/).
+-- outboxkit 0017: what the operator console reads (console/), by index at any size.
 --
 -- The runs list is read by keyset (created_at, id) < (last shown), never OFFSET, so a page
 -- deep in a million runs costs what the first one does: one index range, with or without a
@@ -9,3 +9,7 @@ CREATE INDEX agent_runs_state_newest_idx ON {schema}.agent_runs (state, created_
 -- counts them): few rows, however many approvals history keeps.
 CREATE INDEX approvals_pending_idx ON {schema}.approvals (expires_at)
     WHERE granted_at IS NULL AND revoked_at IS NULL;
+-- A run's messages (its page in the console, `outbox runs show`): without it, a read of
+-- every retained outbox row (67 ms with 1,000,000 kept). Only rows emitted by a run.
+CREATE INDEX outbox_messages_run_idx ON {schema}.outbox_messages (run_id)
+    WHERE run_id IS NOT NULL;
