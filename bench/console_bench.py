@@ -4,9 +4,9 @@ A throwaway database is loaded (``INSERT ... SELECT generate_series``) with 1,00
 (94 % done, 3 % failed, 1 % waiting, 1 % queued, 0.5 % needs-human, 0.5 % running),
 1,000,000 outbox rows written by 1,000 transactions (published: the lanes' cursors are past
 them; 1 % of them refused), 100,000 outside operations (200 needs-human, 300 unknown),
-10,000 approvals (100 pending) and a run with a 40-step history. The console is served by uvicorn in this process
-and each page is asked for *requests* times over HTTP on 127.0.0.1, as JSON (what the page's
-reads cost, without the HTML) and as HTML; the time is from the request to the last byte, so
+10,000 approvals (100 pending) and a run with a 40-step history. The console is served by
+uvicorn in this process and each page is asked for *requests* times over HTTP on 127.0.0.1,
+as JSON (what the page's reads cost, without the HTML) and as HTML; the time is from the request to the last byte, so
 it includes loopback HTTP (about 1 ms here). Figures: the median of each page, and
 ``console.page_ms_1m``, the slowest page's median, goal <= 100 ms for the runs list, a run's
 page and the inbox (the issue's three). The other pages are reported beside them.
