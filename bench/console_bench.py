@@ -6,10 +6,10 @@ A throwaway database is loaded (``INSERT ... SELECT generate_series``) with 1,00
 them; 1 % of them refused), 100,000 outside operations (200 needs-human, 300 unknown),
 10,000 approvals (100 pending) and a run with a 40-step history. The console is served by
 uvicorn in this process and each page is asked for *requests* times over HTTP on 127.0.0.1,
-as JSON (what the page's reads cost, without the HTML) and as HTML; the time is from the request to the last byte, so
-it includes loopback HTTP (about 1 ms here). Figures: the median of each page, and
-``console.page_ms_1m``, the slowest page's median, goal <= 100 ms for the runs list, a run's
-page and the inbox (the issue's three). The other pages are reported beside them.
+as JSON (what the page's reads cost, without the HTML) and as HTML; the time is from the
+request to the last byte, so it includes loopback HTTP (about 1 ms here). Figures: the
+median of each page, and ``console.page_ms_1m``, the slowest page's median, goal <= 100 ms
+for the runs list, a run's page and the inbox (the issue's three). The other pages are reported beside them.
 
 ``console.live_reads_per_min_20``: 20 overview streams open for *live-seconds*; how many
 times the overview was read (one reader for all, every ``refresh_seconds``), and what one
