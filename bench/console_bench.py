@@ -9,7 +9,8 @@ uvicorn in this process and each page is asked for *requests* times over HTTP on
 as JSON (what the page's reads cost, without the HTML) and as HTML; the time is from the
 request to the last byte, so it includes loopback HTTP (about 1 ms here). Figures: the
 median of each page, and ``console.page_ms_1m``, the slowest page's median, goal <= 100 ms
-for the runs list, a run's page and the inbox (the issue's three). The other pages are reported beside them.
+for the runs list, a run's page and the inbox (the issue's three). The other pages are
+reported beside them.
 
 ``console.live_reads_per_min_20``: 20 overview streams open for *live-seconds*; how many
 times the overview was read (one reader for all, every ``refresh_seconds``), and what one
