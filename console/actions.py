@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from sqlalchemy import Engine
 
+from consumers.deadletter import KafkaSender
+from consumers.errors import ConsumerError
+from consumers.replay import republish
 from dedup.ledger.ledger import Ledger
 from dedup.ledger.outcomes import Evidence
 from outbox.db.execution import run_plan
+from outbox.kafka import KafkaClientError
 from outbox.messages.backlog import retry_messages
 from outbox.runs import children
 from outbox.runs.approvals import grant, revoke
@@ -110,6 +114,21 @@ def cancel_run(engine: Engine, settings: OutboxSettings, run_id: uuid.UUID, *,
     said += [f"run {held}: a worker holds it, not moved" for held in done.held]
     said += [f"run {undoing}: compensating already" for undoing in done.compensating]
     return "; ".join(said) or f"run {run_id}: nothing to cancel"
+
+
+def replay(engine: Engine, settings: OutboxSettings, failure_id: int, *,
+           kafka: Callable[[], KafkaSender]) -> str:
+    """``outbox dlq replay``: the dead letter's exact bytes back to its topic, once (a
+    compare-and-set: of two operators replaying it at once, one sends it)."""
+    sender = kafka()
+    try:
+        sent = republish(engine, sender, failure_id, settings=settings)
+    except KafkaClientError as exc:
+        raise ConsumerError(f"failure {failure_id}: Kafka refused or did not answer ({exc}); "
+                            "it is still dead-lettered") from exc
+    finally:
+        sender.close()
+    return f"failure {failure_id} republished to {sent.topic}[{sent.partition}]@{sent.offset}"
 
 
 def retry(engine: Engine, settings: OutboxSettings, ids: Collection[Any]) -> str:

@@ -33,6 +33,8 @@ from console import actions, reads
 from console.auth import ANONYMOUS, User, Users, csrf_ok, csrf_token
 from console.live import Live
 from console.settings import ConsoleSettings
+from consumers.deadletter import KafkaSender
+from consumers.settings import ConsumerSettings
 from outbox.db.dsn import engine_for, redact, sqlalchemy_url
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError, RunNotFound
@@ -160,6 +162,14 @@ class Console:
             glue = "&" if "?" in back else "?"
             return RedirectResponse(f"{back}{glue}said={quote(said)}", status_code=303)
         return self.view(acting)
+
+    def kafka_sender(self) -> KafkaSender:
+        """A producer for one replay (TLS/SASL as the consumers': OUTBOXKIT_CONSUMER_*)."""
+        bootstrap = self.settings.resolved_bootstrap()
+        if not bootstrap:
+            raise ConfigurationError("no Kafka to replay to: set OUTBOXKIT_KAFKA_BOOTSTRAP")
+        backend = ConsumerSettings(kafka_bootstrap=bootstrap).kafka()
+        return KafkaSender(backend, client_id="outbox-console-replay", timeout_s=15.0)
 
     def who(self, request: Request) -> User | None:
         """The signed-in user (``None``: wrong or missing credentials while users exist)."""
@@ -310,6 +320,13 @@ def create_app(settings: ConsoleSettings | None = None,
         return await blocking(actions.cancel_run, _uuid(request.path_params["run_id"], "run"),
                               reason=body.get("reason"), actor=user.name)
 
+    async def replay(request: Request, user: User, body: dict[str, Any]) -> str:
+        try:
+            failure_id = int(request.path_params["failure_id"])
+        except ValueError as exc:
+            raise actions.BadInput("a failure id is a whole number") from exc
+        return await blocking(actions.replay, failure_id, kafka=console.kafka_sender)
+
     async def retry(request: Request, user: User, body: dict[str, Any]) -> str:
         ids = body.get("id") or body.get("ids") or []
         return await blocking(actions.retry, ids if isinstance(ids, list) else [ids])
@@ -333,6 +350,7 @@ def create_app(settings: ConsoleSettings | None = None,
         Route("/approvals/{approval_id}/revoke", console.act(revoke), methods=["POST"]),
         Route("/messages", console.view(messages)),
         Route("/messages/retry", console.act(retry), methods=["POST"]),
+        Route("/failures/{failure_id}/replay", console.act(replay), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ], lifespan=lifespan)
     app.state.console = console

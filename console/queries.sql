@@ -18,3 +18,9 @@ GRANT UPDATE ON {schema}.agent_runs, {schema}.approvals, {schema}.operations,
 GRANT INSERT ON {schema}.run_transitions, {schema}.operation_events,
     {schema}.confirmations TO {role};
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
+
+-- name: console_role_replay_grants
+-- What replaying dead letters adds (console.roles.console_grants(..., replay=True)): the
+-- failure's compare-and-set, and its dedup mark removed (or put back if Kafka refused).
+GRANT UPDATE ON {schema}.consumer_failures TO {role};
+GRANT SELECT, INSERT, DELETE ON {schema}.consumer_inbox TO {role};

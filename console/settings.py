@@ -21,6 +21,12 @@ class ConsoleSettings(BaseSettings):
         description="PostgreSQL URL of the outboxkit database (falls back to "
         "OUTBOXKIT_DATABASE_URL). Kept secret: never shown in a page or a log.",
     )
+    kafka_bootstrap: str = Field(
+        default="",
+        description="Kafka bootstrap servers, to replay dead letters to their topics (falls "
+        "back to OUTBOXKIT_KAFKA_BOOTSTRAP; TLS/SASL as the consumers', "
+        "OUTBOXKIT_CONSUMER_KAFKA_*). Unset: pages work, replays are refused.",
+    )
     host: str = Field(
         default="127.0.0.1",
         description="Address to listen on. The default serves this machine only; put it "
@@ -47,3 +53,6 @@ class ConsoleSettings(BaseSettings):
 
     def resolved_database_url(self) -> str:
         return self.database_url.get_secret_value() or os.environ.get("OUTBOXKIT_DATABASE_URL", "")
+
+    def resolved_bootstrap(self) -> str:
+        return self.kafka_bootstrap or os.environ.get("OUTBOXKIT_KAFKA_BOOTSTRAP", "")

@@ -26,6 +26,15 @@ class MalformedMessage(ConsumerError):
         self.topic, self.partition, self.offset, self.reason = topic, partition, offset, reason
 
 
+class ReplayRefused(ConsumerError):
+    """The failure is not dead-lettered (someone replayed it, or it recovered): nothing sent."""
+
+    def __init__(self, failure_id: int, status: str) -> None:
+        super().__init__(f"failure {failure_id} is {status!r}, not dead-lettered: nothing to "
+                         "replay; nothing was sent")
+        self.failure_id = failure_id
+
+
 class FailureNotFound(ConsumerError):
     """No row of the failures table has this id; list them with ``list_failures``."""
 

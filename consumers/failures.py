@@ -206,6 +206,30 @@ def mark_replayed(conn: Connection, failure_id: int) -> None:
     )
 
 
+def take_for_replay(conn: Connection, failure_id: int) -> FailedMessage | None:
+    """Move a dead-lettered failure to ``replayed``, only if it still is dead-lettered (a
+    compare-and-set: of two operators replaying it at once, one gets it); never commits.
+    ``None``: it was not dead-lettered (or does not exist)."""
+    row = conn.execute(
+        update(consumer_failures)
+        .where(consumer_failures.c.id == failure_id,
+               consumer_failures.c.status == "dead-lettered")
+        .values(status="replayed", replayed_at=_now())
+        .returning(*consumer_failures.c)
+    ).first()
+    return _failed_message(row._mapping) if row is not None else None
+
+
+def give_back(conn: Connection, failure_id: int) -> None:
+    """Undo :func:`take_for_replay` when the replay could not be sent; never commits."""
+    conn.execute(
+        update(consumer_failures)
+        .where(consumer_failures.c.id == failure_id,
+               consumer_failures.c.status == "replayed")
+        .values(status="dead-lettered", replayed_at=None)
+    )
+
+
 def get_failure(conn: Connection, failure_id: int) -> FailedMessage | None:
     """The failure with this id, or None."""
     row = conn.execute(

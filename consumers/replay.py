@@ -16,7 +16,7 @@ from consumers import failures
 from consumers.app import Consumer
 from consumers.deadletter import ERROR_HEADERS, KafkaSender, Sent
 from consumers.decode import decode
-from consumers.errors import FailureNotFound
+from consumers.errors import FailureNotFound, ReplayRefused
 from dedup.inbox import Mark, mark, unmark
 from outbox.kafka import Record
 from outbox.settings import OutboxSettings
@@ -39,21 +39,39 @@ def republish(
 ) -> Sent:
     """Send failure *failure_id*'s message to its original topic again; return where it went.
 
+    Only a dead-lettered failure, and only once: it is marked ``replayed`` (with its dedup
+    mark removed) before it is sent, by a compare-and-set, so two operators replaying it at
+    the same moment send it once (the other gets :class:`ReplayRefused`); a send that fails
+    puts it back to dead-lettered. A process killed between that commit and the send leaves it
+    ``replayed`` and not sent: list ``--status replayed`` to find it.
     *engine* must carry the schema translate map (``outbox.db.schema.translate``).
     """
-    failure = _load(engine, failure_id)
-    if failure.message_id is not None:
-        with engine.begin() as conn:
+    with engine.begin() as conn:
+        failure = failures.take_for_replay(conn, failure_id)
+        if failure is None:
+            found = failures.get_failure(conn, failure_id)
+            if found is None:
+                raise FailureNotFound(failure_id)
+            raise ReplayRefused(failure_id, found.status)
+        if failure.message_id is not None:
             unmark(conn, failure.consumer_group, failure.message_id, settings=settings)
     headers = [
         (name, value.encode())
         for name, value in failure.headers.items()
         if name not in ERROR_HEADERS
     ]
-    sent = sender.send(failure.topic, key=failure.key, value=failure.payload, headers=headers)
-    with engine.begin() as conn:
-        failures.mark_replayed(conn, failure_id)
-    return sent
+    try:
+        return sender.send(failure.topic, key=failure.key, value=failure.payload,
+                           headers=headers)
+    except BaseException:
+        with engine.begin() as conn:
+            # Not sent: its mark was removed with nothing to redeliver; put both back.
+            failures.give_back(conn, failure_id)
+            if failure.message_id is not None:
+                mark(conn, failure.consumer_group,
+                     Mark(failure.message_id, failure.topic, failure.partition, failure.offset),
+                     settings=settings)
+        raise
 
 
 def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:

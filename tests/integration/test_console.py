@@ -247,3 +247,31 @@ def test_the_live_overview_is_a_stream_of_server_sent_events(console: str, engin
             assert len(events) < 20, "the stream never showed the new run"
     assert events[0]["runs"]["waiting"] == 0
     assert events[-1]["operations"]["needs-human"] == 1
+
+
+def test_an_operator_replays_a_dead_letter_once(database_url: str, engine: Engine,
+                                               kafka_bootstrap: str, kafka_topic: Any) -> None:
+    from kafka import KafkaConsumer  # noqa: PLC0415
+
+    from tests.integration.test_cli_dlq import dead_letter  # noqa: PLC0415
+
+    topic = kafka_topic()
+    with engine.begin() as conn:
+        failure_id, _ = dead_letter(conn, topic, 4, "widget")
+    with serving(database_url, kafka_bootstrap=kafka_bootstrap) as base:
+        page = call(base, "/messages")
+        assert f'id="failure-{failure_id}"' in page.body
+        answer = call(base, f"/failures/{failure_id}/replay",
+                      form={"csrf": csrf_of(page.body), "next": "/messages"})
+        assert answer.status == 303
+        assert "republished" in answer.headers["location"]
+        again = call(base, f"/failures/{failure_id}/replay", body={})
+        assert again.status == 409
+        assert "not dead-lettered" in again.json()["error"]
+        assert call(base, "/failures/abc/replay", body={}).status == 400
+    consumer = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap,
+                             auto_offset_reset="earliest", consumer_timeout_ms=3_000)
+    try:
+        assert sum(1 for _ in consumer) == 1
+    finally:
+        consumer.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,12 +23,13 @@ from tests.integration.console_support import LEDGER, call, serving, unknown_ord
 from tests.integration.operations_support import waiting_run
 
 
-@pytest.fixture
-def console_url(database_url: str) -> Iterator[str]:
+@pytest.fixture(params=[False, True], ids=["reads-and-acts", "and-replays"])
+def console_url(database_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     role = f"console_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'console-pw'")  # type: ignore[arg-type]
-        conn.execute(console_grants("outboxkit", role))  # type: ignore[arg-type]
+        conn.execute(console_grants("outboxkit", role,  # type: ignore[arg-type]
+                                    replay=request.param))
     host_and_db = database_url.split("@", 1)[1]
     yield f"postgresql://{role}:console-pw@{host_and_db}"
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -77,7 +79,8 @@ def test_every_page_and_action_works_with_the_consoles_grants(
     "DELETE FROM outboxkit.agent_runs",
     "DELETE FROM outboxkit.outbox_messages",
     "UPDATE outboxkit.relay_lanes SET owner = 'me'",
-    "SELECT 1 FROM outboxkit.consumer_inbox",
+    "TRUNCATE outboxkit.consumer_inbox",
+    "DELETE FROM outboxkit.consumer_failures",
     "INSERT INTO outboxkit.outbox_messages (message_id, topic, lane, message_type, payload)"
     " VALUES (gen_random_uuid(), 't', 0, 't', '')",
 ])
@@ -104,3 +107,31 @@ def test_a_grant_missing_is_a_clear_page_not_a_stack_trace(console_url: str, dat
     assert "permission denied" in answer.json()["error"]
     with engine.connect() as conn:
         assert LEDGER.get_operation(conn, op_id).status.value == "needs-human"
+
+
+def test_replaying_needs_its_own_grants(database_url: str, engine: Engine, kafka_bootstrap: str,
+                                        kafka_topic: Any) -> None:
+    from tests.integration.test_cli_dlq import dead_letter  # noqa: PLC0415
+
+    topic = kafka_topic()
+    with engine.begin() as conn:
+        first, _ = dead_letter(conn, topic, 1, "a")
+        second, _ = dead_letter(conn, topic, 2, "b")
+    answers = {}
+    for replay, failure_id in ((False, first), (True, second)):
+        role = f"console_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")  # type: ignore[arg-type]
+            conn.execute(console_grants("outboxkit", role,  # type: ignore[arg-type]
+                                        replay=replay))
+        url = f"postgresql://{role}:pw@{database_url.split('@', 1)[1]}"
+        try:
+            with serving(url, kafka_bootstrap=kafka_bootstrap) as base:
+                answers[replay] = call(base, f"/failures/{failure_id}/replay", body={})
+        finally:
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+                conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+    assert answers[False].status == 500
+    assert "permission denied" in answers[False].json()["error"]
+    assert answers[True].status == 200, answers[True].body
