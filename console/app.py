@@ -43,6 +43,8 @@ from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
+# How the console's connections are named in pg_stat_activity.
+APPLICATION_NAME = "outboxkit-console"
 # The relays' lane lease (relay settings' default): a relay silent for longer is shown dead.
 RELAY_LEASE_SECONDS = 10.0
 FAILURE_STATUSES = ("dead-lettered", "retrying", "replayed", "recovered")
@@ -68,7 +70,8 @@ class Console:
         # jit off: PostgreSQL compiles a statement whose estimated cost is high (a count
         # over a big table), ~200-300 ms here, for reads that then take a few ms.
         self.engine: Engine = engine_for(
-            sqlalchemy_url(url), connect={"options": "-c jit=off"}, pool_size=4,
+            sqlalchemy_url(url),
+            connect={"options": "-c jit=off", "application_name": APPLICATION_NAME}, pool_size=4,
             max_overflow=4, pool_pre_ping=True,
             execution_options={"schema_translate_map": translate(outbox)})
         self.users = Users(settings.users.get_secret_value())
