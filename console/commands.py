@@ -40,8 +40,17 @@ def console_command(ctx: click.Context, database_url: str | None, host: str | No
         " (read-only: no OUTBOXKIT_CONSOLE_USERS; `outbox console hash-password` makes one)")
     shown = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host  # noqa: S104
     click.echo(f"outboxkit console on http://{shown}:{settings.port}/{users}")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning",
-                access_log=False)
+    live = app.state.console.live
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            # An open overview page is a stream that never ends by itself, and uvicorn waits
+            # for every request: end the streams first (the pages reconnect to the next one).
+            live.end_streams()
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                          access_log=False, timeout_graceful_shutdown=10)).run()
 
 
 @console_command.command("hash-password")

@@ -27,6 +27,7 @@ class Live:
         self._latest: tuple[int, str] | None = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._ending = False
         self.reads = 0
         """How many times the overview was read (the cost stays one reader's)."""
 
@@ -48,7 +49,18 @@ class Live:
         self._task = None
 
     def _newer(self, seen: int) -> Callable[[], bool]:
-        return lambda: self._latest is not None and self._latest[0] != seen
+        return lambda: self._ending or (self._latest is not None and self._latest[0] != seen)
+
+    def end_streams(self) -> None:
+        """End every stream (the server is stopping: a page's stream never ends by itself,
+        and the server waits for its requests). Call it on the event loop's thread."""
+        self._ending = True
+
+        async def wake() -> None:
+            async with self._changed:
+                self._changed.notify_all()
+
+        asyncio.get_running_loop().create_task(wake())
 
     async def stream(self) -> AsyncIterator[str]:
         """Server-sent events: the latest overview now, then each new one."""
@@ -60,6 +72,8 @@ class Live:
             while True:
                 async with self._changed:
                     await self._changed.wait_for(self._newer(seen))
+                    if self._ending:
+                        return
                     assert self._latest is not None
                     seen, data = self._latest
                 yield f"id: {seen}\nevent: overview\ndata: {data}\n\n"

@@ -12,6 +12,7 @@ import base64
 import binascii
 import contextlib
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,7 +22,6 @@ from sqlalchemy import (
     and_,
     func,
     literal,
-    literal_column,
     or_,
     select,
     text,
@@ -31,8 +31,14 @@ from sqlalchemy import (
 from consumers.failures import FailedMessage, list_failures
 from dedup.ledger.ledger import Ledger
 from dedup.ledger.operations import Operation, OperationEvent
-from outbox.db.queries import quote_identifier, sql
-from outbox.db.tables import agent_runs, approvals, consumer_failures, operations
+from outbox.db.queries import sql
+from outbox.db.tables import (
+    OPERATION_STATUSES,
+    agent_runs,
+    approvals,
+    consumer_failures,
+    operations,
+)
 from outbox.messages.backlog import Message, list_messages, run_messages
 from outbox.runs.approvals import Approval, list_approvals
 from outbox.runs.lifecycle import Run, RunView, Transition, history, view_run
@@ -64,7 +70,10 @@ class Overview:
     relays: list[RelayInfo] = field(default_factory=list)
     unowned_lanes: list[int] = field(default_factory=list)
     estimated: list[str] = field(default_factory=list)
-    """Run states whose count is the planner's estimate (``done``, on a big table)."""
+    """Run states whose count is the planner's estimate (``done``, ``failed``, on a big
+    table)."""
+    operations_estimated: list[str] = field(default_factory=list)
+    """Likewise for operations (``confirmed``, ``rejected``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,9 +82,10 @@ class Overview:
 def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float) -> Overview:
     """Counts of everything an operator watches: four cheap statements (indexed groupings,
     the relay's capped backlog), never a pass over the outbox's history."""
-    by_state, estimated = run_counts(conn, settings)
-    ops: dict[str, int] = {status: n for status, n in conn.execute(
-        select(operations.c.status, func.count()).group_by(operations.c.status))}
+    by_state, estimated = counts_by(conn, settings, agent_runs.c.state,
+                                    (s.value for s in RunState),
+                                    (agent_runs.c.purged_at.is_(None),))
+    ops, ops_estimated = counts_by(conn, settings, operations.c.status, OPERATION_STATUSES)
     pending = conn.execute(select(func.count()).select_from(approvals).where(
         *_pending_approval())).scalar_one()
     failures: dict[str, int] = {status: n for status, n in conn.execute(
@@ -88,35 +98,56 @@ def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float
                                          lease_seconds=lease_seconds)
     return Overview(by_state, ops, pending, int(backlog.backlog),
                     float(backlog.oldest_age or 0), int(backlog.failed), failures,
-                    relays, unowned, estimated)
+                    relays, unowned, estimated, ops_estimated)
 
 
-# Above this many runs (the planner's estimate), "done" is estimated, not counted: a count
-# of a million finished runs is ~120 ms each refresh, everything else a few ms.
+# Above this many rows (the planner's estimate), the states that only grow with history
+# (finished runs, settled operations) come from the planner's statistics instead of a count:
+# counting a million finished runs took ~120 ms a refresh; the states an operator acts on
+# are few and always counted exactly, by index.
 EXACT_UP_TO = 100_000
-UNFINISHED = tuple(s.value for s in RunState if s is not RunState.DONE)
+HISTORY = {"agent_runs": ("done", "failed"), "operations": ("confirmed", "rejected")}
 
 
-def run_counts(conn: Connection, settings: OutboxSettings) -> tuple[dict[str, int], list[str]]:
-    """Runs by state; on a big table, the finished ones (most of it) from the planner's row
-    estimate, the others counted exactly by the state index (what an operator acts on)."""
-    r = agent_runs
-    total = conn.execute(select(func.greatest(literal_column("reltuples"), 0))
-                         .select_from(text("pg_class"))
-                         .where(literal_column("oid") == func.to_regclass(literal(
-                             f"{quote_identifier(settings.schema_name)}.agent_runs")))
-                         ).scalar() or 0
-    exact = total <= EXACT_UP_TO
-    query = select(r.c.state, func.count()).where(r.c.purged_at.is_(None))
-    if not exact:
-        query = query.where(r.c.state.in_(UNFINISHED))
-    counts = dict.fromkeys((s.value for s in RunState), 0)
-    for state, n in conn.execute(query.group_by(r.c.state)):
-        counts[state] = n
-    if exact:
+def counts_by(conn: Connection, settings: OutboxSettings, column: Any,
+              states: Iterable[str], where: Sequence[Any] = ()) -> tuple[dict[str, int],
+                                                                        list[str]]:
+    """Rows of *column*'s table by *column*'s value (every one of *states* present, 0 if
+    none), and which of them are estimates: on a big table the history states are the
+    table's row estimate times the value's frequency in ``pg_stats`` (as of the last
+    ANALYZE, which autovacuum keeps recent)."""
+    table = column.table
+    counts = dict.fromkeys(states, 0)
+    history = HISTORY.get(table.name, ())
+    estimates = _estimates(conn, settings, table.name, column.name) if history else None
+    query = select(column, func.count()).where(*where)
+    if estimates is not None:
+        # The others by name (IN, not NOT IN): an index range each, not a pass over all.
+        query = query.where(column.in_([v for v in counts if v not in history]))
+    for value, n in conn.execute(query.group_by(column)):
+        counts[value] = n
+    if estimates is None:
         return counts, []
-    counts[RunState.DONE.value] = max(int(total) - sum(counts.values()), 0)
-    return counts, [RunState.DONE.value]
+    for value in history:
+        counts[value] = estimates.get(value, 0)
+    return counts, list(history)
+
+
+def _estimates(conn: Connection, settings: OutboxSettings, table: str,
+               column: str) -> dict[str, int] | None:
+    """Rows per value from the planner's statistics; ``None`` for a small or unanalysed
+    table (then counting is cheap, or the only way)."""
+    rows = conn.execute(text(
+        "SELECT c.reltuples, v.value, v.freq FROM pg_class AS c "
+        "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+        "JOIN pg_stats AS s ON s.schemaname = n.nspname AND s.tablename = c.relname "
+        "CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) "
+        "    AS v(value, freq) "
+        "WHERE n.nspname = :schema AND c.relname = :table AND s.attname = :column"),
+        {"schema": settings.schema_name, "table": table, "column": column}).all()
+    if not rows or rows[0].reltuples <= EXACT_UP_TO:
+        return None
+    return {row.value: round(row.reltuples * row.freq) for row in rows}
 
 
 def _pending_approval() -> list[Any]:

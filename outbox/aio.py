@@ -216,9 +216,11 @@ async def request_approval(conn: AsyncConn, run_id: uuid.UUID, *, scope: Mapping
 
 
 async def grant(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
-                settings: OutboxSettings | None = None) -> approvals.Approval:
+                settings: OutboxSettings | None = None,
+                notify: bool = True) -> approvals.Approval:
     """Async :func:`outbox.runs.approvals.grant`."""
-    return await run_plan_async(conn, approvals.grant_plan(approval_id, by), settings)
+    return await run_plan_async(conn, approvals.grant_plan(approval_id, by, settings, notify),
+                                settings)
 
 
 async def revoke(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,

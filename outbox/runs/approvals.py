@@ -19,6 +19,7 @@ from sqlalchemy import func, literal, select, update
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.tables import agent_runs, approvals
 from outbox.errors import ApprovalInvalid, ConfigurationError, RunNotFound
+from outbox.runs import wakeups
 from outbox.runs.checkpoints import KEEP
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import transition_plan
@@ -112,7 +113,8 @@ def _settle(approval_id: uuid.UUID) -> Plan[Approval]:
     return Approval.from_row(row)
 
 
-def grant_plan(approval_id: uuid.UUID, by: str) -> Plan[Approval]:
+def grant_plan(approval_id: uuid.UUID, by: str, settings: OutboxSettings | None = None,
+               notify: bool = True) -> Plan[Approval]:
     granted = (
         update(approvals)
         .where(approvals.c.id == approval_id, approvals.c.revoked_at.is_(None),
@@ -126,7 +128,12 @@ def grant_plan(approval_id: uuid.UUID, by: str) -> Plan[Approval]:
         .where(agent_runs.c.id == granted.c.run_id, agent_runs.c.state == RunState.WAITING.value)
         .values(not_before=func.now(), version=agent_runs.c.version + 1, updated_at=func.now())
     )
-    rows = yield select(granted).add_cte(wake.cte("wake"))
+    if notify:  # an idle worker claims the woken run at once, not at its next poll
+        woke = wake.returning(wakeups.notify(agent_runs.c.workflow, settings)).cte("wake")
+        rows = yield select(granted, select(func.count()).select_from(woke)
+                            .scalar_subquery().label("woken"))
+    else:
+        rows = yield select(granted).add_cte(wake.cte("wake"))
     if rows:
         return Approval.from_row(rows[0])
     return (yield from _settle(approval_id))
@@ -203,10 +210,11 @@ def request_approval(conn: SyncConn, run_id: uuid.UUID, *, scope: Mapping[str, A
 
 
 def grant(conn: SyncConn, approval_id: uuid.UUID, *, by: str,
-          settings: OutboxSettings | None = None) -> Approval:
-    """Grant the approval and wake its waiting run; never commits. Raises
+          settings: OutboxSettings | None = None, notify: bool = True) -> Approval:
+    """Grant the approval and wake its waiting run (an idle worker is NOTIFYed: ``notify=
+    False`` for a transaction that will be prepared); never commits. Raises
     :class:`ApprovalInvalid` if it expired, was revoked or does not exist."""
-    return run_plan(conn, grant_plan(approval_id, by), settings)
+    return run_plan(conn, grant_plan(approval_id, by, settings, notify), settings)
 
 
 def revoke(conn: SyncConn, approval_id: uuid.UUID, *, by: str, reason: str | None = None,

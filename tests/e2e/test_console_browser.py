@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
+from outbox import App, ClaimedRun, Envelope
+from outbox.runs.approvals import request_approval
 from outbox.runs.lifecycle import get_run
+from tests.e2e.conftest import RelayProcesses
 from tests.integration.console_support import LEDGER, PASSWORDS, serving, unknown_order
+from tests.integration.worker_support import run_in, running
 
 
 def _chromium() -> str:
@@ -130,3 +136,64 @@ def test_a_viewer_sees_no_action_and_a_forged_form_is_refused(
     with engine.connect() as conn:
         assert LEDGER.get_operation(conn, op_id).status.value == "needs-human"
         assert get_run(conn, run_id).state.value == "waiting"
+
+
+def test_an_operator_grants_an_approval_and_sees_the_effect_published(  # noqa: PLR0917
+        browser: Browser, database_url: str, engine: Engine, relays: RelayProcesses,
+        kafka_topic: Callable[..., str], tmp_path: Path) -> None:
+    """The run asks for an approval and waits; the operator grants it in the inbox; the
+    worker's next step emits the refund; the relay publishes it; the run's page shows the
+    broker's proof (partition and offset)."""
+    topic = kafka_topic()
+    scope = {"tool": "refund", "customer": "cust-7", "amount": 20}
+    app = App(database_url=database_url)
+
+    @app.workflow("refund", version="1")
+    def refund(job: ClaimedRun[Any]) -> None:
+        asked = (job.run.checkpoint or {}).get("approval")
+        if asked is None:
+            approval = request_approval(job.conn, job.run.id, scope=scope,
+                                        expires_at=timedelta(hours=1), reason="refund 20 EUR")
+            job.transition("waiting", step="asked", checkpoint={"approval": str(approval.id)},
+                           wake_at=timedelta(hours=1))
+            return
+        if not job.revalidate(uuid.UUID(asked), scope=scope).valid:
+            return  # revoked or expired: revalidate moved the run to needs-human
+        job.emit(Envelope(topic=topic, type="refund", key="cust-7", payload=scope))
+        job.transition("done", step="refunded", evidence={"approval": asked})
+
+    relays.start()
+    with running(app), serving(database_url) as console:
+        with engine.begin() as conn:
+            run = app.start_run(conn, refund, idempotency_key="refund-7")
+        run_in(engine, run.id, "waiting", timeout=15)
+        context, page = _page(browser, "olga")
+        try:
+            page.goto(console + "/inbox")
+            pending = page.locator("article[id^=approval-]")
+            expect(pending).to_contain_text('"amount": 20')
+            pending.get_by_role("button", name="Grant").click()
+            expect(page.get_by_role("status")).to_contain_text("granted by olga")
+            try:
+                run_in(engine, run.id, "done", timeout=15)
+            except AssertionError:
+                with engine.connect() as conn:
+                    raise AssertionError(conn.execute(text(
+                        "SELECT state, step, reason, not_before, attempts FROM "
+                        "outboxkit.agent_runs WHERE id = :i"), {"i": run.id}).all()) from None
+            page.goto(f"{console}/runs/{run.id}")
+            messages = page.locator("#messages")
+            for _ in range(100):  # the relay publishes within its poll; reload until shown
+                if "offset" in (messages.text_content() or ""):
+                    break
+                page.wait_for_timeout(200)
+                page.reload()
+            expect(messages).to_contain_text("refund")
+            expect(messages).to_contain_text("partition 0, offset 0")
+            _shot(page, tmp_path, "run-published")
+        finally:
+            context.close()
+    with engine.connect() as conn:
+        sent = conn.execute(text("SELECT count(*) FROM outboxkit.outbox_messages "
+                                 "WHERE topic = :t"), {"t": topic}).scalar_one()
+    assert sent == 1

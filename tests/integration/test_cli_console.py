@@ -34,9 +34,15 @@ def test_outbox_console_serves_its_address_until_stopped(database_url: str) -> N
             assert f"http://127.0.0.1:{port}/" in line
             assert "read-only" in line  # no users configured
             _wait_for_page(f"http://127.0.0.1:{port}/runs", "Runs")
+            # An open overview page: a stream that never ends by itself must not keep the
+            # process from stopping.
+            stream = urllib.request.urlopen(f"http://127.0.0.1:{port}/events",
+                                            timeout=30)
+            assert stream.readline().startswith(b"id: ")
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=20)
+        stream.close()
         assert proc.stderr is not None
         errors = proc.stderr.read()
     # uvicorn shuts down gracefully, then re-raises the signal (so the exit says SIGTERM).

@@ -190,7 +190,7 @@ def test_the_overview_counts_and_streams_them(console: str, engine: Engine) -> N
     unknown_order(engine, "o-2", status="unknown")
     data = call(console, "/", as_json=True).json()
     assert data["runs"]["waiting"] == 2
-    assert data["operations"] == {"needs-human": 1, "unknown": 1}
+    assert {k: v for k, v in data["operations"].items() if v} == {"needs-human": 1, "unknown": 1}
     assert data["backlog"] == 0
     page = call(console, "/")
     assert 'data-live="runs.waiting"' in page.body

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from outbox import App, ClaimedRun, RetryPolicy, aio
 from outbox.db.dsn import sqlalchemy_url
 from outbox.handle import claim
+from outbox.runs.approvals import grant, request_approval
 from outbox.runs.confirm import apply_confirmation
 from outbox.runs.lifecycle import move, start_run, transition, wake
 from outbox.runs.retry import handle_failure
@@ -84,9 +85,21 @@ def _retry(engine: Engine) -> Any:
     return job.run
 
 
+def _grant(engine: Engine) -> Any:
+    """A person grants the approval the run waits for (outbox approvals grant, the console)."""
+    run = _waiting_run(engine, "grant")
+    with engine.begin() as conn:
+        approval = request_approval(conn, run.id, scope={"tool": "refund"},
+                                    expires_at=timedelta(hours=1))
+    with engine.begin() as conn:
+        grant(conn, approval.id, by="ann")
+    return run
+
+
 class TestEachWakeUpWakesAnIdleWorker:
-    @pytest.mark.parametrize("change", [_wake, _requeue, _confirm, _retry],
-                             ids=["wake", "move-to-queued", "confirmation", "retry-requeue"])
+    @pytest.mark.parametrize("change", [_wake, _requeue, _confirm, _retry, _grant],
+                             ids=["wake", "move-to-queued", "confirmation", "retry-requeue",
+                                  "approval-granted"])
     def test_it_reaches_the_step_at_once_with_a_30_s_poll(
             self, engine: Engine, database_url: str,
             change: Callable[[Engine], Any]) -> None:

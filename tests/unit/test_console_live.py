@@ -64,3 +64,20 @@ def test_a_failed_read_is_an_event_that_says_so_and_reading_goes_on() -> None:
     first, second = asyncio.run(go())
     assert "did not answer" in first
     assert '"n": 1' in second
+
+
+def test_ending_the_streams_ends_every_open_page() -> None:
+    async def go() -> list[int]:
+        live = Live(lambda: {"n": 1}, every=60.0)  # no new read would come for a minute
+
+        async def listen() -> int:
+            return len([event async for event in live.stream()])
+
+        tasks = [asyncio.create_task(listen()) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        live.end_streams()
+        done = await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
+        await live.close()
+        return list(done)
+
+    assert asyncio.run(go()) == [1, 1, 1]  # the first overview each, then the end
