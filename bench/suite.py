@@ -220,7 +220,7 @@ def collect(work: Path) -> list[Figure]:
     steps = json.loads((work / "outbox_steps.json").read_text())
     figures = step_figures(steps["rows"]) + [figure_of(f) for f in steps.get("figures", [])]
     for name in ("run_claim", "agent_steps", "relay_bench", "consumer_bench", "keyed_bench",
-                 "worker_bench"):
+                 "worker_bench", "console_bench"):
         document = json.loads((work / f"{name}.json").read_text())
         figures += [figure_of(f) for f in document["figures"]]
     return figures

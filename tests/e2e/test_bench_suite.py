@@ -39,6 +39,8 @@ REQUIRED = (
     "outbox.worker_steps_per_s",
     "outbox.worker_wakeup_p50_ms",
     "outbox.worker_wakeup_p99_ms",
+    "console.page_ms_1m",
+    "console.live_pg_core_20",
 )
 FIGURE_KEYS = {"name", "value", "unit", "ceiling", "ratio", "goal", "met"}
 
