@@ -261,11 +261,13 @@ def create_app(settings: ConsoleSettings | None = None,
                                    f"{', '.join(s.value for s in RunState)}")
         found = await console.read(reads.runs_page, state=state,
                                    workflow=q.get("workflow") or None,
+                                   version=q.get("version") or None, age=q.get("age") or None,
                                    search=q.get("q") or None, before=q.get("before") or None,
                                    limit=console.settings.page_size)
         if wants_json(request):
             return _json({"runs": found.runs, "next": found.next_cursor})
-        return console.page(request, user, "runs.html", found=found, q=q, states=list(RunState))
+        return console.page(request, user, "runs.html", found=found, q=q,
+                            states=list(RunState), ages=list(reads.AGES))
 
     async def run(request: Request, user: User) -> Response:
         run_id = _uuid(request.path_params["run_id"], "run")

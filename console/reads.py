@@ -14,7 +14,7 @@ import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -178,18 +178,30 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise BadCursor(f"'before' is not a cursor of this console: {cursor[:40]!r}") from exc
 
 
+AGES = {"1h": timedelta(hours=1), "1d": timedelta(days=1), "7d": timedelta(days=7),
+        "30d": timedelta(days=30)}
+"""The runs list's age filter: started within the last ..."""
+
+
 def runs_page(conn: Connection, *, state: str | None = None, workflow: str | None = None,
-              search: str | None = None, before: str | None = None,
-              limit: int = 50) -> RunsPage:
+              version: str | None = None, age: str | None = None, search: str | None = None,
+              before: str | None = None, limit: int = 50) -> RunsPage:
     """Runs newest first, *limit* at a time, after the cursor *before* (keyset, not OFFSET:
-    a deep page costs what the first does). *search* matches the start of the idempotency
-    key or the run id, or a word of the step or the reason."""
+    a deep page costs what the first does); of *workflow* (and *version*), started within
+    *age* (a key of :data:`AGES`). *search* matches the start of the idempotency key or
+    the run id, or a word of the step or the reason."""
     r = agent_runs
     query = select(r).where(r.c.purged_at.is_(None))
     if state:
         query = query.where(r.c.state == RunState(state).value)
     if workflow:
         query = query.where(r.c.workflow == workflow)
+    if version:
+        query = query.where(r.c.workflow_version == version)
+    if age:
+        if age not in AGES:
+            raise ValueError(f"age {age!r} is not one of {', '.join(AGES)}")
+        query = query.where(r.c.created_at > func.now() - AGES[age])
     if search:
         like = _escape_like(search)
         matches: list[Any] = [r.c.idempotency_key.like(like + "%", escape="\\"),

@@ -144,6 +144,15 @@ def test_the_runs_list_pages_by_keyset_newest_first_and_filters(console: str, en
     found = call(console, "/runs?q=page-3", as_json=True).json()["runs"]
     assert [r["idempotency_key"] for r in found] == ["page-3"]
     assert call(console, "/runs?state=done", as_json=True).json()["runs"] == []
+    assert call(console, "/runs?version=2", as_json=True).json()["runs"] == []
+    assert len(call(console, "/runs?version=1&age=1h", as_json=True).json()["runs"]) == 2
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE outboxkit.agent_runs SET created_at = now() - interval "
+                          "'2 days' WHERE idempotency_key LIKE 'page-%'"))
+    assert call(console, "/runs?age=1d", as_json=True).json()["runs"] == []
+    assert call(console, "/runs?age=forever").status == 400
+    html = call(console, "/runs?age=7d&workflow=wf").body  # the pager keeps the filters
+    assert all(kept in html for kept in ("age=7d", "workflow=wf", "before="))
 
 
 def test_an_operator_grants_and_revokes_approvals(console: str, engine: Engine) -> None:
