@@ -9,8 +9,11 @@ application allows no cross-origin requests).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -38,11 +41,14 @@ from consumers.settings import ConsumerSettings
 from outbox.db.dsn import engine_for, redact, sqlalchemy_url
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError, RunNotFound
+from outbox.kafka.api import Admin, KafkaClientError
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
+# How often the consumers' lag is asked of Kafka (the overview refreshes more often).
+LAG_SECONDS = 10.0
 # How the console's connections are named in pg_stat_activity.
 APPLICATION_NAME = "outboxkit-console"
 # The relays' lane lease (relay settings' default): a relay silent for longer is shown dead.
@@ -81,11 +87,44 @@ class Console:
         self.templates.env.filters["ago"] = _ago
         self.templates.env.filters["at"] = _at
         self.live = Live(self._overview, settings.refresh_seconds)
+        self._kafka_lock = threading.Lock()  # the admin client is not thread-safe
+        self._admin: Admin | None = None
+        self._lag_cache: tuple[float, list[dict[str, Any]] | None, str | None] | None = None
 
     def _overview(self) -> dict[str, Any]:
         with self.engine.connect() as conn:
-            return reads.overview(conn, self.outbox,
-                                  lease_seconds=RELAY_LEASE_SECONDS).as_dict()
+            found = reads.overview(conn, self.outbox,
+                                   lease_seconds=RELAY_LEASE_SECONDS).as_dict()
+        found["consumers"], found["consumers_error"] = self._lag()
+        return found
+
+    def _lag(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """The groups' lag, read from Kafka at most every LAG_SECONDS (a list of the groups
+        asks every broker); ``None`` and why when there is no Kafka to ask."""
+        if not self.settings.resolved_bootstrap():
+            return None, "no Kafka configured (OUTBOXKIT_KAFKA_BOOTSTRAP)"
+        with self._kafka_lock:
+            now = time.monotonic()
+            if self._lag_cache is not None and now - self._lag_cache[0] < LAG_SECONDS:
+                return self._lag_cache[1], self._lag_cache[2]
+            try:
+                if self._admin is None:
+                    backend = ConsumerSettings(
+                        kafka_bootstrap=self.settings.resolved_bootstrap()).kafka()
+                    self._admin = backend.admin("outbox-console", request_timeout_ms=5_000)
+                lag = [g.as_dict() for g in reads.consumer_lag(self._admin)]
+                error = None
+            except (KafkaClientError, OSError) as exc:
+                lag, error = None, f"Kafka did not answer: {first_line(exc)}"
+                self._close_admin()
+            self._lag_cache = (now, lag, error)
+            return lag, error
+
+    def _close_admin(self) -> None:
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+            self._admin = None
 
     def read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Awaitable[Any]:
         """*fn*(conn, ...) on a connection of its own, in a thread."""
@@ -179,6 +218,10 @@ class Console:
         if not self.users.any:
             return ANONYMOUS
         return self.users.check(request.headers.get("authorization"))
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 def _pretty(value: Any) -> str:
@@ -340,6 +383,7 @@ def create_app(settings: ConsoleSettings | None = None,
     async def lifespan(app: Starlette) -> Any:
         yield
         await console.live.close()
+        console._close_admin()
         console.engine.dispose()
 
     app = Starlette(routes=[

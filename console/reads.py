@@ -39,6 +39,7 @@ from outbox.db.tables import (
     consumer_failures,
     operations,
 )
+from outbox.kafka.api import Admin
 from outbox.messages.backlog import Message, list_messages, run_messages
 from outbox.runs.approvals import Approval, list_approvals
 from outbox.runs.lifecycle import Run, RunView, Transition, history, view_run
@@ -74,6 +75,8 @@ class Overview:
     table)."""
     operations_estimated: list[str] = field(default_factory=list)
     """Likewise for operations (``confirmed``, ``rejected``)."""
+    parked: list[dict[str, Any]] = field(default_factory=list)
+    """Partitions (batch mode) or keys (per-message) a group holds a message of for a retry."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,7 +101,7 @@ def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float
                                          lease_seconds=lease_seconds)
     return Overview(by_state, ops, pending, int(backlog.backlog),
                     float(backlog.oldest_age or 0), int(backlog.failed), failures,
-                    relays, unowned, estimated, ops_estimated)
+                    relays, unowned, estimated, ops_estimated, parked(conn))
 
 
 # Above this many rows (the planner's estimate), the states that only grow with history
@@ -308,3 +311,66 @@ def approval_of(conn: Connection, approval_id: uuid.UUID) -> Approval | None:
     row = conn.execute(select(approvals).where(and_(approvals.c.id == approval_id))
                        ).mappings().first()
     return None if row is None else Approval.from_row(row)
+
+
+# --- consumers' lag (Kafka) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return max(self.end - self.committed, 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "lag": self.lag}
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    group: str
+    partitions: list[PartitionLag]
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "lag": self.lag,
+                "partitions": [p.as_dict() for p in self.partitions]}
+
+
+MAX_GROUPS = 50
+
+
+def consumer_lag(admin: Admin, groups: Iterable[str] | None = None) -> list[GroupLag]:
+    """Each consumer group's lag per partition it committed: the partition's end offset
+    minus where the group resumes (at most :data:`MAX_GROUPS` groups, by name)."""
+    names = sorted(groups) if groups is not None else admin.consumer_groups()
+    found = []
+    for name in names[:MAX_GROUPS]:
+        committed = admin.committed_offsets(name)
+        ends = admin.end_offsets(list(committed)) if committed else {}
+        found.append(GroupLag(name, [
+            PartitionLag(tp.topic, tp.partition, offset, ends.get(tp, offset))
+            for tp, offset in sorted(committed.items())]))
+    return found
+
+
+def parked(conn: Connection) -> list[dict[str, Any]]:
+    """Partitions a consumer group holds a message of for a retry (batch mode parks the
+    partition; per-message mode only that key): group, topic, partition, messages, since."""
+    f = consumer_failures
+    rows = conn.execute(
+        select(f.c.consumer_group, f.c.topic, f.c.kafka_partition, func.count().label("n"),
+               func.min(f.c.first_failed_at).label("since"))
+        .where(f.c.status == "retrying")
+        .group_by(f.c.consumer_group, f.c.topic, f.c.kafka_partition)
+        .order_by(f.c.consumer_group, f.c.topic, f.c.kafka_partition).limit(200)).all()
+    return [{"group": r.consumer_group, "topic": r.topic, "partition": r.kafka_partition,
+             "messages": r.n, "since": r.since} for r in rows]

@@ -452,6 +452,23 @@ class KafkaPythonAdmin:
             raise translated(exc) from exc
         return {TopicPartition(*tp): int(info.offset) for tp, info in found.items()}
 
+    def consumer_groups(self) -> list[str]:
+        try:
+            found = self._admin.list_groups()
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
+        # kafka-python 3 answers dicts; 2.x answered (group id, protocol type) tuples.
+        names = (g["group_id"] if isinstance(g, dict) else g[0] for g in found)
+        return sorted(set(names))
+
+    def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        try:
+            found = self._admin.list_group_offsets({group: None}).get(group, {})
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
+        return {TopicPartition(tp.topic, tp.partition): int(meta.offset)
+                for tp, meta in found.items() if meta.offset >= 0}
+
     def delete_topics(self, topics: Collection[str]) -> None:
         try:
             self._admin.delete_topics(list(topics))

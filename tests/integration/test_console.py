@@ -284,3 +284,38 @@ def test_an_operator_replays_a_dead_letter_once(database_url: str, engine: Engin
         assert sum(1 for _ in consumer) == 1
     finally:
         consumer.close()
+
+
+def test_the_overview_shows_each_groups_lag_per_partition(
+        database_url: str, kafka_bootstrap: str, kafka_topic: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kafka import (  # noqa: PLC0415
+        KafkaConsumer,
+        KafkaProducer,
+        OffsetAndMetadata,
+        TopicPartition,
+    )
+
+    monkeypatch.delenv("OUTBOXKIT_KAFKA_BOOTSTRAP", raising=False)
+    topic = kafka_topic()
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for _ in range(7):
+        producer.send(topic, value=b"x", partition=0).get(timeout=20)
+    producer.close()
+    name = f"console-lag-{uuid.uuid4().hex[:6]}"
+    member = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=name,
+                           enable_auto_commit=False)
+    member.commit({TopicPartition(topic, 0): OffsetAndMetadata(3, "", -1)})
+    member.close()
+    with serving(database_url, kafka_bootstrap=kafka_bootstrap) as base:
+        data = call(base, "/", as_json=True).json()
+        page = call(base, "/")
+    [found] = [g for g in data["consumers"] if g["group"] == name]
+    assert found["partitions"] == [{"topic": topic, "partition": 0, "committed": 3, "end": 7,
+                                    "lag": 4}]
+    assert found["lag"] == 4
+    assert name in page.body
+    with serving(database_url) as base:  # no Kafka configured: said, not an error
+        data = call(base, "/", as_json=True).json()
+    assert data["consumers"] is None
+    assert "OUTBOXKIT_KAFKA_BOOTSTRAP" in data["consumers_error"]

@@ -490,6 +490,26 @@ class NotUtf8(str):
 
 
 # --- admin -------------------------------------------------------------------------------
+def test_admin_lists_the_groups_and_where_each_resumes(
+    client: Backend, consumers: Callable[..., Consumer], filled: Filled
+) -> None:
+    """What an operator's lag view needs: the groups, their committed offsets (end offsets
+    minus these is the lag)."""
+    name = group()
+    member = consumers(name)
+    member.subscribe([filled.topic], Listener())
+    poll_until(member, lambda got: len(got) >= len(filled.every))
+    member.commit({TopicPartition(filled.topic, 0): 4, TopicPartition(filled.topic, 2): 10})
+    admin = client.admin("contract")
+    try:
+        assert name in admin.consumer_groups()
+        assert admin.committed_offsets(name) == {TopicPartition(filled.topic, 0): 4,
+                                                 TopicPartition(filled.topic, 2): 10}
+        assert admin.committed_offsets(group()) == {}  # a group nobody ever ran
+    finally:
+        admin.close()
+
+
 def test_admin_creates_describes_measures_and_deletes_topics(client: Backend) -> None:
     admin = client.admin("contract")
     name = f"contract-admin-{uuid.uuid4().hex[:8]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
 )
@@ -121,6 +122,23 @@ class ConfluentAdmin:
             }
         except KafkaException as exc:
             raise translated(exc) from exc
+
+    def consumer_groups(self) -> list[str]:
+        try:
+            found = self._admin.list_consumer_groups(request_timeout=self._timeout_s).result()
+        except KafkaException as exc:
+            raise translated(exc) from exc
+        return sorted({g.group_id for g in found.valid})
+
+    def committed_offsets(self, group: str) -> dict[TopicPartition, int]:
+        try:
+            futures = self._admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group)], request_timeout=self._timeout_s)
+            answer = futures[group].result()
+        except KafkaException as exc:
+            raise translated(exc) from exc
+        return {TopicPartition(tp.topic, tp.partition): int(tp.offset)
+                for tp in answer.topic_partitions or [] if tp.offset >= 0}
 
     def delete_topics(self, topics: Collection[str]) -> None:
         if not topics:
