@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 
 from consumers.deadletter import KafkaSender
 from consumers.errors import ConsumerError
+from consumers.failures import discard
 from consumers.replay import republish
 from dedup.ledger.ledger import Ledger
 from dedup.ledger.outcomes import Evidence
@@ -129,6 +130,15 @@ def replay(engine: Engine, settings: OutboxSettings, failure_id: int, *,
     finally:
         sender.close()
     return f"failure {failure_id} republished to {sent.topic}[{sent.partition}]@{sent.offset}"
+
+
+def discard_failure(engine: Engine, settings: OutboxSettings, failure_id: int, *,
+                    reason: str | None, actor: str) -> str:
+    """``outbox dlq discard``: never handled, with who and why (only a dead letter)."""
+    why = need(reason, "a reason (why it will never be handled)")
+    with engine.begin() as conn:
+        discard(conn, failure_id, actor=actor, reason=why)
+    return f"failure {failure_id} discarded by {actor}"
 
 
 def retry(engine: Engine, settings: OutboxSettings, ids: Collection[Any]) -> str:

@@ -53,7 +53,7 @@ LAG_SECONDS = 10.0
 APPLICATION_NAME = "outboxkit-console"
 # The relays' lane lease (relay settings' default): a relay silent for longer is shown dead.
 RELAY_LEASE_SECONDS = 10.0
-FAILURE_STATUSES = ("dead-lettered", "retrying", "replayed", "recovered")
+FAILURE_STATUSES = ("dead-lettered", "retrying", "replayed", "discarded", "recovered")
 SECURITY_HEADERS = {
     # Only this console's own files: no inline script, no other origin, no framing.
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -272,6 +272,13 @@ def _uuid(raw: str, what: str) -> uuid.UUID:
         raise actions.BadInput(f"{raw[:60]!r} is not a {what} id (a UUID)") from exc
 
 
+def _failure_id(request: Request) -> int:
+    try:
+        return int(request.path_params["failure_id"])
+    except ValueError as exc:
+        raise actions.BadInput("a failure id is a whole number") from exc
+
+
 def _same_site(target: str | None, fallback: str) -> str:
     """Where to go after a form: a path of this console, never another site."""
     if not target or not target.startswith("/") or target.startswith("//"):
@@ -369,11 +376,12 @@ def create_app(settings: ConsoleSettings | None = None,
                               reason=body.get("reason"), actor=user.name)
 
     async def replay(request: Request, user: User, body: dict[str, Any]) -> str:
-        try:
-            failure_id = int(request.path_params["failure_id"])
-        except ValueError as exc:
-            raise actions.BadInput("a failure id is a whole number") from exc
-        return await blocking(actions.replay, failure_id, kafka=console.kafka_sender)
+        return await blocking(actions.replay, _failure_id(request),
+                              kafka=console.kafka_sender)
+
+    async def discard(request: Request, user: User, body: dict[str, Any]) -> str:
+        return await blocking(actions.discard_failure, _failure_id(request),
+                              reason=body.get("reason"), actor=user.name)
 
     async def retry(request: Request, user: User, body: dict[str, Any]) -> str:
         ids = body.get("id") or body.get("ids") or []
@@ -400,6 +408,7 @@ def create_app(settings: ConsoleSettings | None = None,
         Route("/messages", console.view(messages)),
         Route("/messages/retry", console.act(retry), methods=["POST"]),
         Route("/failures/{failure_id}/replay", console.act(replay), methods=["POST"]),
+        Route("/failures/{failure_id}/discard", console.act(discard), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ], lifespan=lifespan)
     app.state.console = console

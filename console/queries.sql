@@ -14,13 +14,12 @@ GRANT SELECT ON {schema}.agent_runs, {schema}.run_transitions, {schema}.run_log,
     {schema}.run_effects, {schema}.workflows, {schema}.consumer_failures,
     {schema}.confirmations TO {role};
 GRANT UPDATE ON {schema}.agent_runs, {schema}.approvals, {schema}.operations,
-    {schema}.outbox_failures, {schema}.run_effects TO {role};
+    {schema}.outbox_failures, {schema}.run_effects, {schema}.consumer_failures TO {role};
 GRANT INSERT ON {schema}.run_transitions, {schema}.operation_events,
     {schema}.confirmations TO {role};
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
 
 -- name: console_role_replay_grants
 -- What replaying dead letters adds (console.roles.console_grants(..., replay=True)): the
--- failure's compare-and-set, and its dedup mark removed (or put back if Kafka refused).
-GRANT UPDATE ON {schema}.consumer_failures TO {role};
+-- replayed message's dedup mark removed (or put back if Kafka refused).
 GRANT SELECT, INSERT, DELETE ON {schema}.consumer_inbox TO {role};

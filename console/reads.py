@@ -28,7 +28,7 @@ from sqlalchemy import (
     tuple_,
 )
 
-from consumers.failures import FailedMessage, list_failures
+from consumers.failures import FailedMessage, failure_groups, list_failures
 from dedup.ledger.ledger import Ledger
 from dedup.ledger.operations import Operation, OperationEvent
 from outbox.db.queries import sql
@@ -292,6 +292,8 @@ def inbox(conn: Connection, settings: OutboxSettings, *, limit: int = 50) -> Inb
 class MessagesPage:
     refused: list[Message]
     consumer_failures: list[FailedMessage]
+    groups: list[dict[str, Any]]
+    """The failures of that status by group, topic and first line of the error."""
 
 
 def messages_page(conn: Connection, settings: OutboxSettings, *, failures: str,
@@ -299,7 +301,8 @@ def messages_page(conn: Connection, settings: OutboxSettings, *, failures: str,
     """Refused outbox rows (the relay gave up on them) and consumers' failures of *failures*
     status (dead-lettered by default), oldest first."""
     return MessagesPage(list_messages(conn, status="failed", limit=limit, settings=settings),
-                        list_failures(conn, status=failures, limit=limit))
+                        list_failures(conn, status=failures, limit=limit),
+                        failure_groups(conn, status=failures))
 
 
 def operation_of(conn: Connection, op_id: uuid.UUID) -> Operation | None:

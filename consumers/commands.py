@@ -1,5 +1,6 @@
 """The consumers' commands, registered in ``outboxkit.commands``: ``outbox consume`` (run an
-app) and ``outbox dlq`` (list dead-lettered messages, replay them once their cause is fixed).
+app) and ``outbox dlq`` (list dead-lettered messages, replay them once their cause is fixed,
+or discard them with a reason).
 """
 
 from __future__ import annotations
@@ -13,14 +14,21 @@ from pydantic import ValidationError
 from consumers.app import Consumer
 from consumers.deadletter import KafkaSender
 from consumers.errors import ConsumerError, FailureNotFound
-from consumers.failures import STATUSES, FailedMessage, get_failure, list_failures
+from consumers.failures import STATUSES, FailedMessage, discard, get_failure, list_failures
 from consumers.replay import rehandle, republish
 from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
 from outbox.cli.apps import import_app
 from outbox.cli.daemon import run_daemon
 from outbox.cli.flags import env_prefix, explain, settings_options
-from outbox.cli.main import database_url_option, echo_json, echo_table, one_line_errors, open_engine
+from outbox.cli.main import (
+    database_url_option,
+    echo_json,
+    echo_table,
+    one_line_errors,
+    open_engine,
+    who_option,
+)
 from outbox.errors import ConfigurationError
 from outbox.kafka import KafkaClientError
 from outbox.settings import OutboxSettings
@@ -125,6 +133,23 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
                            f"[{sent.partition}]@{sent.offset}")
         finally:
             sender.close()
+
+
+@dlq_group.command("discard")
+@click.argument("failure_ids", nargs=-1, required=True, type=click.IntRange(min=1))
+@click.option("--reason", required=True, help="Why it will never be handled; recorded.")
+@who_option("--actor", who="who discards it", help="Who discards it; recorded.")
+@database_url_option
+@one_line_errors
+def dlq_discard(failure_ids: tuple[int, ...], reason: str, actor: str,
+                database_url: str | None) -> None:
+    """Decide dead-lettered messages will never be handled (kept, with who and why; their
+    redeliveries are dropped). All or none: one that is not dead-lettered changes nothing."""
+    with open_engine(database_url) as engine, engine.begin() as conn:
+        for failure_id in failure_ids:
+            discard(conn, failure_id, actor=actor, reason=reason)
+    for failure_id in failure_ids:
+        click.echo(f"failure {failure_id}: discarded by {actor} ({reason})")
 
 
 def _replayable(failure: FailedMessage | None, failure_id: int) -> None:

@@ -26,13 +26,15 @@ class MalformedMessage(ConsumerError):
         self.topic, self.partition, self.offset, self.reason = topic, partition, offset, reason
 
 
-class ReplayRefused(ConsumerError):
-    """The failure is not dead-lettered (someone replayed it, or it recovered): nothing sent."""
+class NotDeadLettered(ConsumerError):
+    """The failure is not dead-lettered (someone replayed or discarded it, or it recovered):
+    nothing was done."""
 
-    def __init__(self, failure_id: int, status: str) -> None:
+    def __init__(self, failure_id: int, status: str, action: str = "replay") -> None:
         super().__init__(f"failure {failure_id} is {status!r}, not dead-lettered: nothing to "
-                         "replay; nothing was sent")
+                         f"{action}; nothing was changed")
         self.failure_id = failure_id
+        self.status = status
 
 
 class FailureNotFound(ConsumerError):

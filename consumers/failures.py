@@ -21,9 +21,11 @@ from typing import Any
 from sqlalchemy import Connection, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 
+from consumers.errors import FailureNotFound, NotDeadLettered
 from outbox.db.tables import consumer_failures
+from outbox.errors import ConfigurationError
 
-STATUSES = ("retrying", "recovered", "dead-lettered", "replayed")
+STATUSES = ("retrying", "recovered", "dead-lettered", "replayed", "discarded")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class FailedMessage:
     dead_lettered_at: datetime | None
     dlq_topic: str | None
     replayed_at: datetime | None
+    discarded_by: str | None = None
+    discard_reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly (bytes as UTF-8 with replacement), for ``--json`` output."""
@@ -220,6 +224,43 @@ def take_for_replay(conn: Connection, failure_id: int) -> FailedMessage | None:
     return _failed_message(row._mapping) if row is not None else None
 
 
+def discard(conn: Connection, failure_id: int, *, actor: str, reason: str) -> FailedMessage:
+    """A person decided this dead letter will never be handled: ``discarded``, with who and
+    why; never commits. Only a dead-lettered one (a compare-and-set, as a replay's):
+    :class:`NotDeadLettered` otherwise, :class:`FailureNotFound` if there is none."""
+    if not actor.strip() or not reason.strip():
+        raise ConfigurationError("a discard says who and why (actor and reason)")
+    row = conn.execute(
+        update(consumer_failures)
+        .where(consumer_failures.c.id == failure_id,
+               consumer_failures.c.status == "dead-lettered")
+        .values(status="discarded", discarded_by=actor, discard_reason=reason)
+        .returning(*consumer_failures.c)
+    ).first()
+    if row is not None:
+        return _failed_message(row._mapping)
+    found = get_failure(conn, failure_id)
+    if found is None:
+        raise FailureNotFound(failure_id)
+    raise NotDeadLettered(failure_id, found.status, "discard")
+
+
+def failure_groups(conn: Connection, *, status: str = "dead-lettered",
+                   limit: int = 50) -> list[dict[str, Any]]:
+    """Failures of *status* grouped by group, topic and the first line of their error, the
+    biggest first: what an operator fixes once for many messages."""
+    t = consumer_failures
+    reason = func.split_part(func.coalesce(t.c.last_error, ""), "\n", 1).label("reason")
+    rows = conn.execute(
+        select(t.c.consumer_group, t.c.topic, reason, func.count().label("messages"),
+               func.min(t.c.first_failed_at).label("first"),
+               func.max(t.c.last_failed_at).label("last"))
+        .where(t.c.status == status)
+        .group_by(t.c.consumer_group, t.c.topic, reason)
+        .order_by(func.count().desc(), t.c.consumer_group, t.c.topic).limit(limit)).all()
+    return [dict(r._mapping) for r in rows]
+
+
 def give_back(conn: Connection, failure_id: int) -> None:
     """Undo :func:`take_for_replay` when the replay could not be sent; never commits."""
     conn.execute(
@@ -287,4 +328,6 @@ def _failed_message(row: Any) -> FailedMessage:
         dead_lettered_at=row["dead_lettered_at"],
         dlq_topic=row["dlq_topic"],
         replayed_at=row["replayed_at"],
+        discarded_by=row["discarded_by"],
+        discard_reason=row["discard_reason"],
     )

@@ -16,7 +16,7 @@ from consumers import failures
 from consumers.app import Consumer
 from consumers.deadletter import ERROR_HEADERS, KafkaSender, Sent
 from consumers.decode import decode
-from consumers.errors import FailureNotFound, ReplayRefused
+from consumers.errors import FailureNotFound, NotDeadLettered
 from dedup.inbox import Mark, mark, unmark
 from outbox.kafka import Record
 from outbox.settings import OutboxSettings
@@ -41,7 +41,7 @@ def republish(
 
     Only a dead-lettered failure, and only once: it is marked ``replayed`` (with its dedup
     mark removed) before it is sent, by a compare-and-set, so two operators replaying it at
-    the same moment send it once (the other gets :class:`ReplayRefused`); a send that fails
+    the same moment send it once (the other gets :class:`NotDeadLettered`); a send that fails
     puts it back to dead-lettered. A process killed between that commit and the send leaves it
     ``replayed`` and not sent: list ``--status replayed`` to find it.
     *engine* must carry the schema translate map (``outbox.db.schema.translate``).
@@ -52,7 +52,7 @@ def republish(
             found = failures.get_failure(conn, failure_id)
             if found is None:
                 raise FailureNotFound(failure_id)
-            raise ReplayRefused(failure_id, found.status)
+            raise NotDeadLettered(failure_id, found.status)
         if failure.message_id is not None:
             unmark(conn, failure.consumer_group, failure.message_id, settings=settings)
     headers = [

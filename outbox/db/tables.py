@@ -547,8 +547,10 @@ consumer_failures = Table(
     Column("dlq_partition", Integer),
     Column("dlq_offset", BigInteger),
     _ts("replayed_at"),
+    Column("discarded_by", Text),  # migration 0017
+    Column("discard_reason", Text),  # migration 0017
     CheckConstraint(
-        "status IN ('retrying', 'recovered', 'dead-lettered', 'replayed')",
+        "status IN ('retrying', 'recovered', 'dead-lettered', 'replayed', 'discarded')",
         name="consumer_failures_status_check",
     ),
     UniqueConstraint(

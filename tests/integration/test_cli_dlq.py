@@ -102,3 +102,26 @@ def test_replay_of_an_unknown_failure_is_one_line_and_exit_1(database_url: str) 
                     "--kafka-bootstrap", "127.0.0.1:9")
     assert result.returncode == 1
     assert "no consumer failure with id 424242" in one_line(result)
+
+
+def test_discard_keeps_the_dead_letter_with_who_and_why_and_only_once(
+    engine: Engine, database_url: str
+) -> None:
+    with engine.begin() as conn:
+        first, _ = dead_letter(conn, "order.submit", 11, "widget")
+        second, _ = dead_letter(conn, "order.submit", 12, "widget")
+    done = outbox("dlq", "discard", str(first), "--reason", "customer cancelled",
+                  "--actor", "ann", "--database-url", database_url)
+    assert done.returncode == 0, done.stderr
+    assert f"failure {first}: discarded by ann" in done.stdout
+    listed = json.loads(outbox("dlq", "list", "--status", "discarded", "--json",
+                               "--database-url", database_url).stdout)
+    assert [(r["id"], r["discarded_by"], r["discard_reason"]) for r in listed] == [
+        (first, "ann", "customer cancelled")]
+    # All or none: the second is dead-lettered, the first no longer is.
+    again = outbox("dlq", "discard", str(second), str(first), "--reason", "x", "--actor", "bob",
+                   "--database-url", database_url)
+    assert again.returncode == 1
+    assert f"failure {first} is 'discarded', not dead-lettered" in one_line(again)
+    still = json.loads(outbox("dlq", "list", "--json", "--database-url", database_url).stdout)
+    assert [r["id"] for r in still] == [second]

@@ -319,3 +319,23 @@ def test_the_overview_shows_each_groups_lag_per_partition(
         data = call(base, "/", as_json=True).json()
     assert data["consumers"] is None
     assert "OUTBOXKIT_KAFKA_BOOTSTRAP" in data["consumers_error"]
+
+
+def test_dead_letters_are_grouped_by_reason_and_an_operator_discards_one(
+        console: str, engine: Engine) -> None:
+    from tests.integration.test_cli_dlq import dead_letter  # noqa: PLC0415
+
+    with engine.begin() as conn:
+        ids = [dead_letter(conn, "order.submit", n, "widget")[0] for n in range(3)]
+    page = call(console, "/messages")
+    assert 'id="failure-groups"' in page.body
+    groups = call(console, "/messages", as_json=True).json()["groups"]
+    assert [(g["consumer_group"], g["reason"], g["messages"]) for g in groups] == [
+        ("orders", "supplier API down", 3)]
+    assert call(console, f"/failures/{ids[0]}/discard", body={}).status == 400  # no reason
+    done = call(console, f"/failures/{ids[0]}/discard", body={"reason": "cancelled"})
+    assert done.status == 200, done.body
+    assert call(console, f"/failures/{ids[0]}/discard",
+                body={"reason": "again"}).status == 409
+    shown = call(console, "/messages?failures=discarded").body
+    assert "discarded by olga: cancelled" in shown

@@ -13,7 +13,7 @@ from kafka import KafkaConsumer
 from sqlalchemy import Engine
 
 from consumers.deadletter import KafkaSender
-from consumers.errors import ReplayRefused
+from consumers.errors import NotDeadLettered
 from consumers.failures import get_failure
 from consumers.replay import republish
 from consumers.settings import ConsumerSettings
@@ -45,7 +45,7 @@ def test_two_replays_at_once_send_it_once(engine: Engine, kafka_bootstrap: str,
         try:
             start.wait()
             outcomes.append(republish(engine, sender, failure_id))
-        except ReplayRefused as exc:
+        except NotDeadLettered as exc:
             outcomes.append(exc)
         finally:
             sender.close()
@@ -55,7 +55,7 @@ def test_two_replays_at_once_send_it_once(engine: Engine, kafka_bootstrap: str,
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert sorted(type(o).__name__ for o in outcomes) == ["ReplayRefused", "Sent"]
+    assert sorted(type(o).__name__ for o in outcomes) == ["NotDeadLettered", "Sent"]
     assert _sent(kafka_bootstrap, topic) == 1
     with engine.connect() as conn:
         failure = get_failure(conn, failure_id)

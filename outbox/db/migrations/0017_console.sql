@@ -13,3 +13,10 @@ CREATE INDEX approvals_pending_idx ON {schema}.approvals (expires_at)
 -- every retained outbox row (67 ms with 1,000,000 kept). Only rows emitted by a run.
 CREATE INDEX outbox_messages_run_idx ON {schema}.outbox_messages (run_id)
     WHERE run_id IS NOT NULL;
+-- A dead letter an operator decided never to handle (the console, `outbox dlq discard`): the
+-- row stays, saying who and why; its dedup mark stays too, so a redelivery is dropped.
+ALTER TABLE {schema}.consumer_failures DROP CONSTRAINT consumer_failures_status_check;
+ALTER TABLE {schema}.consumer_failures ADD CONSTRAINT consumer_failures_status_check
+    CHECK (status IN ('retrying', 'recovered', 'dead-lettered', 'replayed', 'discarded'));
+ALTER TABLE {schema}.consumer_failures ADD COLUMN discarded_by text;
+ALTER TABLE {schema}.consumer_failures ADD COLUMN discard_reason text;
