@@ -192,6 +192,104 @@ def live_reads(base: str, server: Any, streams: int, seconds: float,
     return int(live.reads - before), (_backend_cpu(engine) - cpu_before) / seconds
 
 
+def _postgres_cpu(engine: Engine) -> tuple[float, float]:
+    """CPU seconds so far of every process of the PostgreSQL server (the postmaster's
+    children, same machine), and of those that are the console's connections."""
+    with engine.connect() as conn:
+        backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        console = set(conn.execute(text("SELECT pid FROM pg_stat_activity WHERE "
+                                        "application_name = 'outboxkit-console'")).scalars())
+    postmaster = _stat(backend)[1]
+    total = mine = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            seconds, parent = _stat(int(entry))
+        except OSError:
+            continue
+        if parent == postmaster:
+            total += seconds
+            mine += seconds if int(entry) in console else 0.0
+    return total, mine
+
+
+def _stat(pid: int) -> tuple[float, int]:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[1])
+
+
+def traffic_share(engine: Engine, url: str, bootstrap: str, base: str, *,
+                  seconds: float, rate: int) -> dict[str, float]:
+    """PostgreSQL's CPU while a writer emits *rate* messages a second that a relay
+    publishes, for *seconds* without the console's pages, then as long with 20 open."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from outbox.messages.emit import emit_many  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
+
+    topic = f"console-traffic-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "OUTBOXKIT_RELAY_DATABASE_URL": url,
+           "OUTBOXKIT_RELAY_KAFKA_BOOTSTRAP": bootstrap, "OUTBOXKIT_RELAY_RELAY_ID": "bench"}
+    relay = subprocess.Popen([sys.executable, "-m", "relay"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 0
+        tick = 0.01
+        started = time.monotonic()
+        while not stop.is_set():
+            batch = [Envelope(topic=topic, type="t", key=f"k{(n + i) % 100}", payload={"n": n})
+                     for i in range(int(rate * tick))]
+            with engine.begin() as conn:
+                emit_many(conn, batch)
+            n += len(batch)
+            time.sleep(max(0.0, started + n / rate - time.monotonic()))
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        time.sleep(5)  # the relay connects, takes its lanes and catches up
+        cpu0 = _postgres_cpu(engine)
+        time.sleep(seconds)
+        cpu1 = _postgres_cpu(engine)
+        pages = threading.Thread(target=lambda: _listen(base, 20, seconds), daemon=True)
+        pages.start()
+        time.sleep(1)  # the pages open and the reader starts
+        cpu2 = _postgres_cpu(engine)
+        time.sleep(seconds)
+        cpu3 = _postgres_cpu(engine)
+        pages.join(timeout=seconds + 30)
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+        relay.terminate()
+        relay.wait(timeout=30)
+    without = (cpu1[0] - cpu0[0]) / seconds
+    with_pages = (cpu3[0] - cpu2[0]) / seconds
+    console = (cpu3[1] - cpu2[1]) / seconds
+    return {"without": without, "with_pages": with_pages, "console": console}
+
+
+def _listen(base: str, streams: int, seconds: float) -> None:
+    stop = time.monotonic() + seconds + 1
+
+    def one() -> None:
+        with urllib.request.urlopen(base + "/events", timeout=seconds + 30) as stream:  # noqa: S310
+            for _ in stream:
+                if time.monotonic() > stop:
+                    return
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=seconds + 30)
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 - one linear measurement
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("OUTBOXKIT_DATABASE_URL"))
@@ -200,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 - one linear me
     parser.add_argument("--runs", type=int, help="runs and outbox rows (default 1,000,000)")
     parser.add_argument("--requests", type=int, help="requests per page (default 25)")
     parser.add_argument("--live-seconds", type=float, help="how long 20 streams stay open")
+    parser.add_argument("--kafka-bootstrap", help="also measure the live pages beside relay "
+                        "traffic (a writer and a relay; not in the suite)")
+    parser.add_argument("--traffic-rate", type=int, default=1000, help="messages/s written")
+    parser.add_argument("--traffic-seconds", type=float, default=20.0)
     parser.add_argument("--allow-not-durable", action="store_true", help="accepted for the suite")
     args = parser.parse_args(argv)
     if not args.database_url:
@@ -238,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 - one linear me
                     html[page].append(ask(base + path, as_json=False))
             one_read = statistics.median(times["overview"])
             reads, pg_core = live_reads(base, server, 20, live_seconds, engine)
+            traffic = (traffic_share(engine, url, args.kafka_bootstrap, base,
+                                     seconds=args.traffic_seconds, rate=args.traffic_rate)
+                       if args.kafka_bootstrap else None)
         finally:
             server.should_exit = True
             thread.join(timeout=30)
@@ -270,6 +375,14 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 - one linear me
         Figure("console.live_pg_core_20", pg_core * 100, "% of a core",
                note="CPU of the console's PostgreSQL backends while 20 overview pages were "
                "open (pg_stat_activity's pids, /proc)"),
+        *([] if traffic is None else [Figure(
+            "console.live_pg_share_traffic", traffic["console"] / traffic["without"] * 100,
+            "% of PostgreSQL", goal="<= 5",
+            met=traffic["console"] / traffic["without"] <= 0.05,
+            note=f"the console's backends beside {args.traffic_rate:,} msg/s of relay traffic "
+            f"(a writer's emit_many and a relay): PostgreSQL used {traffic['without']:.1%} of a "
+            f"core without pages, {traffic['with_pages']:.1%} with 20 open, of which the "
+            f"console's own backends {traffic['console']:.1%}")]),
     ]
     print()
     print_figures(figures)
