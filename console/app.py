@@ -24,8 +24,11 @@ from urllib.parse import quote, urlsplit
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -38,7 +41,7 @@ from console.live import Live
 from console.settings import ConsoleSettings
 from consumers.deadletter import KafkaSender
 from consumers.settings import ConsumerSettings
-from outbox.db.dsn import engine_for, redact, sqlalchemy_url
+from outbox.db.dsn import engine_for, sqlalchemy_url
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError, RunNotFound
 from outbox.kafka.api import Admin, KafkaClientError
@@ -72,7 +75,7 @@ class Console:
             raise ConfigurationError("no database: set OUTBOXKIT_CONSOLE_DATABASE_URL or "
                                      "OUTBOXKIT_DATABASE_URL (or pass --database-url)")
         self.settings, self.outbox = settings, outbox
-        self.database = redact(url)
+        self.database = where(url)
         # jit off: PostgreSQL compiles a statement whose estimated cost is high (a count
         # over a big table), ~200-300 ms here, for reads that then take a few ms.
         self.engine: Engine = engine_for(
@@ -151,7 +154,7 @@ class Console:
         """*handler* for a signed-in user; the library's refusals as pages (or JSON)."""
         console = self
         async def endpoint(request: Request) -> Response:
-            user = console.who(request)
+            user = await run_in_threadpool(console.who, request)
             if user is None:
                 return Response("sign in (HTTP basic auth)", status_code=401,
                                 headers={"WWW-Authenticate": 'Basic realm="outboxkit console"'})
@@ -163,6 +166,9 @@ class Console:
                 response = console.failed(request, user, 404, str(exc))
             except OutboxError as exc:  # refused by the library: nothing was written
                 response = console.failed(request, user, 409, str(exc))
+            except PoolTimeout:
+                response = console.failed(request, user, 503, "the console's connections to "
+                                          "the database are all busy: try again")
             except DBAPIError as exc:  # rolled back: nothing was written either
                 log.warning("console: %s %s failed in the database: %s", request.method,
                             request.url.path, exc.orig, extra={"event": "console.db_error"})
@@ -191,9 +197,13 @@ class Console:
                     raise actions.BadInput(f"the body is not JSON: {exc}") from exc
                 if not isinstance(body, dict):
                     raise actions.BadInput("the body must be a JSON object")
+                body = _fields(body)
             else:
                 form = await request.form()
                 body = {k: form.getlist(k) if k == "id" else form.get(k) for k in form}
+                if any(not isinstance(v, str | list) for v in body.values()) or any(
+                        not isinstance(i, str) for i in body.get("id") or []):
+                    raise actions.BadInput("a form's fields are text (no file uploads)")
                 if not csrf_ok(console.secret, user, body.get("csrf")):
                     return console.failed(request, user, 403, "the form's CSRF token is missing or "
                                   "wrong: reload the page and try again")
@@ -218,6 +228,17 @@ class Console:
         if not self.users.any:
             return ANONYMOUS
         return self.users.check(request.headers.get("authorization"))
+
+
+def where(url: str) -> str:
+    """Host, port and database of *url*, nothing else: a password may hide in the query
+    (``?password=``) or in a key=value string, where redaction of the user part misses it."""
+    if "://" not in url:
+        found = dict(part.split("=", 1) for part in url.split() if "=" in part)
+        return f"{found.get('host', '?')}:{found.get('port', '5432')}/{found.get('dbname', '?')}"
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{host}:{parts.port or 5432}{parts.path or '/'}"
 
 
 def first_line(exc: BaseException) -> str:
@@ -272,6 +293,29 @@ def _uuid(raw: str, what: str) -> uuid.UUID:
         raise actions.BadInput(f"{raw[:60]!r} is not a {what} id (a UUID)") from exc
 
 
+def _fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A JSON body's fields as the actions take them: text, except ``ids`` (whole numbers)
+    and ``force`` (true/false); evidence may be given as an object (stored as its JSON)."""
+    out: dict[str, Any] = {}
+    for name, value in body.items():
+        if name == "evidence" and isinstance(value, dict):
+            out[name] = json.dumps(value)
+        elif name in ("ids", "id"):
+            values = value if isinstance(value, list) else [value]
+            if not all(isinstance(v, int | str) and not isinstance(v, bool) for v in values):
+                raise actions.BadInput("ids are the refused rows' ids (whole numbers)")
+            out[name] = values
+        elif name == "force":
+            if not isinstance(value, bool):
+                raise actions.BadInput("force is true or false")
+            out[name] = value
+        elif value is None or isinstance(value, str):
+            out[name] = value
+        else:
+            raise actions.BadInput(f"{name} must be text, not {type(value).__name__}")
+    return out
+
+
 def _failure_id(request: Request) -> int:
     try:
         return int(request.path_params["failure_id"])
@@ -281,8 +325,9 @@ def _failure_id(request: Request) -> int:
 
 def _same_site(target: str | None, fallback: str) -> str:
     """Where to go after a form: a path of this console, never another site."""
-    if not target or not target.startswith("/") or target.startswith("//"):
-        return fallback
+    if (not target or not target.startswith("/") or target.startswith("//")
+            or "\\" in target or any(ord(c) < 32 for c in target)):
+        return fallback  # a browser reads "/\\host" as "//host": another site
     parts = urlsplit(target)
     return fallback if parts.scheme or parts.netloc else target
 
@@ -394,7 +439,11 @@ def create_app(settings: ConsoleSettings | None = None,
         console._close_admin()
         console.engine.dispose()
 
-    app = Starlette(routes=[
+    hosts = [h.strip() for h in console.settings.allowed_hosts.split(",") if h.strip()]
+    if console.settings.host not in ("0.0.0.0", "::", ""):  # noqa: S104
+        hosts.append(console.settings.host)
+    app = Starlette(middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
+                    routes=[
         Route("/", console.view(overview)),
         Route("/events", console.view(events)),
         Route("/runs", console.view(runs)),

@@ -11,7 +11,6 @@ without the right one is refused before anything is read from the database.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import secrets
@@ -55,6 +54,23 @@ def _verify(password: str, stored: str) -> bool:
     return hmac.compare_digest(found, base64.b64decode(digest))
 
 
+def _well_formed(stored: str) -> bool:
+    if not stored.startswith("scrypt$") or stored.count("$") != 2:
+        return False
+    try:
+        _, salt, digest = stored.split("$")
+        return bool(base64.b64decode(salt, validate=True)) and len(
+            base64.b64decode(digest, validate=True)) == 32
+    except ValueError:  # binascii.Error is a ValueError
+        return False
+
+
+# An unknown name pays the same scrypt as a known one: the time an answer takes does not
+# tell which names exist.
+_DECOY = "scrypt$" + base64.b64encode(b"outboxkit-decoy!").decode() + "$" + base64.b64encode(
+    bytes(32)).decode()
+
+
 class Users:
     """The configured users (``name:role:hash,...``); checks a basic-auth header."""
 
@@ -64,8 +80,7 @@ class Users:
         for entry in filter(None, (part.strip() for part in spec.split(","))):
             name, sep, rest = entry.partition(":")
             role, sep2, stored = rest.partition(":")
-            if not (sep and sep2 and name and stored.startswith("scrypt$")
-                    and stored.count("$") == 2):
+            if not (sep and sep2 and name and _well_formed(stored)):
                 raise ConfigurationError(
                     f"OUTBOXKIT_CONSOLE_USERS: {name or entry[:20]!r} is not 'name:role:hash' "
                     "with a hash from `outbox console hash-password`")
@@ -79,21 +94,23 @@ class Users:
         return bool(self._hashes)
 
     def check(self, header: str | None) -> User | None:
-        """The user an ``Authorization: Basic`` header names, if its password is right."""
+        """The user an ``Authorization: Basic`` header names, if its password is right.
+        Blocking (scrypt, ~50 ms for a password not seen right before): call it in a
+        thread, not on the event loop."""
         if not header or not header.lower().startswith("basic "):
             return None
         try:
             name, _, password = base64.b64decode(header[6:]).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError):  # not base64 (binascii.Error), not ASCII
             return None
         known = self._hashes.get(name)
-        if known is None:
-            return None
         key = (name, hashlib.sha256(password.encode()).hexdigest())
-        if key not in self._known:
-            if not _verify(password, known[1]):
-                return None
-            self._known.add(key)
+        if known is not None and key in self._known:
+            return User(name, known[0])
+        right = _verify(password, known[1] if known is not None else _DECOY)
+        if known is None or not right:
+            return None
+        self._known.add(key)
         return User(name, known[0])
 
 

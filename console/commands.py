@@ -10,9 +10,9 @@ from outbox.errors import ConfigurationError
 
 
 @click.group("console", invoke_without_command=True)
-@click.option("--database-url", envvar="OUTBOXKIT_DATABASE_URL",
+@click.option("--database-url",
               help="PostgreSQL URL (default: $OUTBOXKIT_CONSOLE_DATABASE_URL, then "
-                   "$OUTBOXKIT_DATABASE_URL).")
+                   "$OUTBOXKIT_DATABASE_URL: the console's own, least-privileged role first).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1: this machine only).")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port (default 8470).")
 @click.pass_context

@@ -28,12 +28,13 @@ class Live:
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._ending = False
+        self._n = 0
+        self._waking: asyncio.Task[None] | None = None
         self.reads = 0
         """How many times the overview was read (the cost stays one reader's)."""
 
     async def _poll(self) -> None:
-        n = 0
-        while self._listeners:
+        while self._listeners > 0:
             try:
                 data = json.dumps(await asyncio.to_thread(self._read), default=str)
                 self.reads += 1
@@ -41,12 +42,13 @@ class Live:
                 log.warning("console: reading the overview failed: %s", exc,
                             extra={"event": "console.overview_failed"})
                 data = json.dumps({"error": "the database did not answer; retrying"})
-            n += 1
+            self._n += 1  # on the instance: ids keep growing across idle spells
             async with self._changed:
-                self._latest = (n, data)
+                self._latest = (self._n, data)
                 self._changed.notify_all()
             await asyncio.sleep(self._every)
         self._task = None
+        self._latest = None  # stale once nobody listens: the next page waits for a new read
 
     def _newer(self, seen: int) -> Callable[[], bool]:
         return lambda: self._ending or (self._latest is not None and self._latest[0] != seen)
@@ -60,7 +62,7 @@ class Live:
             async with self._changed:
                 self._changed.notify_all()
 
-        asyncio.get_running_loop().create_task(wake())
+        self._waking = asyncio.get_running_loop().create_task(wake())  # kept: not collected
 
     async def stream(self) -> AsyncIterator[str]:
         """Server-sent events: the latest overview now, then each new one."""
@@ -78,7 +80,7 @@ class Live:
                     seen, data = self._latest
                 yield f"id: {seen}\nevent: overview\ndata: {data}\n\n"
         finally:
-            self._listeners -= 1
+            self._listeners = max(self._listeners - 1, 0)
 
     async def close(self) -> None:
         self._listeners = 0

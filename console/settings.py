@@ -33,6 +33,12 @@ class ConsoleSettings(BaseSettings):
         "behind TLS before listening on another address (basic auth sends passwords).",
     )
     port: int = Field(default=8470, ge=0, le=65535, description="Port to listen on (0: any).")
+    allowed_hosts: str = Field(
+        default="127.0.0.1,localhost,[::1]",
+        description="Host names the console answers to (the request's Host header), comma "
+        "separated; '*' for any. Another site cannot then reach it through DNS rebinding. "
+        "Add the name it is served under behind a proxy.",
+    )
     users: SecretStr = Field(
         default=SecretStr(""),
         description="Who may sign in: 'name:role:hash' entries separated by commas, role "

@@ -96,16 +96,18 @@ def dlq_list(database_url: str | None, group: str | None, status: str, limit: in
                    "to its topic.")
 @click.option("--kafka-bootstrap", envvar="OUTBOXKIT_KAFKA_BOOTSTRAP", show_envvar=True,
               help="Kafka bootstrap servers (to send the messages back to their topics).")
+@click.option("--again", is_flag=True,
+              help="Send one that is already 'replayed' (a replay killed before it was sent).")
 @database_url_option
 @one_line_errors
 def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstrap: str | None,
-               database_url: str | None) -> None:
+               again: bool, database_url: str | None) -> None:
     """Send dead-lettered messages back to their topics (or --rehandle them now)."""
     settings = OutboxSettings()
     with open_engine(database_url, settings) as engine:
         with engine.connect() as conn:
             for failure_id in failure_ids:
-                _replayable(get_failure(conn, failure_id), failure_id)
+                _replayable(get_failure(conn, failure_id), failure_id, again=again)
         if app_path is not None:
             app = _app(app_path)
             for failure_id in failure_ids:
@@ -125,7 +127,8 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
         try:
             for failure_id in failure_ids:
                 try:
-                    sent = republish(engine, sender, failure_id, settings=settings)
+                    sent = republish(engine, sender, failure_id, settings=settings,
+                                     again=again)
                 except KafkaClientError as exc:
                     raise ConsumerError(f"failure {failure_id}: cannot send to Kafka at "
                                         f"{kafka_bootstrap}: {exc}") from exc
@@ -152,10 +155,13 @@ def dlq_discard(failure_ids: tuple[int, ...], reason: str, actor: str,
         click.echo(f"failure {failure_id}: discarded by {actor} ({reason})")
 
 
-def _replayable(failure: FailedMessage | None, failure_id: int) -> None:
+def _replayable(failure: FailedMessage | None, failure_id: int, *, again: bool) -> None:
     if failure is None:
         raise FailureNotFound(failure_id)
-    if failure.status != "dead-lettered":
+    if failure.status == "replayed" and not again:
+        raise ConsumerError(f"failure {failure_id} was replayed already: nothing was replayed "
+                            "(--again sends it once more: a replay killed before it was sent)")
+    if failure.status not in ("dead-lettered", "replayed"):
         raise ConsumerError(f"failure {failure_id} is {failure.status!r}, not dead-lettered: "
                             "nothing to replay; nothing was replayed")
 

@@ -210,14 +210,16 @@ def mark_replayed(conn: Connection, failure_id: int) -> None:
     )
 
 
-def take_for_replay(conn: Connection, failure_id: int) -> FailedMessage | None:
+def take_for_replay(conn: Connection, failure_id: int, *,
+                    again: bool = False) -> FailedMessage | None:
     """Move a dead-lettered failure to ``replayed``, only if it still is dead-lettered (a
     compare-and-set: of two operators replaying it at once, one gets it); never commits.
-    ``None``: it was not dead-lettered (or does not exist)."""
+    *again*: a ``replayed`` one too. ``None``: it was not (or does not exist)."""
+    statuses = ("dead-lettered", "replayed") if again else ("dead-lettered",)
     row = conn.execute(
         update(consumer_failures)
         .where(consumer_failures.c.id == failure_id,
-               consumer_failures.c.status == "dead-lettered")
+               consumer_failures.c.status.in_(statuses))
         .values(status="replayed", replayed_at=_now())
         .returning(*consumer_failures.c)
     ).first()

@@ -36,25 +36,27 @@ def republish(
     failure_id: int,
     *,
     settings: OutboxSettings | None = None,
+    again: bool = False,
 ) -> Sent:
     """Send failure *failure_id*'s message to its original topic again; return where it went.
 
     Only a dead-lettered failure, and only once: it is marked ``replayed`` (with its dedup
     mark removed) before it is sent, by a compare-and-set, so two operators replaying it at
     the same moment send it once (the other gets :class:`NotDeadLettered`); a send that fails
-    puts it back to dead-lettered. A process killed between that commit and the send leaves it
-    ``replayed`` and not sent: list ``--status replayed`` to find it.
+    puts both back as they were. A process killed between that commit and the send leaves it
+    ``replayed`` and not sent: *again* replays a ``replayed`` one too (`outbox dlq replay
+    --again`), a person's decision that it was not sent (or that twice is harmless).
     *engine* must carry the schema translate map (``outbox.db.schema.translate``).
     """
     with engine.begin() as conn:
-        failure = failures.take_for_replay(conn, failure_id)
+        failure = failures.take_for_replay(conn, failure_id, again=again)
         if failure is None:
             found = failures.get_failure(conn, failure_id)
             if found is None:
                 raise FailureNotFound(failure_id)
             raise NotDeadLettered(failure_id, found.status)
-        if failure.message_id is not None:
-            unmark(conn, failure.consumer_group, failure.message_id, settings=settings)
+        unmarked = failure.message_id is not None and unmark(
+            conn, failure.consumer_group, failure.message_id, settings=settings)
     headers = [
         (name, value.encode())
         for name, value in failure.headers.items()
@@ -65,9 +67,11 @@ def republish(
                            headers=headers)
     except BaseException:
         with engine.begin() as conn:
-            # Not sent: its mark was removed with nothing to redeliver; put both back.
+            # Not sent: put back the status, and the mark if there was one (a mark that was
+            # never there would drop the message's real redeliveries).
             failures.give_back(conn, failure_id)
-            if failure.message_id is not None:
+            if unmarked:
+                assert failure.message_id is not None
                 mark(conn, failure.consumer_group,
                      Mark(failure.message_id, failure.topic, failure.partition, failure.offset),
                      settings=settings)
@@ -105,4 +109,7 @@ def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:
         else:
             assert registration.handler is not None
             registration.handler(ctx, decoded.payload)
-        failures.mark_replayed(conn, failure_id)
+        # Only if still dead-lettered (someone may have replayed or discarded it since it was
+        # read): else this transaction, the handler's effect with it, rolls back.
+        if failures.take_for_replay(conn, failure_id) is None:
+            raise NotDeadLettered(failure_id, "replayed or discarded meanwhile", "re-handle")

@@ -65,8 +65,9 @@ class Retries:
         On *conn* when given (a handler thread's own, with no transaction open), else on
         connections of the pool; each write in a short transaction of its own."""
         attempt = self._count_attempt(record, error, conn)
-        if attempt.status in ("dead-lettered", "replayed"):
-            # Dead-lettered before (a redelivery of a message without a mark): move on.
+        if attempt.status in ("dead-lettered", "replayed", "discarded"):
+            # Dead-lettered (or replayed, or discarded) before: a redelivery of a message
+            # without a mark. Move on.
             self.committed([record])
             return None
         if isinstance(error, MalformedMessage | DeadLetter):

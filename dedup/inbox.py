@@ -142,11 +142,13 @@ def mark(
 
 def unmark(
     conn: Connection, group: str, message_id: str, *, settings: OutboxSettings | None = None
-) -> None:
-    """Remove a mark inside the caller's transaction (its handler failed, or a replay)."""
-    conn.exec_driver_sql(
+) -> bool:
+    """Remove a mark inside the caller's transaction (its handler failed, or a replay);
+    True if there was one."""
+    done = conn.exec_driver_sql(
         _driver_sql("unmark", settings), {"group": group, "id": message_id}
     )
+    return bool(done.rowcount)
 
 
 def is_marked(

@@ -15,7 +15,10 @@ claim found nothing, then claims once more. The statement asks through ``wake_wo
 (migration 0016), which takes a shared advisory lock before it reads the declarations; the
 worker claims once more only after it could take that lock exclusively (:func:`settled`), so a
 transaction that read the declarations before they said "idle" has ended by then and that
-claim finds its run: none waits for the fallback poll. ``notify=False`` leaves
+claim finds its run: none waits for the fallback poll. That holds for READ COMMITTED, the
+default: a REPEATABLE READ or SERIALIZABLE transaction reads the declarations as of its start,
+so one that began before a worker declared itself idle may still leave its run to the
+fallback poll. ``notify=False`` leaves
 the NOTIFY out altogether: for a transaction that will be prepared (``PREPARE TRANSACTION`` is
 refused after a NOTIFY); a worker then finds the run by its due-time wake-up or fallback poll.
 """
@@ -66,7 +69,8 @@ def notify(workflow: ColumnElement[str], settings: OutboxSettings | None) -> Col
 def settled(settings: OutboxSettings | None) -> Select[tuple[bool]]:
     """True once no transaction that may have read the declarations before this worker's
     is still open (the exclusive form of ``wake_workers``' lock, never queued: false means
-    look again shortly). Held only until the statement's transaction ends: commit at once."""
+    look again shortly). Run it in autocommit: the lock is then dropped with the statement
+    (held until a COMMIT, it would make every wake-up of the schema wait for that)."""
     key = func.hashtext(literal(channel(settings)))
     return select(func.pg_try_advisory_xact_lock(literal_column(str(WAKE_LOCK_CLASS)), key))
 

@@ -392,7 +392,10 @@ class Worker:
             self._settling = 1 if started else self._settling
         if not self._settling:
             return None
-        async with engine.begin() as conn:
+        # Autocommit: the server takes and drops the exclusive lock within the one statement
+        # (inside a transaction it would be held until our COMMIT came, while wake-ups wait).
+        async with engine.connect() as opened:
+            conn = await opened.execution_options(isolation_level="AUTOCOMMIT")
             settled = (await conn.execute(wakeups.settled(self.app.settings),
                                           execution_options=options(self.app.settings))).scalar()
         if settled:

@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from console.auth import Users
+from console.auth import Users, hash_password
 from tests.integration.cli_support import outbox
 
 
@@ -24,7 +24,9 @@ def _free_port() -> int:
 def test_outbox_console_serves_its_address_until_stopped(database_url: str) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXKIT_")}
-    env["OUTBOXKIT_DATABASE_URL"] = database_url
+    # The console's own URL (its least-privileged role) wins over the daemons' shared one.
+    env["OUTBOXKIT_CONSOLE_DATABASE_URL"] = database_url
+    env["OUTBOXKIT_DATABASE_URL"] = "postgresql://nobody@127.0.0.1:1/nothing"
     with subprocess.Popen([sys.executable, "-m", "outbox.cli.main", "console", "--port",
                            str(port)], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
@@ -78,7 +80,7 @@ def test_hash_password_prints_an_entry_the_console_accepts() -> None:
 
 def test_a_bad_users_setting_stops_the_console_with_one_line(database_url: str) -> None:
     ran = outbox("console", OUTBOXKIT_DATABASE_URL=database_url,
-                 OUTBOXKIT_CONSOLE_USERS="ann:root:scrypt$x$y")
+                 OUTBOXKIT_CONSOLE_USERS="ann:root:" + hash_password("pw"))
     assert ran.returncode == 2
     assert "roles are operator, viewer" in ran.stderr
     nothing = outbox("console")

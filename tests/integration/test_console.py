@@ -219,16 +219,46 @@ def test_without_users_the_console_is_read_only(database_url: str, engine: Engin
 def test_after_a_form_the_console_only_sends_you_back_to_itself(console: str, engine: Engine
                                                                ) -> None:
     run_id = waiting_run(engine, "redirect")
-    with engine.begin() as conn:
-        approval = request_approval(conn, run_id, scope={"tool": "t"},
-                                    expires_at=timedelta(hours=1))
-    token = csrf_of(call(console, "/inbox").body)
-    for elsewhere in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)"):
+    for elsewhere in ("https://evil.example/", "//evil.example/x", "javascript:alert(1)",
+                      "/\\evil.example", "/runs"):
+        with engine.begin() as conn:  # a fresh one each time: each revoke succeeds
+            approval = request_approval(conn, run_id, scope={"tool": "t"},
+                                        expires_at=timedelta(hours=1))
+        token = csrf_of(call(console, "/inbox").body)
         answer = call(console, f"/approvals/{approval.id}/revoke",
                       form={"csrf": token, "reason": "r", "next": elsewhere})
-        assert answer.status in (303, 409)
-        if answer.status == 303:
-            assert answer.headers["location"].startswith("/?said=")
+        assert answer.status == 303, elsewhere
+        location = answer.headers["location"]
+        expected = "/runs?said=" if elsewhere == "/runs" else "/?said="
+        assert location.startswith(expected), (elsewhere, location)
+
+
+def test_another_host_name_is_refused(console: str) -> None:
+    """DNS rebinding: a page of another site that resolves its name to 127.0.0.1."""
+    import http.client  # noqa: PLC0415
+
+    host, port = console.split("://", 1)[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("GET", "/inbox", headers={"Host": "evil.example"})
+        assert conn.getresponse().status == 400
+    finally:
+        conn.close()
+    assert call(console, "/inbox").status == 200
+
+
+def test_a_scripts_json_takes_evidence_as_an_object_and_refuses_odd_types(
+        console: str, engine: Engine) -> None:
+    _, op_id = unknown_order(engine, "json-types")
+    for body in ({"outcome": "not-applied", "reason": 42},
+                 {"outcome": ["confirmed"]},
+                 {"outcome": "confirmed", "evidence": [1, 2]}):
+        answer = call(console, f"/operations/{op_id}/resolve", body=body)
+        assert answer.status == 400, (body, answer.body)
+    done = call(console, f"/operations/{op_id}/resolve",
+                body={"outcome": "confirmed", "evidence": {"reference": "PO-9"}})
+    assert done.status == 200, done.body
+    assert _op_status(engine, op_id) == "confirmed"
 
 
 def test_the_live_overview_is_a_stream_of_server_sent_events(console: str, engine: Engine

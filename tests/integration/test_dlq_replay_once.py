@@ -17,7 +17,7 @@ from consumers.errors import NotDeadLettered
 from consumers.failures import get_failure
 from consumers.replay import republish
 from consumers.settings import ConsumerSettings
-from dedup.inbox import is_marked
+from dedup.inbox import Mark, is_marked, mark
 from outbox.kafka import KafkaClientError
 from tests.integration.test_cli_dlq import dead_letter
 
@@ -73,7 +73,6 @@ class Refusing:
 def test_a_replay_not_sent_leaves_the_dead_letter_as_it_was(engine: Engine) -> None:
     with engine.begin() as conn:
         failure_id, message_id = dead_letter(conn, "order.submit", 9, "widget")
-        from dedup.inbox import Mark, mark  # noqa: PLC0415
         mark(conn, "orders", Mark(message_id, "order.submit", 0, 9))
     with pytest.raises(KafkaClientError):
         republish(engine, Refusing(), failure_id)  # type: ignore[arg-type]
@@ -82,3 +81,17 @@ def test_a_replay_not_sent_leaves_the_dead_letter_as_it_was(engine: Engine) -> N
         assert failure is not None
         assert (failure.status, failure.replayed_at) == ("dead-lettered", None)
         assert is_marked(conn, "orders", message_id)
+
+
+def test_a_replay_not_sent_puts_back_no_mark_that_was_not_there(engine: Engine) -> None:
+    """A message dead-lettered without a mark (none was written): a failed replay must not
+    invent one, or its real redeliveries would be dropped as duplicates."""
+    with engine.begin() as conn:
+        failure_id, message_id = dead_letter(conn, "order.submit", 10, "widget")
+    with pytest.raises(KafkaClientError):
+        republish(engine, Refusing(), failure_id)  # type: ignore[arg-type]
+    with engine.connect() as conn:
+        assert not is_marked(conn, "orders", message_id)
+        failure = get_failure(conn, failure_id)
+    assert failure is not None
+    assert failure.status == "dead-lettered"

@@ -39,7 +39,8 @@ def test_hashes_are_salted_and_never_hold_the_password() -> None:
 @pytest.mark.parametrize(("spec", "said"), [
     ("ann", "not 'name:role:hash'"),
     ("ann:operator:plain", "not 'name:role:hash'"),
-    ("ann:admin:scrypt$a$b", "roles are operator, viewer"),
+    ("ann:admin:" + hash_password("x"), "roles are operator, viewer"),
+    ("ann:viewer:scrypt$!!$b", "not 'name:role:hash'"),
 ])
 def test_a_bad_users_setting_names_what_is_wrong(spec: str, said: str) -> None:
     with pytest.raises(ConfigurationError, match=said):
@@ -56,3 +57,9 @@ def test_csrf_tokens_belong_to_one_user_and_one_key() -> None:
     assert not csrf_ok("key", bob, token)
     assert not csrf_ok("other key", ann, token)
     assert not csrf_ok("key", ann, None)
+
+
+def test_a_header_that_is_not_base64_or_ascii_is_no_one() -> None:
+    users = Users(f"ann:operator:{hash_password('a')}")
+    for odd in ("Basic é", "Basic \x00\x01", "Basic ====", "basic"):
+        assert users.check(odd) is None

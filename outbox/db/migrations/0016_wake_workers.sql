@@ -10,9 +10,12 @@
 --   never emit's bigint keys) BEFORE it reads run_workers; a VOLATILE function reads in a
 --   snapshot taken after that, so a declaration committed before the lock is seen (NOTIFY);
 -- * a worker that has just declared itself idle claims once more only after it could take
---   the same key exclusively (pg_try_advisory_xact_lock: it never queues, so commits never
---   wait behind it): every transaction that looked before the declaration has then ended,
---   and that claim sees its run.
+--   the same key exclusively (pg_try_advisory_xact_lock in autocommit: it never queues, and
+--   it is dropped with its statement): every transaction that looked before the declaration
+--   has then ended, and that claim sees its run.
+--
+-- For READ COMMITTED transactions (the default); one at REPEATABLE READ or SERIALIZABLE reads
+-- the declarations as of its start, and may still leave its run to the fallback poll.
 --
 -- The shared lock costs a commit a lock-table entry, none of NOTIFY's database-wide lock.
 -- wake_parent (0015) now wakes workers through it too.
