@@ -23,3 +23,22 @@ GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
 -- What replaying dead letters adds (console.roles.console_grants(..., replay=True)): the
 -- replayed message's dedup mark removed (or put back if Kafka refused).
 GRANT SELECT, INSERT, DELETE ON {schema}.consumer_inbox TO {role};
+
+-- name: backlog_by_topic
+-- The outbox rows no lane's cursor has passed, by lane and topic (the overview's table):
+-- the relay's own backlog read (relay/queries.sql, backlog), counted up to :cap rows a
+-- lane, kept apart per topic.
+SELECT l.lane, q.topic, count(*) AS n, min(q.created_at) AS oldest
+FROM {schema}.relay_lanes AS l
+CROSS JOIN LATERAL (
+    SELECT m.topic, m.created_at FROM {schema}.outbox_messages AS m
+    WHERE m.lane = l.lane
+      AND (m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
+           OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
+      AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                     l.batch_pos)
+    LIMIT :cap
+) AS q
+WHERE l.lane < :lanes
+GROUP BY l.lane, q.topic
+ORDER BY l.lane, q.topic

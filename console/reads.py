@@ -77,6 +77,8 @@ class Overview:
     """Likewise for operations (``confirmed``, ``rejected``)."""
     parked: list[dict[str, Any]] = field(default_factory=list)
     """Partitions (batch mode) or keys (per-message) a group holds a message of for a retry."""
+    backlog_by_topic: list[dict[str, Any]] = field(default_factory=list)
+    """The backlog by lane and topic (read only when there is one)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,11 +99,14 @@ def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float
         .group_by(consumer_failures.c.status))}
     backlog = conn.execute(sql("relay", "backlog", settings.schema_name),
                            {"cap": BACKLOG_CAP, "lanes": settings.lanes}).one()
-    relays, unowned = read_relays(conn, settings.schema_name,
-                                         lease_seconds=lease_seconds)
+    relays, unowned = read_relays(conn, settings.schema_name, lease_seconds=lease_seconds)
+    by_topic = [{"lane": r.lane, "topic": r.topic, "messages": r.n, "oldest": r.oldest}
+                for r in conn.execute(sql("console", "backlog_by_topic", settings.schema_name),
+                                      {"cap": BACKLOG_CAP, "lanes": settings.lanes})
+                ] if backlog.backlog else []
     return Overview(by_state, ops, pending, int(backlog.backlog),
                     float(backlog.oldest_age or 0), int(backlog.failed), failures,
-                    relays, unowned, estimated, ops_estimated, parked(conn))
+                    relays, unowned, estimated, ops_estimated, parked(conn), by_topic)
 
 
 # Above this many rows (the planner's estimate), the states that only grow with history

@@ -369,3 +369,22 @@ def test_dead_letters_are_grouped_by_reason_and_an_operator_discards_one(
                 body={"reason": "again"}).status == 409
     shown = call(console, "/messages?failures=discarded").body
     assert "discarded by olga: cancelled" in shown
+
+
+def test_the_backlog_is_shown_by_lane_and_topic(console: str, engine: Engine) -> None:
+    from outbox.db.queries import sql  # noqa: PLC0415
+    from outbox.messages.emit import emit_many  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
+    from outbox.settings import OutboxSettings  # noqa: PLC0415
+
+    with engine.begin() as conn:  # the lanes a relay makes when it starts, with no relay
+        conn.execute(sql("relay", "ensure_lanes", "outboxkit"),
+                     {"lanes": OutboxSettings().lanes})
+        emit_many(conn, [Envelope(topic=topic, type="t", key="same-key", payload={"n": n})
+                         for topic, n in (("orders", 1), ("orders", 2), ("refunds", 3))])
+    data = call(console, "/", as_json=True).json()
+    assert data["backlog"] == 3
+    rows = [(b["topic"], b["messages"]) for b in data["backlog_by_topic"]]
+    assert sorted(rows) == [("orders", 2), ("refunds", 1)]
+    assert len({b["lane"] for b in data["backlog_by_topic"]}) == 1  # one key, one lane
+    assert 'id="backlog"' in call(console, "/").body
