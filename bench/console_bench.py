@@ -176,19 +176,7 @@ def live_reads(base: str, server: Any, streams: int, seconds: float,
     live = server.config.app.state.console.live
     before = live.reads
     cpu_before = _backend_cpu(engine)
-    stop = time.monotonic() + seconds
-
-    def listen() -> None:
-        with urllib.request.urlopen(base + "/events", timeout=seconds + 30) as stream:  # noqa: S310
-            for _ in stream:
-                if time.monotonic() > stop:
-                    return
-
-    threads = [threading.Thread(target=listen, daemon=True) for _ in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=seconds + 30)
+    _listen(base, streams, seconds)
     return int(live.reads - before), (_backend_cpu(engine) - cpu_before) / seconds
 
 
@@ -256,7 +244,7 @@ def traffic_share(engine: Engine, url: str, bootstrap: str, base: str, *,
         cpu0 = _postgres_cpu(engine)
         time.sleep(seconds)
         cpu1 = _postgres_cpu(engine)
-        pages = threading.Thread(target=lambda: _listen(base, 20, seconds), daemon=True)
+        pages = threading.Thread(target=lambda: _listen(base, 20, seconds + 1), daemon=True)
         pages.start()
         time.sleep(1)  # the pages open and the reader starts
         cpu2 = _postgres_cpu(engine)
@@ -275,7 +263,8 @@ def traffic_share(engine: Engine, url: str, bootstrap: str, base: str, *,
 
 
 def _listen(base: str, streams: int, seconds: float) -> None:
-    stop = time.monotonic() + seconds + 1
+    """Hold *streams* overview pages open for *seconds*."""
+    stop = time.monotonic() + seconds
 
     def one() -> None:
         with urllib.request.urlopen(base + "/events", timeout=seconds + 30) as stream:  # noqa: S310
