@@ -39,9 +39,9 @@ def test_hashes_are_salted_and_never_hold_the_password() -> None:
 @pytest.mark.parametrize(("spec", "said"), [
     ("ann", "not 'name:role:hash'"),
     ("ann:operator:plain", "not 'name:role:hash'"),
-    ("ann:admin:" + hash_password("x"), "roles are operator, viewer"),
+    ("ann:admin:" + hash_password("x", salt=b"fixed salt, ids!"), "roles are operator, viewer"),
     ("ann:viewer:scrypt$!!$b", "not 'name:role:hash'"),
-])
+], ids=["no-role", "not-a-hash", "unknown-role", "not-base64"])
 def test_a_bad_users_setting_names_what_is_wrong(spec: str, said: str) -> None:
     with pytest.raises(ConfigurationError, match=said):
         Users(spec)
