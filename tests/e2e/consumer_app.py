@@ -25,9 +25,12 @@ EFFECTS_DDL = (
 )
 
 
+FIXES_DDL = "CREATE TABLE IF NOT EXISTS public.consumer_fixes (n integer PRIMARY KEY)"
+
+
 class Item(BaseModel):
     n: int
-    fail: str | None = None  # "always" | "dead-letter" | "once" | "later"
+    fail: str | None = None  # "always" | "dead-letter" | "once" | "later" | "until-fixed"
     follow_up: str | None = None  # topic of a follow-up message to emit
 
 
@@ -48,6 +51,9 @@ def handle(ctx: HandlerContext, item: Item) -> None:
         raise RuntimeError(f"item {item.n} always fails")
     if item.fail == "dead-letter":
         raise DeadLetter(f"item {item.n} is refused")
+    if item.fail == "until-fixed" and not ctx.conn.execute(
+            text("SELECT 1 FROM public.consumer_fixes WHERE n = :n"), {"n": item.n}).first():
+        raise DeadLetter(f"item {item.n}: the supplier refuses it until someone fixes it")
     later = os.environ.get("TEST_CONSUMER_RETRY_LATER_S")  # set in the first process only
     if item.fail == "later" and later:
         raise RetryLater("not now", delay_s=float(later))

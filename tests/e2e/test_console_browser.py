@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -22,7 +23,9 @@ from sqlalchemy import Engine, text
 from outbox import App, ClaimedRun, Envelope
 from outbox.runs.approvals import request_approval
 from outbox.runs.lifecycle import get_run
-from tests.e2e.conftest import RelayProcesses
+from tests.e2e.conftest import RelayProcesses, wait_until
+from tests.e2e.consumer_app import FIXES_DDL
+from tests.e2e.consumer_support import ConsumerProcesses, create_effects, effects, produce
 from tests.integration.console_support import LEDGER, PASSWORDS, serving, unknown_order
 from tests.integration.worker_support import run_in, running
 
@@ -46,7 +49,9 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def console(database_url: str) -> Iterator[str]:
+def console(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    # The same page wherever it runs: no lag table of whatever groups share the test broker.
+    monkeypatch.delenv("OUTBOXKIT_KAFKA_BOOTSTRAP", raising=False)
     with serving(database_url) as base:
         yield base
 
@@ -197,3 +202,56 @@ def test_an_operator_grants_an_approval_and_sees_the_effect_published(  # noqa: 
         sent = conn.execute(text("SELECT count(*) FROM outboxkit.outbox_messages "
                                  "WHERE topic = :t"), {"t": topic}).scalar_one()
     assert sent == 1
+
+
+def test_an_operator_replays_a_dead_letter_and_it_is_handled_once(  # noqa: PLR0917
+        browser: Browser, database_url: str, engine: Engine, kafka_bootstrap: str,
+        kafka_topic: Callable[..., str], tmp_path: Path) -> None:
+    """A consumer dead-letters a message its supplier refuses; someone fixes the cause; the
+    operator replays it from the page (twice, as people do): the consumer handles it once."""
+    topic = kafka_topic()
+    create_effects(engine)
+    with engine.begin() as conn:
+        conn.execute(text(FIXES_DDL))
+    consumers = ConsumerProcesses(database_url, kafka_bootstrap, topic, tmp_path)
+    try:
+        consumers.start()
+        [message_id] = produce(kafka_bootstrap, topic, [{"n": 77, "fail": "until-fixed"}])
+        failure_id = wait_for_dead_letter(engine, consumers.group_id, timeout=60)
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO public.consumer_fixes (n) VALUES (77)"))
+        with serving(database_url, kafka_bootstrap=kafka_bootstrap) as console:
+            context, page = _page(browser, "olga")
+            try:
+                page.goto(console + "/messages")
+                row = page.locator(f"#failure-{failure_id}")
+                expect(row).to_contain_text("refuses it until someone fixes it")
+                expect(page.locator("#failure-groups")).to_contain_text("1")
+                _shot(page, tmp_path, "messages")
+                row.get_by_role("button", name="Replay").click()
+                expect(page.get_by_role("status")).to_contain_text("republished")
+                # A second click from a page opened before the first: refused, not resent.
+                page.go_back()
+                page.reload()
+                expect(page.locator(f"#failure-{failure_id}")).to_have_count(0)
+            finally:
+                context.close()
+        wait_until(lambda: effects(engine).get(message_id) == 1, 60, "the replay handled")
+        time.sleep(2)  # and not a second time
+        assert effects(engine).get(message_id) == 1
+    finally:
+        consumers.stop_all()
+
+
+def wait_for_dead_letter(engine: Engine, group: str, timeout: float) -> int:
+    found: list[int] = []
+
+    def dead() -> bool:
+        with engine.connect() as conn:
+            found[:] = conn.execute(text(
+                "SELECT id FROM outboxkit.consumer_failures WHERE consumer_group = :g "
+                "AND status = 'dead-lettered'"), {"g": group}).scalars().all()
+        return bool(found)
+
+    wait_until(dead, timeout, "the message to be dead-lettered")
+    return found[0]
