@@ -118,18 +118,19 @@ def cancel_run(engine: Engine, settings: OutboxSettings, run_id: uuid.UUID, *,
 
 
 def replay(engine: Engine, settings: OutboxSettings, failure_id: int, *,
-           kafka: Callable[[], KafkaSender]) -> str:
+           kafka: Callable[[], KafkaSender], actor: str) -> str:
     """``outbox dlq replay``: the dead letter's exact bytes back to its topic, once (a
     compare-and-set: of two operators replaying it at once, one sends it)."""
     sender = kafka()
     try:
-        sent = republish(engine, sender, failure_id, settings=settings)
+        sent = republish(engine, sender, failure_id, settings=settings, actor=actor)
     except KafkaClientError as exc:
         raise ConsumerError(f"failure {failure_id}: Kafka refused or did not answer ({exc}); "
                             "it is still dead-lettered") from exc
     finally:
         sender.close()
-    return f"failure {failure_id} republished to {sent.topic}[{sent.partition}]@{sent.offset}"
+    return (f"failure {failure_id} republished to {sent.topic}[{sent.partition}]@{sent.offset} "
+            f"by {actor}")
 
 
 def discard_failure(engine: Engine, settings: OutboxSettings, failure_id: int, *,

@@ -208,6 +208,9 @@ class Console:
                     return console.failed(request, user, 403, "the form's CSRF token is missing or "
                                   "wrong: reload the page and try again")
             said = await handler(request, user, body)
+            # Each action in the log too, with who did it (the rows say so where they can).
+            log.info("console: %s %s by %s: %s", request.method, request.url.path, user.name,
+                     said, extra={"event": "console.action", "actor": user.name})
             if wants_json(request) or "csrf" not in body:
                 return _json({"ok": True, "said": said})
             back = _same_site(body.get("next"), "/")
@@ -422,7 +425,7 @@ def create_app(settings: ConsoleSettings | None = None,
 
     async def replay(request: Request, user: User, body: dict[str, Any]) -> str:
         return await blocking(actions.replay, _failure_id(request),
-                              kafka=console.kafka_sender)
+                              kafka=console.kafka_sender, actor=user.name)
 
     async def discard(request: Request, user: User, body: dict[str, Any]) -> str:
         return await blocking(actions.discard_failure, _failure_id(request),

@@ -5,6 +5,7 @@ or discard them with a reason).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -98,10 +99,13 @@ def dlq_list(database_url: str | None, group: str | None, status: str, limit: in
               help="Kafka bootstrap servers (to send the messages back to their topics).")
 @click.option("--again", is_flag=True,
               help="Send one that is already 'replayed' (a replay killed before it was sent).")
+@click.option("--actor", default=lambda: os.environ.get("USER") or None,
+              show_default="$USER", help="Who replays it; kept on the failure.")
 @database_url_option
 @one_line_errors
-def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstrap: str | None,
-               again: bool, database_url: str | None) -> None:
+def dlq_replay(*, failure_ids: tuple[int, ...], app_path: str | None,
+               kafka_bootstrap: str | None, again: bool, actor: str | None,
+               database_url: str | None) -> None:
     """Send dead-lettered messages back to their topics (or --rehandle them now)."""
     settings = OutboxSettings()
     with open_engine(database_url, settings) as engine:
@@ -111,7 +115,7 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
         if app_path is not None:
             app = _app(app_path)
             for failure_id in failure_ids:
-                _rehandle(app, engine, failure_id)
+                _rehandle(app, engine, failure_id, actor)
                 click.echo(f"failure {failure_id}: handled again by {app.group_id}")
             return
         if not kafka_bootstrap:
@@ -128,7 +132,7 @@ def dlq_replay(failure_ids: tuple[int, ...], app_path: str | None, kafka_bootstr
             for failure_id in failure_ids:
                 try:
                     sent = republish(engine, sender, failure_id, settings=settings,
-                                     again=again)
+                                     again=again, actor=actor)
                 except KafkaClientError as exc:
                     raise ConsumerError(f"failure {failure_id}: cannot send to Kafka at "
                                         f"{kafka_bootstrap}: {exc}") from exc
@@ -175,9 +179,9 @@ def _app(path: str) -> Consumer:
     return load_app(path, settings)
 
 
-def _rehandle(app: Consumer, engine: Any, failure_id: int) -> None:
+def _rehandle(app: Consumer, engine: Any, failure_id: int, actor: str | None) -> None:
     try:
-        rehandle(app, engine, failure_id)
+        rehandle(app, engine, failure_id, actor=actor)
     except ConsumerError:
         raise
     except Exception as exc:

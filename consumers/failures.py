@@ -51,6 +51,7 @@ class FailedMessage:
     replayed_at: datetime | None
     discarded_by: str | None = None
     discard_reason: str | None = None
+    replayed_by: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly (bytes as UTF-8 with replacement), for ``--json`` output."""
@@ -210,17 +211,18 @@ def mark_replayed(conn: Connection, failure_id: int) -> None:
     )
 
 
-def take_for_replay(conn: Connection, failure_id: int, *,
-                    again: bool = False) -> FailedMessage | None:
+def take_for_replay(conn: Connection, failure_id: int, *, again: bool = False,
+                    actor: str | None = None) -> FailedMessage | None:
     """Move a dead-lettered failure to ``replayed``, only if it still is dead-lettered (a
     compare-and-set: of two operators replaying it at once, one gets it); never commits.
-    *again*: a ``replayed`` one too. ``None``: it was not (or does not exist)."""
+    *again*: a ``replayed`` one too; *actor*: who (kept). ``None``: it was not (or does
+    not exist)."""
     statuses = ("dead-lettered", "replayed") if again else ("dead-lettered",)
     row = conn.execute(
         update(consumer_failures)
         .where(consumer_failures.c.id == failure_id,
                consumer_failures.c.status.in_(statuses))
-        .values(status="replayed", replayed_at=_now())
+        .values(status="replayed", replayed_at=_now(), replayed_by=actor)
         .returning(*consumer_failures.c)
     ).first()
     return _failed_message(row._mapping) if row is not None else None
@@ -269,7 +271,7 @@ def give_back(conn: Connection, failure_id: int) -> None:
         update(consumer_failures)
         .where(consumer_failures.c.id == failure_id,
                consumer_failures.c.status == "replayed")
-        .values(status="dead-lettered", replayed_at=None)
+        .values(status="dead-lettered", replayed_at=None, replayed_by=None)
     )
 
 
@@ -332,4 +334,5 @@ def _failed_message(row: Any) -> FailedMessage:
         replayed_at=row["replayed_at"],
         discarded_by=row["discarded_by"],
         discard_reason=row["discard_reason"],
+        replayed_by=row["replayed_by"],
     )

@@ -37,6 +37,7 @@ def republish(
     *,
     settings: OutboxSettings | None = None,
     again: bool = False,
+    actor: str | None = None,
 ) -> Sent:
     """Send failure *failure_id*'s message to its original topic again; return where it went.
 
@@ -46,10 +47,11 @@ def republish(
     puts both back as they were. A process killed between that commit and the send leaves it
     ``replayed`` and not sent: *again* replays a ``replayed`` one too (`outbox dlq replay
     --again`), a person's decision that it was not sent (or that twice is harmless).
+    *actor*: who replays it, kept on the failure.
     *engine* must carry the schema translate map (``outbox.db.schema.translate``).
     """
     with engine.begin() as conn:
-        failure = failures.take_for_replay(conn, failure_id, again=again)
+        failure = failures.take_for_replay(conn, failure_id, again=again, actor=actor)
         if failure is None:
             found = failures.get_failure(conn, failure_id)
             if found is None:
@@ -78,7 +80,8 @@ def republish(
         raise
 
 
-def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:
+def rehandle(app: Consumer, engine: Engine, failure_id: int, *,
+             actor: str | None = None) -> None:
     """Run *app*'s handler on failure *failure_id*'s message now; its effect commits with
     its dedup mark and the ``replayed`` status, or (if it raises) not at all."""
     failure = _load(engine, failure_id)
@@ -111,5 +114,5 @@ def rehandle(app: Consumer, engine: Engine, failure_id: int) -> None:
             registration.handler(ctx, decoded.payload)
         # Only if still dead-lettered (someone may have replayed or discarded it since it was
         # read): else this transaction, the handler's effect with it, rolls back.
-        if failures.take_for_replay(conn, failure_id) is None:
+        if failures.take_for_replay(conn, failure_id, actor=actor) is None:
             raise NotDeadLettered(failure_id, "replayed or discarded meanwhile", "re-handle")

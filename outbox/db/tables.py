@@ -549,6 +549,7 @@ consumer_failures = Table(
     _ts("replayed_at"),
     Column("discarded_by", Text),  # migration 0017
     Column("discard_reason", Text),  # migration 0017
+    Column("replayed_by", Text),  # migration 0017
     CheckConstraint(
         "status IN ('retrying', 'recovered', 'dead-lettered', 'replayed', 'discarded')",
         name="consumer_failures_status_check",

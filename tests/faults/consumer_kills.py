@@ -15,6 +15,10 @@ from tests.faults.scenarios import Scenario, _wait
 
 CONCURRENCY = 64
 WAVE = 100  # orders per round, each under its own key: more than the threads of a consumer
+# How many calls must be in flight in one consumer before the kill: a quarter of its
+# threads. Half was asked first; under CI's load one round peaked at 24 (the wave's
+# partitions split between the consumers as they joined, 2026-12-05).
+KILL_AT = CONCURRENCY // 4
 IN_FLIGHT = "outboxkit_consumer_in_flight"
 
 
@@ -30,7 +34,8 @@ def _all_waiting(h: Harness, run_ids: list[uuid.UUID]) -> bool:
 def consumer_kills(rounds: int = 3) -> Scenario:
     """Each round stops the consumers, seeds a wave of orders (one key each) and lets the
     agents and the relay send them, starts the consumers again, waits until one has at
-    least half its threads inside the supplier's call (0.4-0.8 s; its ``in_flight`` gauge),
+    least a quarter of its threads inside the supplier's call (0.4-0.8 s; its ``in_flight``
+    gauge),
     then SIGKILLs the busiest and restarts it at once. Per-key order and one effect per
     message must hold although the killed process's marks and offsets were mid-flight."""
     scenario = Scenario(f"consumer-kills:{rounds}", lambda h, r: [], settle_s=120)
@@ -64,10 +69,10 @@ def consumer_kills(rounds: int = 3) -> Scenario:
             def busy(seen: dict[str, float] = seen, names: list[str] = consumers) -> bool:
                 for name in names:
                     seen[name] = max(seen.get(name, 0.0), h.p.metric(name, IN_FLIGHT) or 0.0)
-                return max(seen.values()) >= CONCURRENCY // 2
+                return max(seen.values()) >= KILL_AT
 
             if not _wait(busy, 60):
-                r.unexpected.append(f"round {n + 1}: no consumer had {CONCURRENCY // 2} "
+                r.unexpected.append(f"round {n + 1}: no consumer had {KILL_AT} "
                                     f"messages in flight (at most {max(seen.values()):.0f})")
             victim = max(seen, key=lambda name: seen[name])
             h.p.kill(victim)

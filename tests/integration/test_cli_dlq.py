@@ -72,10 +72,14 @@ def test_replay_republishes_the_exact_bytes_to_the_original_topic(
     assert again.returncode == 1
     assert "was replayed already" in one_line(again)
     # A replay killed before its send left it 'replayed': --again sends it once more.
-    forced = outbox("dlq", "replay", str(failure_id), "--again", "--database-url",
-                    database_url, "--kafka-bootstrap", kafka_bootstrap)
+    forced = outbox("dlq", "replay", str(failure_id), "--again", "--actor", "ann",
+                    "--database-url", database_url, "--kafka-bootstrap", kafka_bootstrap)
     assert forced.returncode == 0, forced.stderr
     assert f"republished to {topic}[0]@1" in forced.stdout
+    with engine.connect() as conn:
+        who = conn.execute(text("SELECT replayed_by FROM outboxkit.consumer_failures "
+                                "WHERE id = :i"), {"i": failure_id}).scalar_one()
+    assert who == "ann"
 
 
 def test_rehandle_runs_the_apps_handler_once_in_its_transaction(

@@ -304,6 +304,7 @@ def test_an_operator_replays_a_dead_letter_once(database_url: str, engine: Engin
                       form={"csrf": csrf_of(page.body), "next": "/messages"})
         assert answer.status == 303
         assert "republished" in answer.headers["location"]
+        assert "by%20olga" in answer.headers["location"]
         again = call(base, f"/failures/{failure_id}/replay", body={})
         assert again.status == 409
         assert "not dead-lettered" in again.json()["error"]

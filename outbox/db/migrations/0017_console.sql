@@ -20,3 +20,5 @@ ALTER TABLE {schema}.consumer_failures ADD CONSTRAINT consumer_failures_status_c
     CHECK (status IN ('retrying', 'recovered', 'dead-lettered', 'replayed', 'discarded'));
 ALTER TABLE {schema}.consumer_failures ADD COLUMN discarded_by text;
 ALTER TABLE {schema}.consumer_failures ADD COLUMN discard_reason text;
+-- Who replayed a dead letter (the console's operator, `outbox dlq replay --actor`).
+ALTER TABLE {schema}.consumer_failures ADD COLUMN replayed_by text;
