@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.backoff import Backoff
@@ -303,7 +303,10 @@ class Relay:
             log.info("deleted %d published rows", deleted, extra={"event": "relay.retention"})
 
     def _refresh_metrics(self) -> None:
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:
+            # With a day of published rows kept, the planner costs this read high enough to
+            # JIT-compile it: 200-330 ms of PostgreSQL CPU every refresh for a read of ~2 ms.
+            conn.execute(text("SET LOCAL jit = off"))
             row = conn.execute(
                 sql("relay", "backlog", self.schema),
                 {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes},
