@@ -36,8 +36,10 @@ from outbox.db.tables import (
     OPERATION_STATUSES,
     agent_runs,
     approvals,
+    confirmations,
     consumer_failures,
     operations,
+    outbox_failures,
 )
 from outbox.kafka.api import Admin
 from outbox.messages.backlog import Message, list_messages, run_messages
@@ -243,6 +245,8 @@ class RunPage:
     approvals: list[Approval]
     children: list[Run]
     log: list[Any]
+    confirmations: list[dict[str, Any]] = field(default_factory=list)
+    """What consumers confirmed of the run's effects (outbox.runs.confirm), in order."""
 
 
 def run_page(conn: Connection, run_id: uuid.UUID, settings: OutboxSettings) -> RunPage:
@@ -263,6 +267,9 @@ def run_page(conn: Connection, run_id: uuid.UUID, settings: OutboxSettings) -> R
         approvals=list_approvals(conn, run_id=run_id, limit=100, settings=settings),
         children=children,
         log=read_log(conn, run_id, settings=settings),
+        confirmations=[dict(r._mapping) for r in conn.execute(
+            select(confirmations).where(confirmations.c.run_id == run_id)
+            .order_by(confirmations.c.applied_at))],
     )
 
 
@@ -299,15 +306,24 @@ class MessagesPage:
     consumer_failures: list[FailedMessage]
     groups: list[dict[str, Any]]
     """The failures of that status by group, topic and first line of the error."""
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+    """Outbox rows held back behind a refused one of their key, or being retried."""
 
 
 def messages_page(conn: Connection, settings: OutboxSettings, *, failures: str,
                   limit: int = 50) -> MessagesPage:
     """Refused outbox rows (the relay gave up on them) and consumers' failures of *failures*
     status (dead-lettered by default), oldest first."""
+    f = outbox_failures
+    waiting = [dict(r._mapping) for r in conn.execute(
+        select(f.c.id, f.c.topic, f.c.key, f.c.state, f.c.run_id, f.c.failed_at)
+        .where(f.c.state.in_(("held", "retry"))).order_by(f.c.id).limit(limit))]
+    for row in waiting:
+        row["key"] = None if row["key"] is None else bytes(row["key"]).decode(
+            "utf-8", "backslashreplace")
     return MessagesPage(list_messages(conn, status="failed", limit=limit, settings=settings),
                         list_failures(conn, status=failures, limit=limit),
-                        failure_groups(conn, status=failures))
+                        failure_groups(conn, status=failures), waiting)
 
 
 def operation_of(conn: Connection, op_id: uuid.UUID) -> Operation | None:

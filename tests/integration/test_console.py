@@ -389,3 +389,33 @@ def test_the_backlog_is_shown_by_lane_and_topic(console: str, engine: Engine) ->
     assert sorted(rows) == [("orders", 2), ("refunds", 1)]
     assert len({b["lane"] for b in data["backlog_by_topic"]}) == 1  # one key, one lane
     assert 'id="backlog"' in call(console, "/").body
+
+
+def test_rows_waiting_behind_a_refused_one_and_a_runs_confirmations_are_shown(
+        console: str, engine: Engine) -> None:
+    from outbox.messages.emit import emit  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
+    from outbox.runs.confirm import apply_confirmation  # noqa: PLC0415
+    from tests.integration.cli_support import refuse  # noqa: PLC0415
+
+    with engine.begin() as conn:
+        for n in range(2):
+            emit(conn, Envelope(topic="orders", type="t", key="acme", payload={"n": n}))
+        first, second = conn.execute(text(
+            "SELECT id FROM outboxkit.outbox_messages ORDER BY id")).scalars().all()
+        refuse(conn, first, error="too large", blocking=True)
+        refuse(conn, second, error="behind")  # as the relay sets it aside: held
+        conn.execute(text("UPDATE outboxkit.outbox_failures SET state = 'held', error = NULL "
+                          "WHERE id = :i"), {"i": second})
+    waiting = call(console, "/messages", as_json=True).json()["waiting"]
+    assert [(w["id"], w["key"], w["state"]) for w in waiting] == [(second, "acme", "held")]
+    assert "held back" in call(console, "/messages").body
+
+    run_id = waiting_run(engine, "confirmed-run")
+    with engine.begin() as conn:
+        apply_confirmation(conn, run_id=run_id, confirmation_id="supplier-ack-1",
+                           outcome="running", evidence={"ok": True}, actor="orders-consumer")
+    page = call(console, f"/runs/{run_id}")
+    assert 'id="confirmations"' in page.body
+    assert "supplier-ack-1" in page.body
+    assert "orders-consumer" in page.body
