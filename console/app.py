@@ -50,8 +50,10 @@ from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-# How often the consumers' lag is asked of Kafka (the overview refreshes more often).
+# How often the consumers' lag is asked of Kafka (the overview refreshes more often), and
+# after a failed read (each rebuilds the admin client, which costs a broker time to answer).
 LAG_SECONDS = 10.0
+LAG_RETRY_SECONDS = 60.0
 # How the console's connections are named in pg_stat_activity.
 APPLICATION_NAME = "outboxkit-console"
 # The relays' lane lease (relay settings' default): a relay silent for longer is shown dead.
@@ -90,7 +92,7 @@ class Console:
         self.templates.env.filters["ago"] = _ago
         self.templates.env.filters["at"] = _at
         self.live = Live(self._overview, settings.refresh_seconds)
-        self._kafka_lock = threading.Lock()  # the admin client is not thread-safe
+        self._kafka_lock = threading.Lock()  # one read of Kafka at a time (one admin client)
         self._admin: Admin | None = None
         self._lag_cache: tuple[float, list[dict[str, Any]] | None, str | None] | None = None
 
@@ -102,26 +104,37 @@ class Console:
         return found
 
     def _lag(self) -> tuple[list[dict[str, Any]] | None, str | None]:
-        """The groups' lag, read from Kafka at most every LAG_SECONDS (a list of the groups
-        asks every broker); ``None`` and why when there is no Kafka to ask."""
+        """The groups' lag as last read from Kafka; never waits for Kafka. A read older than
+        LAG_SECONDS (LAG_RETRY_SECONDS after a failure) starts a new one in a thread of its
+        own, which the next overview shows: a broker that does not answer (a first contact
+        can take kafka-python 30 s) never holds the page or its live stream."""
         if not self.settings.resolved_bootstrap():
             return None, "no Kafka configured (OUTBOXKIT_KAFKA_BOOTSTRAP)"
-        with self._kafka_lock:
-            now = time.monotonic()
-            if self._lag_cache is not None and now - self._lag_cache[0] < LAG_SECONDS:
-                return self._lag_cache[1], self._lag_cache[2]
-            try:
-                if self._admin is None:
-                    backend = ConsumerSettings(
-                        kafka_bootstrap=self.settings.resolved_bootstrap()).kafka()
-                    self._admin = backend.admin("outbox-console", request_timeout_ms=5_000)
-                lag = [g.as_dict() for g in reads.consumer_lag(self._admin)]
-                error = None
-            except (KafkaClientError, OSError) as exc:
-                lag, error = None, f"Kafka did not answer: {first_line(exc)}"
-                self._close_admin()
-            self._lag_cache = (now, lag, error)
-            return lag, error
+        cached = self._lag_cache
+        wait = LAG_RETRY_SECONDS if cached is not None and cached[2] else LAG_SECONDS
+        if (cached is None or time.monotonic() - cached[0] >= wait) \
+                and self._kafka_lock.acquire(blocking=False):
+            threading.Thread(target=self._read_lag, name="console-lag", daemon=True).start()
+        if cached is None:
+            return None, "reading the groups from Kafka…"
+        return cached[1], cached[2]
+
+    def _read_lag(self) -> None:
+        lag: list[dict[str, Any]] | None = None
+        error: str | None = "Kafka did not answer"
+        try:
+            if self._admin is None:
+                backend = ConsumerSettings(
+                    kafka_bootstrap=self.settings.resolved_bootstrap()).kafka()
+                self._admin = backend.admin("outbox-console", request_timeout_ms=5_000)
+            lag, error = [g.as_dict() for g in reads.consumer_lag(self._admin)], None
+        except (KafkaClientError, OSError) as exc:
+            error = f"Kafka did not answer: {first_line(exc)}"
+            self._close_admin()
+        finally:
+            # Stamped when the read ended: a slow failure is not retried at once.
+            self._lag_cache = (time.monotonic(), lag, error)
+            self._kafka_lock.release()
 
     def _close_admin(self) -> None:
         if self._admin is not None:

@@ -269,7 +269,7 @@ def run_page(conn: Connection, run_id: uuid.UUID, settings: OutboxSettings) -> R
         log=read_log(conn, run_id, settings=settings),
         confirmations=[dict(r._mapping) for r in conn.execute(
             select(confirmations).where(confirmations.c.run_id == run_id)
-            .order_by(confirmations.c.applied_at))],
+            .order_by(confirmations.c.applied_at).limit(200))],
     )
 
 
@@ -369,21 +369,25 @@ class GroupLag:
                 "partitions": [p.as_dict() for p in self.partitions]}
 
 
-MAX_GROUPS = 50
+MAX_GROUPS = 500
 
 
 def consumer_lag(admin: Admin, groups: Iterable[str] | None = None) -> list[GroupLag]:
     """Each consumer group's lag per partition it committed: the partition's end offset
-    minus where the group resumes (at most :data:`MAX_GROUPS` groups, by name)."""
+    minus where the group resumes, the groups most behind first (of at most
+    :data:`MAX_GROUPS`, by name). A group's offsets on a topic deleted since are left out
+    (its end offset cannot be asked), not the whole table."""
     names = sorted(groups) if groups is not None else admin.consumer_groups()
+    topics = admin.list_topics()
     found = []
     for name in names[:MAX_GROUPS]:
-        committed = admin.committed_offsets(name)
-        ends = admin.end_offsets(list(committed)) if committed else {}
+        committed = {tp: o for tp, o in admin.committed_offsets(name).items()
+                     if tp.topic in topics}
+        ends = admin.end_offsets(list(committed), timeout_s=5.0) if committed else {}
         found.append(GroupLag(name, [
             PartitionLag(tp.topic, tp.partition, offset, ends.get(tp, offset))
             for tp, offset in sorted(committed.items())]))
-    return found
+    return sorted(found, key=lambda g: (-g.lag, g.group))
 
 
 def parked(conn: Connection) -> list[dict[str, Any]]:

@@ -265,21 +265,25 @@ def failure_groups(conn: Connection, *, status: str = "dead-lettered",
     return [dict(r._mapping) for r in rows]
 
 
-def give_back(conn: Connection, failure_id: int) -> None:
-    """Undo :func:`take_for_replay` when the replay could not be sent; never commits."""
+def give_back(conn: Connection, before: FailedMessage) -> None:
+    """Undo :func:`take_for_replay` when the replay could not be sent: the failure as it was
+    *before* (dead-lettered; or replayed by someone earlier, for a replay ``again``); never
+    commits."""
     conn.execute(
         update(consumer_failures)
-        .where(consumer_failures.c.id == failure_id,
+        .where(consumer_failures.c.id == before.id,
                consumer_failures.c.status == "replayed")
-        .values(status="dead-lettered", replayed_at=None, replayed_by=None)
+        .values(status=before.status, replayed_at=before.replayed_at,
+                replayed_by=before.replayed_by)
     )
 
 
-def get_failure(conn: Connection, failure_id: int) -> FailedMessage | None:
-    """The failure with this id, or None."""
-    row = conn.execute(
-        select(consumer_failures).where(consumer_failures.c.id == failure_id)
-    ).first()
+def get_failure(conn: Connection, failure_id: int, *,
+                lock: bool = False) -> FailedMessage | None:
+    """The failure with this id, or None; *lock*: its row locked until the transaction ends
+    (what a replay reads before it changes it)."""
+    query = select(consumer_failures).where(consumer_failures.c.id == failure_id)
+    row = conn.execute(query.with_for_update() if lock else query).first()
     return _failed_message(row._mapping) if row is not None else None
 
 

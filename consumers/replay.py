@@ -51,12 +51,12 @@ def republish(
     *engine* must carry the schema translate map (``outbox.db.schema.translate``).
     """
     with engine.begin() as conn:
+        before = failures.get_failure(conn, failure_id, lock=True)
+        if before is None:
+            raise FailureNotFound(failure_id)
         failure = failures.take_for_replay(conn, failure_id, again=again, actor=actor)
         if failure is None:
-            found = failures.get_failure(conn, failure_id)
-            if found is None:
-                raise FailureNotFound(failure_id)
-            raise NotDeadLettered(failure_id, found.status)
+            raise NotDeadLettered(failure_id, before.status)
         unmarked = failure.message_id is not None and unmark(
             conn, failure.consumer_group, failure.message_id, settings=settings)
     headers = [
@@ -71,7 +71,7 @@ def republish(
         with engine.begin() as conn:
             # Not sent: put back the status, and the mark if there was one (a mark that was
             # never there would drop the message's real redeliveries).
-            failures.give_back(conn, failure_id)
+            failures.give_back(conn, before)
             if unmarked:
                 assert failure.message_id is not None
                 mark(conn, failure.consumer_group,

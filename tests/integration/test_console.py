@@ -4,6 +4,7 @@ action settling things exactly as the CLI does."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -339,8 +340,16 @@ def test_the_overview_shows_each_groups_lag_per_partition(
     member.commit({TopicPartition(topic, 0): OffsetAndMetadata(3, "", -1)})
     member.close()
     with serving(database_url, kafka_bootstrap=kafka_bootstrap) as base:
-        data = call(base, "/", as_json=True).json()
+        first = call(base, "/", as_json=True).json()  # never waits for Kafka: read meanwhile
+        assert first["consumers"] is None
+        assert "reading" in first["consumers_error"]
+        deadline = time.monotonic() + 30
+        while (data := call(base, "/", as_json=True).json())["consumers"] is None:
+            assert time.monotonic() < deadline, data["consumers_error"]
+            time.sleep(0.2)
         page = call(base, "/")
+    lags = [g["lag"] for g in data["consumers"]]
+    assert lags == sorted(lags, reverse=True)  # the groups most behind first
     [found] = [g for g in data["consumers"] if g["group"] == name]
     assert found["partitions"] == [{"topic": topic, "partition": 0, "committed": 3, "end": 7,
                                     "lag": 4}]
@@ -381,6 +390,12 @@ def test_the_backlog_is_shown_by_lane_and_topic(console: str, engine: Engine) ->
     with engine.begin() as conn:  # the lanes a relay makes when it starts, with no relay
         conn.execute(sql("relay", "ensure_lanes", "outboxkit"),
                      {"lanes": OutboxSettings().lanes})
+        emit_many(conn, [Envelope(topic="orders", type="t", key="same-key", payload={"n": n})
+                         for n in range(5)])  # published below: not in the backlog
+    with engine.begin() as conn:  # as if a relay published them: the cursors are past them
+        conn.execute(text("UPDATE outboxkit.relay_lanes SET cursor_snapshot = "
+                          "pg_current_snapshot()"))
+    with engine.begin() as conn:
         emit_many(conn, [Envelope(topic=topic, type="t", key="same-key", payload={"n": n})
                          for topic, n in (("orders", 1), ("orders", 2), ("refunds", 3))])
     data = call(console, "/", as_json=True).json()

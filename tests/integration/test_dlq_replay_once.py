@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from consumers.deadletter import KafkaSender
 from consumers.errors import NotDeadLettered
@@ -95,3 +95,21 @@ def test_a_replay_not_sent_puts_back_no_mark_that_was_not_there(engine: Engine) 
         failure = get_failure(conn, failure_id)
     assert failure is not None
     assert failure.status == "dead-lettered"
+
+
+def test_a_failed_replay_again_leaves_the_earlier_replay_as_it_was(engine: Engine) -> None:
+    """Replayed by ann (and handled since); bob's --again is refused by Kafka: the failure
+    must still say replayed by ann, not dead-lettered (which would invite a third copy)."""
+    with engine.begin() as conn:
+        failure_id, message_id = dead_letter(conn, "order.submit", 13, "widget")
+        conn.execute(text("UPDATE outboxkit.consumer_failures SET status = 'replayed', "
+                          "replayed_at = now(), replayed_by = 'ann' WHERE id = :i"),
+                     {"i": failure_id})
+        mark(conn, "orders", Mark(message_id, "order.submit", 0, 13))  # its handling's mark
+    with pytest.raises(KafkaClientError):
+        republish(engine, Refusing(), failure_id, again=True, actor="bob")  # type: ignore[arg-type]
+    with engine.connect() as conn:
+        failure = get_failure(conn, failure_id)
+        assert is_marked(conn, "orders", message_id)
+    assert failure is not None
+    assert (failure.status, failure.replayed_by) == ("replayed", "ann")
