@@ -6,7 +6,6 @@ shows as they are.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Collection
 from typing import Any
@@ -46,14 +45,10 @@ def evidence_of(raw: str | None, *, required: bool) -> Evidence | None:
             raise BadInput('evidence is required: a JSON object, e.g. {"reference": "PO-1"}')
         return None
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"evidence is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise BadInput("evidence must be a JSON object")
-    reference, digest = value.pop("reference", None), value.pop("response_digest", None)
-    return Evidence(reference=None if reference is None else str(reference),
-                    response_digest=None if digest is None else str(digest), detail=value)
+        return Evidence.from_json(raw)
+    except ValueError as exc:
+        raise BadInput(f"evidence is {exc}" if str(exc).startswith("not JSON")
+                       else f"evidence {exc}") from exc
 
 
 def resolve(engine: Engine, settings: OutboxSettings, op_id: uuid.UUID, *, outcome: str,

@@ -25,10 +25,11 @@ GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.consumer_inbox TO {role};
 
 -- name: backlog_by_topic
--- The outbox rows no lane's cursor has passed, by lane and topic (the overview's table):
--- the relay's own backlog read (relay/queries.sql, backlog), counted up to :cap rows a
--- lane, kept apart per topic.
-SELECT l.lane, q.topic, count(*) AS n, min(q.created_at) AS oldest
+-- The outbox rows no lane's cursor has passed, by lane and topic (the overview's backlog,
+-- its total and its table in one read): the relay's own backlog read (relay/queries.sql,
+-- backlog), counted up to :cap rows a lane, kept apart per topic.
+SELECT l.lane, q.topic, count(*) AS n, min(q.created_at) AS oldest,
+       greatest(0, extract(epoch FROM clock_timestamp() - min(q.created_at))) AS age
 FROM {schema}.relay_lanes AS l
 CROSS JOIN LATERAL (
     SELECT m.topic, m.created_at FROM {schema}.outbox_messages AS m

@@ -80,7 +80,7 @@ class Overview:
     parked: list[dict[str, Any]] = field(default_factory=list)
     """Partitions (batch mode) or keys (per-message) a group holds a message of for a retry."""
     backlog_by_topic: list[dict[str, Any]] = field(default_factory=list)
-    """The backlog by lane and topic (read only when there is one)."""
+    """The backlog by lane and topic."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,15 +99,16 @@ def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float
         select(consumer_failures.c.status, func.count())
         .where(consumer_failures.c.status.in_(("retrying", "dead-lettered")))
         .group_by(consumer_failures.c.status))}
-    backlog = conn.execute(sql("relay", "backlog", settings.schema_name),
-                           {"cap": BACKLOG_CAP, "lanes": settings.lanes}).one()
-    relays, unowned = read_relays(conn, settings.schema_name, lease_seconds=lease_seconds)
+    # One read of the backlog (by lane and topic); the total and the oldest age from it.
+    backlog = conn.execute(sql("console", "backlog_by_topic", settings.schema_name),
+                           {"cap": BACKLOG_CAP, "lanes": settings.lanes}).all()
     by_topic = [{"lane": r.lane, "topic": r.topic, "messages": r.n, "oldest": r.oldest}
-                for r in conn.execute(sql("console", "backlog_by_topic", settings.schema_name),
-                                      {"cap": BACKLOG_CAP, "lanes": settings.lanes})
-                ] if backlog.backlog else []
-    return Overview(by_state, ops, pending, int(backlog.backlog),
-                    float(backlog.oldest_age or 0), int(backlog.failed), failures,
+                for r in backlog]
+    refused = conn.execute(select(func.count()).select_from(outbox_failures)
+                           .where(outbox_failures.c.state == "failed")).scalar_one()
+    relays, unowned = read_relays(conn, settings.schema_name, lease_seconds=lease_seconds)
+    return Overview(by_state, ops, pending, sum(r.n for r in backlog),
+                    max((float(r.age) for r in backlog), default=0.0), refused, failures,
                     relays, unowned, estimated, ops_estimated, parked(conn), by_topic)
 
 

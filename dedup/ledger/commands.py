@@ -9,7 +9,6 @@ import ``dedup``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -139,14 +138,9 @@ def _evidence(raw: str | None) -> Evidence | None:
     if raw is None:
         return None
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--evidence") from exc
-    if not isinstance(value, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--evidence")
-    reference, digest = value.pop("reference", None), value.pop("response_digest", None)
-    return Evidence(reference=None if reference is None else str(reference),
-                    response_digest=None if digest is None else str(digest), detail=value)
+        return Evidence.from_json(raw)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--evidence") from exc
 
 
 def _as_dict(op: Operation) -> dict[str, Any]:

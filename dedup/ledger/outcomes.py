@@ -155,6 +155,21 @@ class Evidence:
         return cls(reference=reference, response_digest=canonical_digest(response),
                    detail=clip_detail(detail, max_detail_bytes))
 
+    @classmethod
+    def from_json(cls, raw: str) -> Evidence:
+        """What a person typed (``outbox ops resolve --evidence``, the console): a JSON object
+        whose ``reference`` and ``response_digest`` are lifted out, the rest kept as detail.
+        Raises ValueError naming what is wrong."""
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
+        reference, digest = value.pop("reference", None), value.pop("response_digest", None)
+        return cls(reference=None if reference is None else str(reference),
+                   response_digest=None if digest is None else str(digest), detail=value)
+
     def is_empty(self) -> bool:
         return self.reference is None and self.response_digest is None and not self.detail
 
