@@ -31,7 +31,7 @@ import typing
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -60,9 +60,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 _SHAPE = "(job: ClaimedRun[T]) for a def, (job: AsyncClaimedRun[T]) for an async def"
 
 
+@runtime_checkable
 class Driven(Protocol):
-    """What :meth:`App.register_agent` takes (an :class:`outbox_agents.DurableAgent`): a
-    workflow whose turn commits as it goes, in transactions of its own."""
+    """A workflow whose turn commits as it goes, in transactions of its own (a durable
+    agent's :class:`outbox_agents.OutboxDurability`)."""
 
     @property
     def workflow(self) -> Workflow: ...
@@ -72,6 +73,23 @@ class Driven(Protocol):
         """Drive the claimed *run* until it waits, ends or needs a person; the state it
         left the run in (``running``: its lease was lost)."""
         ...
+
+
+agent_adapters: list[Callable[[Any], Driven | None]] = []
+"""How :meth:`App.register_agent` finds the :class:`Driven` of an agent: outbox_agents adds
+one when imported (this package never imports it)."""
+
+
+def _driven(agent: Any) -> Driven:
+    if isinstance(agent, Driven):
+        return agent
+    for adapter in agent_adapters:
+        found = adapter(agent)
+        if found is not None:
+            return found
+    raise ConfigurationError(
+        f"{agent!r} is not a durable agent: build it with "
+        "Agent(..., capabilities=[outbox_agents.OutboxDurability()])")
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,11 +182,13 @@ class App(Operations):
 
         return register
 
-    def register_agent(self, agent: Driven, *, deps: Any = None) -> None:
-        """Run *agent* (an :class:`outbox_agents.DurableAgent`) on this app's worker: its runs
-        are claimed like any workflow's, and each turn drives the agent until the run waits,
-        ends or needs a person, committing at every step boundary. *deps*: the agent's
-        dependencies for every turn. Start its runs with ``agent.start(...)``."""
+    def register_agent(self, agent: Any, *, deps: Any = None) -> None:
+        """Run *agent* (a pydantic-ai agent built with ``capabilities=[OutboxDurability()]``)
+        on this app's worker: its runs are claimed like any workflow's, and each turn drives
+        the agent until the run waits, ends or needs a person, committing at every step
+        boundary. *deps*: the agent's dependencies for runs started without their own. Start
+        its runs with ``outbox_agents.start(...)``."""
+        given, agent = agent, _driven(agent)
         own = getattr(agent, "settings", None)
         if own is not None and own.schema_name != self.settings.schema_name:
             raise ConfigurationError(
@@ -176,7 +196,9 @@ class App(Operations):
                 f"but this app's worker claims from {self.settings.schema_name!r}: give both "
                 "the same OutboxSettings (or leave the agent's unset)")
         fn = functools.partial(agent.drive, deps=deps)
-        self._add(Step(agent.workflow, fn, True, Any, drives=True), agent)
+        # Keyed by what the caller holds (a capability is not hashable: its class compares).
+        key = given if getattr(given, "__hash__", None) is not None else id(given)
+        self._add(Step(agent.workflow, fn, True, Any, drives=True), key)
 
     def _add(self, step: Step, key: Any) -> None:
         name, version = step.workflow.name, step.workflow.version

@@ -4,9 +4,9 @@ An effect tool is a plain function that turns the model's (validated) arguments 
 payload of one Kafka message. pydantic-ai sees an ordinary tool, with the schema and docstring
 of that function; when the model calls it, the function builds the payload and the call is
 *deferred* (pydantic-ai's ``CallDeferred``): the agent run stops with the call pending, and
-:class:`outbox_agents.DurableAgent` writes the message to the outbox, in the transaction that moves
-the run to ``waiting``. The tool's return value, when the run resumes, is what the consumer
-side confirmed.
+:class:`outbox_agents.OutboxDurability` writes the message to the outbox, in the transaction that
+moves the run to ``waiting``. When the run resumes, the call returns what the consumer side
+confirmed, and that result is journaled like any tool's.
 
 Arguments that do not validate never reach the function: pydantic-ai sends the model its
 usual retry prompt, and nothing is written.
@@ -25,6 +25,7 @@ from pydantic_ai import CallDeferred
 from pydantic_ai.toolsets import FunctionToolset
 
 from outbox.errors import ConfigurationError
+from outbox_agents import journal
 
 F = TypeVar("F", bound=Callable[..., Any])
 EFFECT = "outboxkit-effect"
@@ -62,7 +63,8 @@ def message_key(spec: EffectSpec, payload: Any) -> str | None:
 
 
 class Effects(FunctionToolset[Any]):
-    """A toolset of effect tools; give it to :class:`outbox_agents.DurableAgent` (``effects=``).
+    """A toolset of effect tools: give it to the agent (``Agent(..., toolsets=[effects],
+    capabilities=[OutboxDurability()])``).
 
     ::
 
@@ -85,8 +87,9 @@ class Effects(FunctionToolset[Any]):
 
         *topic* and *type* (default: the tool's name) go on the message; *key* maps the
         payload to its Kafka key (one key, one partition, in commit order). With
-        *requires_approval* the call first waits for a person's approval
-        (:func:`outbox.grant`), which expires and is revalidated when the run resumes.
+        *requires_approval* the call first waits for a person's approval of this tool with
+        these exact arguments (:func:`outbox.grant`); the approval expires, and it is spent
+        in the transaction that sends the message, so it sends one message at most.
         """
         if not topic:
             raise ConfigurationError("an effect tool needs a topic")
@@ -104,13 +107,20 @@ class Effects(FunctionToolset[Any]):
             @functools.wraps(fn)
             async def defer(*args: Any, **kwargs: Any) -> Any:
                 payload = fn(*args, **kwargs)
+                # A run resumed after the confirmation: the call returns it.
+                confirmed = journal.confirmed_result()
+                if confirmed is not journal.MISSING:
+                    return confirmed
                 raise CallDeferred(metadata={EFFECT: {
                     "topic": spec.topic, "type": spec.type,
                     "key": message_key(spec, payload), "payload": payload_json(payload),
+                    "args": payload_json(kwargs), "approval": requires_approval,
                 }})
 
-            self.add_function(defer, takes_ctx=False, name=tool,
-                              requires_approval=requires_approval)
+            # Not pydantic-ai's requires_approval: an outboxkit approval is bound to the
+            # exact arguments and spent with the message (see outbox_agents.runner).
+            self.add_function(defer, takes_ctx=False, name=tool, metadata={EFFECT: {
+                "topic": spec.topic, "type": spec.type, "approval": requires_approval}})
             self.specs[tool] = spec
             return fn
 

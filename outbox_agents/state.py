@@ -1,94 +1,60 @@
-"""What a durable agent run keeps in its checkpoint, and how it is read back.
+"""What a durable agent run keeps in its checkpoint, and how its journal is read back.
 
-The checkpoint and the run's log are the run's whole memory: the prompt, the tool calls the
-run waits for (an effect's message, an approval), the results a resume feeds back to the
-agent, and (in the log, as pydantic-ai serialises it) the message history. A worker that
-claims the run rebuilds the agent's position from them alone: no chat history in process
-memory, no replay.
+The checkpoint and the run's log are the run's whole memory. The log is the journal: one
+entry per durable unit that completed (a model response, a tool's result), keyed by the
+unit's persisted name. A worker that claims the run runs the agent again from its prompt, and
+every unit already in the journal returns its recorded result instead of running: the model
+is never asked again for a response that committed. The checkpoint holds the prompt, the
+run's dependencies (as JSON), how many journal entries are the run's, and the effect calls
+the run asked for (their messages, approvals and whether they went out).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 
-FORMAT = 1
+FORMAT = 2
 
 
-class Pending(BaseModel):
-    """A tool call the run waits for.
+class Call(BaseModel):
+    """An effect tool call the run asked for: a message whose confirmation (applied under
+    the message id as confirmation id) is the tool's result.
 
-    ``effect``: a message (``message_id``, ``topic``, ``type``, ``key``, ``payload``) whose
-    confirmation, applied under the message id as confirmation id, is the tool's result.
-    ``approval``: an approval (``approval_id``) of ``scope`` a person must grant.
+    With ``approval`` it first needs a person's approval of ``digest`` (the tool and its
+    exact arguments), spent in the transaction that sends the message.
     """
 
-    kind: Literal["effect", "approval"]
     call_id: str
     tool: str
-    message_id: uuid.UUID | None = None
-    topic: str | None = None
-    type: str | None = None
+    message_id: uuid.UUID
+    topic: str
+    type: str
     key: str | None = None
     payload: Any = None
-    emitted: bool = False
+    args: dict[str, Any] = Field(default_factory=dict)
+    approval: bool = False
+    digest: str | None = None
     approval_id: uuid.UUID | None = None
-    scope: dict[str, Any] | None = None
+    sent: bool = False
 
 
 class AgentState(BaseModel):
-    """The checkpoint of a durable agent run (``format`` guards against other layouts).
-
-    The message history is not in it: it is the run's log (:mod:`outbox.runs.runlog`), one entry
-    per message, of which the first ``logged`` are this state's.
-    """
+    """The checkpoint of a durable agent run (``format`` guards against other layouts)."""
 
     format: int = FORMAT
-    prompt: str | None = None
+    prompt: str
+    deps: Any = None
+    """The run's dependencies as JSON (``start(..., deps=...)``), rebuilt at every turn."""
     logged: int = 0
-    pending: list[Pending] = Field(default_factory=list)
-    results: dict[str, Any] = Field(default_factory=dict)
-    """Effect results to resume with, by tool call id (the confirmation's evidence)."""
-    approved: list[str] = Field(default_factory=list)
-    """Approval calls granted and revalidated, to resume with."""
+    """How many journal entries (the run's log) are this state's."""
+    calls: list[Call] = Field(default_factory=list)
     output: Any = None
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
-
-
-def messages_from(entries: list[Any]) -> list[ModelMessage]:
-    """The log's entries as pydantic-ai messages."""
-    return ModelMessagesTypeAdapter.validate_python(entries)
-
-
-class History:
-    """Which messages of a growing history still have to go to the run's log.
-
-    A save writes only the messages the log does not have yet, and the newest one it has if
-    that is a request: pydantic-ai completes the request it is about to send (its
-    instructions, its timestamp) after the checkpoint that saved it. A message counts as
-    logged when it is the very object a committed save wrote.
-    """
-
-    def __init__(self, logged: list[ModelMessage]) -> None:
-        self._logged = list(logged)
-
-    def delta(self, messages: list[ModelMessage]) -> dict[int, Any]:
-        """The log entries to write for *messages*, by sequence number."""
-        changed = [index for index, message in enumerate(messages)
-                   if index >= len(self._logged) or self._logged[index] is not message
-                   or (index == len(self._logged) - 1 and isinstance(message, ModelRequest))]
-        dumped = ModelMessagesTypeAdapter.dump_python([messages[i] for i in changed],
-                                                      mode="json")
-        return dict(zip(changed, dumped, strict=True))
-
-    def committed(self, messages: list[ModelMessage]) -> None:
-        """A save of *messages* committed."""
-        self._logged = list(messages)
 
 
 def effect_message_id(run_id: uuid.UUID, call_id: str) -> uuid.UUID:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai import Agent
+from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.toolsets import AbstractToolset
 
 
@@ -41,7 +41,7 @@ def _described(part: Any) -> Any:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 
 
-def _prompts(agent: Agent[Any, Any]) -> list[Any]:
+def _prompts(agent: AbstractAgent[Any, Any]) -> list[Any]:
     # pydantic-ai keeps instructions and system prompts in private attributes; read them
     # defensively: a version missing here still pins the model and the tools.
     parts: list[Any] = []
@@ -65,18 +65,20 @@ def _tool_schemas(toolsets: Iterable[AbstractToolset[Any]]) -> list[Any]:
             definition = tool.tool_def
             schemas.append({"name": name, "description": definition.description,
                             "parameters": definition.parameters_json_schema,
-                            "approval": bool(tool.requires_approval)})
+                            "approval": bool(tool.requires_approval),
+                            "metadata": definition.metadata})
     return schemas
 
 
-def model_name(agent: Agent[Any, Any]) -> str:
+def model_name(agent: AbstractAgent[Any, Any]) -> str:
     model = agent.model
     if model is None:
         return "none"
     return model if isinstance(model, str) else f"{model.system}:{model.model_name}"
 
 
-def agent_version(agent: Agent[Any, Any], extra: Iterable[AbstractToolset[Any]]) -> AgentVersion:
+def agent_version(agent: AbstractAgent[Any, Any],
+                  extra: Iterable[AbstractToolset[Any]] = ()) -> AgentVersion:
     """Hash what changes an agent's behaviour for runs already under way."""
     prompt = _digest(_prompts(agent))
     tools = _digest(_tool_schemas([*agent.toolsets, *extra]))

@@ -1,7 +1,7 @@
 """A durable agent worker as an OS process, for tests/e2e/test_agents_crash.py.
 
 ``python -m tests.e2e.agents_crash_worker`` claims the run of its database and drives it with
-``DurableAgent.work()`` until the run waits for a confirmation or is done, then prints one
+``outbox_agents.work()`` until the run waits for a confirmation or is done, then prints one
 JSON line (the run's state, output and this process's model requests) and exits 0. A
 failpoint in ``OUTBOXKIT_FAILPOINTS`` kills it on the way. Environment:
 
@@ -10,7 +10,8 @@ failpoint in ``OUTBOXKIT_FAILPOINTS`` kills it on the way. Environment:
   requests across processes that were SIGKILLed;
 * ``AGENTS_CRASH_TOPIC``: the effect's topic;
 * ``AGENTS_CRASH_LEASE``: the lease in seconds (short: a killed worker's lease must run out
-  before the next worker can claim the run).
+  before the next worker can claim the run);
+* ``AGENTS_CRASH_APPROVAL``: ``1`` when the effect needs a person's approval.
 
 The model is scripted and decides from the message history alone, with fixed tool call ids:
 a step asked again after a crash gets the same answer, so the effect's message id
@@ -41,9 +42,10 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+import outbox_agents
 from outbox.db.dsn import sqlalchemy_url
 from outbox.runs.states import RunState
-from outbox_agents import DurableAgent, Effects
+from outbox_agents import Effects, OutboxDurability
 from tests.e2e.agents_crash_consumer import Reorder, reference
 
 NAME = "crash-support"
@@ -101,35 +103,38 @@ class Script:
 
 def build(topic: str, requests: Path, *, lease_seconds: float,
           hold: Callable[[], Awaitable[None]] | None = None,
-          delay: float = 0.0) -> DurableAgent[None, str]:
-    agent = Agent(FunctionModel(Script(requests, hold, delay), model_name="crash-script"),
-                  name=NAME, instructions="Help with late orders.", output_type=str)
-
-    @agent.tool_plain
-    def lookup_order(order_id: str) -> dict[str, str]:
-        """Look an order up (read-only)."""
-        return {"order_id": order_id, "item": "widget", "status": "late"}
-
+          delay: float = 0.0, requires_approval: bool = False) -> Agent[None, str]:
     effects = Effects()
 
-    @effects.effect(topic=topic, key=lambda order: order.item)
+    @effects.effect(topic=topic, key=lambda order: order.item,
+                    requires_approval=requires_approval)
     def reorder(item: str, qty: int) -> Reorder:
         """Order *qty* more of *item* from the supplier."""
         return Reorder(item=item, qty=qty)
 
     # The evidence the confirmation carries ({"reference": ...}) is the tool's return value:
     # the answer quotes only the reference, so it is the same whichever side confirmed.
-    return DurableAgent(agent, effects=effects, lease_seconds=lease_seconds)
+    agent = Agent(FunctionModel(Script(requests, hold, delay), model_name="crash-script"),
+                  name=NAME, instructions="Help with late orders.", output_type=str,
+                  toolsets=[effects],
+                  capabilities=[OutboxDurability(lease_seconds=lease_seconds)])
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Look an order up (read-only)."""
+        return {"order_id": order_id, "item": "widget", "status": "late"}
+
+    return agent
 
 
-async def drive(durable: DurableAgent[None, str], engine: AsyncEngine, *, worker: str,
+async def drive(agent: Agent[None, str], engine: AsyncEngine, *, worker: str,
                 timeout: float = 60) -> dict[str, Any]:
     """Work the run until it waits or is done. ``work()`` gives None while a killed worker's
     lease still holds the run: try again until it runs out."""
     deadline = time.monotonic() + timeout
     requests = 0
     while time.monotonic() < deadline:
-        progress = await durable.work(engine, worker=worker)
+        progress = await outbox_agents.work(engine, agent, worker=worker)
         if progress is not None:
             requests += progress.model_requests
             if progress.state in (RunState.WAITING, RunState.DONE):
@@ -149,11 +154,12 @@ async def drive(durable: DurableAgent[None, str], engine: AsyncEngine, *, worker
 
 async def main() -> None:
     env = os.environ
-    durable = build(env["AGENTS_CRASH_TOPIC"], Path(env["AGENTS_CRASH_REQUESTS"]),
-                    lease_seconds=float(env.get("AGENTS_CRASH_LEASE", "2")))
+    agent = build(env["AGENTS_CRASH_TOPIC"], Path(env["AGENTS_CRASH_REQUESTS"]),
+                    lease_seconds=float(env.get("AGENTS_CRASH_LEASE", "2")),
+                    requires_approval=env.get("AGENTS_CRASH_APPROVAL") == "1")
     engine = create_async_engine(sqlalchemy_url(env["AGENTS_CRASH_DATABASE_URL"]))
     try:
-        result = await drive(durable, engine, worker=f"worker-{os.getpid()}")
+        result = await drive(agent, engine, worker=f"worker-{os.getpid()}")
     finally:
         await engine.dispose()
     sys.stdout.write(json.dumps(result) + "\n")

@@ -26,8 +26,10 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+import outbox_agents
 from outbox import aio
 from outbox.db.dsn import sqlalchemy_url
+from outbox.runs.approvals import grant
 from outbox.runs.confirm import apply_confirmation
 from outbox.runs.states import RunState
 from outbox.testing.processes import free_port
@@ -68,6 +70,8 @@ class Harness:
     engine: Engine
     run_id: uuid.UUID | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    approval: bool = False
+    """The effect needs a person's approval."""
 
     @property
     def requests_file(self) -> Path:
@@ -80,13 +84,14 @@ class Harness:
         return self.requests_file.read_text().splitlines()
 
     def start(self) -> uuid.UUID:
-        durable = build(self.topic, self.requests_file, lease_seconds=LEASE)
+        agent = build(self.topic, self.requests_file, lease_seconds=LEASE,
+                      requires_approval=self.approval)
 
         async def go() -> uuid.UUID:
             engine = create_async_engine(sqlalchemy_url(self.database_url))
             try:
                 async with engine.begin() as conn:
-                    run = await durable.start(conn, PROMPT, key="ticket-A1")
+                    run = await outbox_agents.start(conn, agent, PROMPT, key="ticket-A1")
             finally:
                 await engine.dispose()
             return run.id
@@ -101,6 +106,7 @@ class Harness:
             "AGENTS_CRASH_REQUESTS": str(self.requests_file),
             "AGENTS_CRASH_TOPIC": self.topic,
             "AGENTS_CRASH_LEASE": str(LEASE),
+            "AGENTS_CRASH_APPROVAL": "1" if self.approval else "0",
         })
         if failpoints:
             env["OUTBOXKIT_FAILPOINTS"] = failpoints
@@ -346,7 +352,7 @@ def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(
         a = build(harness.topic, harness.tmp_path / "a-requests", lease_seconds=1, hold=hang)
         b = build(harness.topic, harness.tmp_path / "b-requests", lease_seconds=30)
         try:
-            task_a = asyncio.create_task(a.work(engine_a, worker="A"))
+            task_a = asyncio.create_task(outbox_agents.work(engine_a, a, worker="A"))
             await asyncio.wait_for(held.wait(), 30)  # A claimed and is inside its first call
             await asyncio.sleep(1.2)  # A's 1 s lease runs out
             first = await drive(b, engine_b, worker="B", timeout=30)
@@ -390,11 +396,11 @@ def test_two_workers_on_one_run_only_the_lease_holder_writes(
     async def worker(name: str, progress: list[Any]) -> None:
         engine = create_async_engine(sqlalchemy_url(database_url))
         # A slow model (0.2 s a request): the other worker polls while this one holds it.
-        durable = build(harness.topic, harness.tmp_path / f"{name}-requests",
-                        lease_seconds=30, delay=0.2)
+        agent = build(harness.topic, harness.tmp_path / f"{name}-requests",
+                      lease_seconds=30, delay=0.2)
         try:
             for _ in range(400):
-                got = await durable.work(engine, worker=name)
+                got = await outbox_agents.work(engine, agent, worker=name)
                 progress.append(got)
                 if got is not None and got.state is RunState.DONE:
                     return
@@ -429,3 +435,36 @@ def test_two_workers_on_one_run_only_the_lease_holder_writes(
     assert total == UNCRASHED_REQUESTS
     assert_one_effect_message(harness)
     assert_done_once(harness)
+
+
+def test_an_approved_effect_whose_worker_was_killed_after_it_committed_is_sent_once(
+        harness: Harness) -> None:
+    harness.approval = True
+    run_id = harness.start()
+    asked = harness.worker()
+    assert asked.returncode == 0, asked.stderr
+    assert harness.state() == RunState.WAITING.value
+    assert harness.messages() == []
+    (approval_id,) = harness.sql("SELECT id FROM outboxkit.approvals WHERE run_id = :r",
+                                 r=run_id)[0]
+    with harness.engine.begin() as conn:
+        grant(conn, approval_id, by="alice", reason="the supplier is the usual one")
+    # The worker that spends the approval and sends the message dies right after its commit.
+    killed = harness.worker("agent.after_effect_commit=kill@1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    expected = effect_message_id(run_id, REORDER_CALL)
+    assert harness.messages() == [expected]
+    # Its successor finds the approval spent and the message sent: it waits, sends nothing.
+    resumed = harness.worker()
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[-1])["state"] == "waiting"
+    assert harness.messages() == [expected]
+    harness.confirm_directly(expected)
+    done = harness.worker()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["state"] == "done"
+    assert_one_effect_message(harness)
+    spent = harness.sql("SELECT granted_by, grant_reason, spent_message_id FROM "
+                        "outboxkit.approvals WHERE run_id = :r", r=run_id)
+    assert [tuple(row) for row in spent] == [
+        ("alice", "the supplier is the usual one", expected)]

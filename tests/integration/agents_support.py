@@ -25,8 +25,12 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+import outbox_agents
 from outbox.db.dsn import sqlalchemy_url
-from outbox_agents import DurableAgent, Effects
+from outbox.db.execution import AsyncConn
+from outbox.runs.lifecycle import Run
+from outbox.runs.workflows import Workflow
+from outbox_agents import Effects, OutboxDurability, Progress
 
 T = TypeVar("T")
 
@@ -66,19 +70,30 @@ class Script:
         return ModelResponse(parts=[ToolCallPart("lookup_order", {"order_id": "A1"})])
 
 
+@dataclass
+class Durable:
+    """An agent with the capability, and the three calls the tests make on it."""
+
+    agent: Agent[Any, Any]
+
+    @property
+    def workflow(self) -> Workflow:
+        return OutboxDurability.from_agent(self.agent).workflow  # type: ignore[union-attr]
+
+    async def start(self, conn: AsyncConn, prompt: str, *, key: str, deps: Any = None) -> Run:
+        return await outbox_agents.start(conn, self.agent, prompt, key=key, deps=deps)
+
+    async def work(self, engine: AsyncEngine, *, worker: str,
+                   deps: Any = None) -> Progress | None:
+        return await outbox_agents.work(engine, self.agent, worker=worker, deps=deps)
+
+    async def output(self, conn: AsyncConn, run_id: Any) -> Any:
+        return await outbox_agents.output(conn, self.agent, run_id)
+
+
 def support_agent(script: Script, *, instructions: str = "Help with orders.",
                   requires_approval: bool = False, lookup: Callable[[str], Any] | None = None,
-                  **durable: Any) -> DurableAgent[None, str]:
-    agent = Agent(FunctionModel(script), name="support", instructions=instructions,
-                  output_type=str)
-
-    @agent.tool_plain
-    def lookup_order(order_id: str) -> dict[str, str]:
-        """Look an order up."""
-        if lookup is not None:
-            lookup(order_id)
-        return {"order_id": order_id, "item": "widget", "status": "late"}
-
+                  **durable: Any) -> Durable:
     effects = Effects()
 
     @effects.effect(topic="supplier.orders", key=lambda order: order.item,
@@ -87,7 +102,18 @@ def support_agent(script: Script, *, instructions: str = "Help with orders.",
         """Order more of an item from the supplier."""
         return Reorder(item=item, qty=qty)
 
-    return DurableAgent(agent, effects=effects, **durable)
+    agent = Agent(FunctionModel(script), name="support", instructions=instructions,
+                  output_type=str, toolsets=[effects],
+                  capabilities=[OutboxDurability(**durable)])
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Look an order up."""
+        if lookup is not None:
+            lookup(order_id)
+        return {"order_id": order_id, "item": "widget", "status": "late"}
+
+    return Durable(agent)
 
 
 def drive(database_url: str, scenario: Callable[[AsyncEngine], Awaitable[T]]) -> T:

@@ -30,7 +30,7 @@ def test_the_worker_drives_an_agent_to_its_effect_and_on_to_its_answer(
     script = Script()
     durable = support_agent(script, lease_seconds=5)
     app = App(database_url=database_url)
-    app.register_agent(durable)
+    app.register_agent(durable.agent)
     plain: list[uuid.UUID] = []
 
     @app.workflow("plain", version="1")
@@ -43,7 +43,7 @@ def test_the_worker_drives_an_agent_to_its_effect_and_on_to_its_answer(
             other = app.start_run(conn, step, idempotency_key="p-1")
         waiting = run_in(engine, run.id, "waiting")
         [row] = on_loop(database_url, outbox_rows)
-        call_id = waiting.checkpoint["pending"][0]["call_id"]
+        call_id = waiting.checkpoint["calls"][0]["call_id"]
         assert row.message_id == effect_message_id(run.id, call_id)
         with engine.begin() as conn:  # the supplier's answer, as ctx.confirm records it
             app.confirm(conn, run_id=run.id, confirmation_id=str(row.message_id),
@@ -64,7 +64,7 @@ def test_a_turn_holds_the_agents_lease_not_the_workers(
     script = Script(hold=hold)
     durable = support_agent(script, lease_seconds=5)
     app = App(database_url=database_url)
-    app.register_agent(durable)
+    app.register_agent(durable.agent)
     with running(app, lease_seconds=60) as worker:
         run = on_loop(database_url, lambda e: _start(e, durable, "Order A1 is late", "t-1"))
         wait_for(lambda: script.requests, what="the model to be asked")
@@ -83,7 +83,7 @@ def test_a_failing_model_call_is_retried_by_the_agents_policy(
     script = Script(fail_at=1)
     durable = support_agent(script, retry=FAST_RETRY)
     app = App(database_url=database_url)
-    app.register_agent(durable)
+    app.register_agent(durable.agent)
     with running(app):
         run = on_loop(database_url, lambda e: _start(e, durable, "Order A1 is late", "t-1"))
         waiting = run_in(engine, run.id, "waiting")
@@ -94,16 +94,16 @@ def test_a_failing_model_call_is_retried_by_the_agents_policy(
 def test_an_agent_registered_twice_is_refused_naming_its_workflow(database_url: str) -> None:
     durable = support_agent(Script())
     app = App(database_url=database_url)
-    app.register_agent(durable)
+    app.register_agent(durable.agent)
     with pytest.raises(ConfigurationError, match=r"workflow 'support' version .* twice"):
-        app.register_agent(durable)
+        app.register_agent(durable.agent)
 
 
 def test_an_agents_runs_are_started_by_the_agent_not_start_run(
         engine: Engine, database_url: str) -> None:
     durable = support_agent(Script())
     app = App(database_url=database_url)
-    app.register_agent(durable)
+    app.register_agent(durable.agent)
     with engine.begin() as conn, pytest.raises(
             ConfigurationError, match=r"'support' is a registered agent: start its runs"):
         app.start_run(conn, "support", idempotency_key="k")
@@ -113,7 +113,7 @@ def test_an_agent_writing_to_another_schema_is_refused(database_url: str) -> Non
     durable = support_agent(Script(), settings=OutboxSettings(schema_name="elsewhere"))
     app = App(database_url=database_url)
     with pytest.raises(ConfigurationError, match="schema 'elsewhere' but this app's worker"):
-        app.register_agent(durable)
+        app.register_agent(durable.agent)
 
 
 def on_loop(database_url: str, scenario: Callable[[AsyncEngine], Awaitable[T]]) -> T:

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from typing import Any
-from unittest.mock import ANY
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.models.function import FunctionModel
 
 from outbox.errors import ConfigurationError
-from outbox_agents import AgentState, DurableAgent, Effects, agent_version, effect_message_id
-from outbox_agents.state import History, messages_from
+from outbox_agents import (
+    AgentState,
+    Call,
+    Effects,
+    OutboxDurability,
+    agent_version,
+    effect_message_id,
+    start,
+)
+from outbox_agents.journal import Journal
 
 
 def _reply(messages: Any, info: Any) -> ModelResponse:
@@ -62,19 +70,28 @@ def test_an_effect_needs_a_topic_a_plain_function_and_a_unique_name() -> None:
     assert "once" in effects.tools
 
 
-def test_a_durable_agent_needs_a_name_and_a_positive_lease() -> None:
-    nameless = Agent(FunctionModel(_reply), output_type=str)
-    with pytest.raises(ConfigurationError, match="name"):
-        DurableAgent(nameless)
-    with pytest.raises(ConfigurationError, match="lease_seconds"):
-        DurableAgent(_agent(), lease_seconds=0)
-    assert DurableAgent(nameless, name="named").name == "named"
+def test_a_durable_agent_needs_a_name_and_sane_options() -> None:
+    with pytest.raises(Exception, match="name"):
+        Agent(FunctionModel(_reply), output_type=str, capabilities=[OutboxDurability()])
+    for bad, message in [({"lease_seconds": 0}, "lease_seconds"),
+                         ({"checkpoint_tools_after": -1}, "checkpoint_tools_after"),
+                         ({"approval_expires": timedelta(0)}, "approval_expires")]:
+        with pytest.raises(ConfigurationError, match=message):
+            OutboxDurability(**bad)  # type: ignore[arg-type]
+    nameless = Agent(FunctionModel(_reply), output_type=str,
+                     capabilities=[OutboxDurability(name="named")])
+    assert OutboxDurability.from_agent(nameless).workflow.name == "named"  # type: ignore[union-attr]
 
 
 def test_an_empty_prompt_is_refused_before_anything_is_sent() -> None:
-    durable = DurableAgent(_agent())
+    agent = _agent(capabilities=[OutboxDurability()])
     with pytest.raises(ConfigurationError, match="prompt"):
-        asyncio.run(durable.start(None, "", key="k"))  # type: ignore[arg-type]
+        asyncio.run(start(None, agent, "", key="k"))  # type: ignore[arg-type]
+
+
+def test_an_agent_without_the_capability_is_named_in_the_error() -> None:
+    with pytest.raises(ConfigurationError, match="no OutboxDurability"):
+        asyncio.run(start(None, _agent(), "hi", key="k"))  # type: ignore[arg-type]
 
 
 def test_the_pinned_version_follows_model_instructions_and_tool_schemas() -> None:
@@ -94,8 +111,8 @@ def test_the_pinned_version_follows_model_instructions_and_tool_schemas() -> Non
     model = agent_version(_agent(model=FunctionModel(other_reply)), [_effects()])
     assert model.version != base.version
     assert model.prompt_version == base.prompt_version
-    explicit = DurableAgent(_agent(), version="2026-12")
-    assert explicit.workflow.version == "2026-12"
+    explicit = _agent(capabilities=[OutboxDurability(version="2026-12")])
+    assert OutboxDurability.from_agent(explicit).workflow.version == "2026-12"  # type: ignore[union-attr]
 
 
 def test_an_effect_call_keeps_its_message_id() -> None:
@@ -105,23 +122,23 @@ def test_an_effect_call_keeps_its_message_id() -> None:
     assert effect_message_id(run, "call-1") != effect_message_id(uuid.uuid4(), "call-1")
 
 
-def test_only_new_messages_and_a_request_not_yet_sent_go_to_the_log() -> None:
-    prompt = ModelRequest.user_text_prompt("hi")
-    call = ModelResponse(parts=[ToolCallPart("order", {"item": "w"}, tool_call_id="c1")])
-    history = History([])
-    assert history.delta([prompt]) == {0: ANY}
-    history.committed([prompt])
-    # The request may have been completed when it was sent: written again with the response.
-    assert set(history.delta([prompt, call])) == {0, 1}
-    history.committed([prompt, call])
-    answer = ModelResponse(parts=[TextPart("done")])
-    assert set(history.delta([prompt, call, answer])) == {2}
-    # Another object at a logged position (a resumed run's copy) is written again.
-    assert set(history.delta([prompt, ModelResponse(parts=call.parts), answer])) == {1, 2}
-    # What is written reads back as the same messages.
-    assert messages_from(list(History([]).delta([prompt, call]).values())) == [prompt, call]
+def test_the_journal_keys_a_name_met_again_by_ordinal_and_a_tool_by_its_call() -> None:
+    journal = Journal([{"op": "a__model.request", "result": {"n": 0}}])
+    assert journal.key("a__model.request", None) == "a__model.request"
+    assert journal.key("a__model.request", None) == "a__model.request#1"
+    assert journal.key("a__call_tool:x", "c1") == "a__call_tool:x@c1"
+    assert journal.key("a__call_tool:x", "c2") == "a__call_tool:x@c2"
+    assert journal.recorded == {"a__model.request": {"n": 0}}
+    journal.add("a__model.request#1", {"n": 1})
+    journal.add("a__call_tool:x@c1", {"n": 2})
+    batch, count = journal.taken()
+    assert (sorted(batch), count) == ([1, 2], 3)
+    journal.written(2)  # the first one committed; the second is still to write
+    assert journal.taken() == ({2: {"op": "a__call_tool:x@c1", "result": {"n": 2}}}, 3)
 
 
 def test_the_checkpoint_round_trips() -> None:
-    state = AgentState(prompt="hi", logged=3, approved=["c1"], results={"c2": {"ok": 1}})
+    call = Call(call_id="c1", tool="order", message_id=uuid.uuid4(), topic="t", type="order",
+                args={"item": "w"}, approval=True, digest="sha256:00")
+    state = AgentState(prompt="hi", logged=3, deps={"shop": 1}, calls=[call])
     assert AgentState.model_validate(state.dump()) == state
