@@ -1,19 +1,24 @@
 """What durability costs a pydantic-ai agent step: ``agents.step_overhead_ms``.
 
-One scripted agent (pydantic-ai's ``FunctionModel``, no network): N model responses, each
-but the last calling a cheap read-only tool, the last answering text. It runs
+One scripted model (pydantic-ai's ``FunctionModel``, no network): N model responses, each
+but the last calling a cheap read-only tool, the last answering text. Two agents share it:
 
-* bare: ``agent.run`` in process, no database;
-* durable: ``DurableAgent.start`` (its own transaction) and ``DurableAgent.work`` on a real
-  PostgreSQL (a database of its own, created and dropped here), the async path, which claims
-  the run, checkpoints the history after every model response and every tool round and
-  finishes the run.
+* bare: the agent without durability, ``agent.run`` in process, no database;
+* durable: the same agent with ``capabilities=[OutboxDurability()]``,
+  ``outbox_agents.start`` (its own transaction) and ``outbox_agents.work`` (one turn) on a
+  real PostgreSQL (a database of its own, created and dropped here), the async path, which
+  claims the run, journals every model response before the agent goes on (one fenced
+  statement: the checkpoint and the new journal entries; a fast tool's result rides along
+  with the next response) and finishes the run.
 
 Rounds alternate the two (order alternating too, so drift in the machine's load favours
-neither); each round takes the median run of each. Overhead per step = (durable - bare) /
-model steps, median over rounds; goal <= 3 ms. The client's CPU per step (process_time) is
-printed beside it, then where a durable run's time goes (one instrumented round: dumping the
-history, the checkpoint's round trip, pydantic-ai itself) and a cProfile of one round.
+neither); each round takes the median run of each, at two run lengths (2 steps and N). The
+durable run's extra time grows by the per-step overhead with each step; what is left at zero
+steps is the per-run overhead (start, claim, the move to done). Both are medians over
+rounds; goals: <= 2 ms a step, <= 5 ms a run. The client's CPU per step (process_time) is
+printed beside them, then where a durable run's time goes (one instrumented round: the
+journal writes, the checkpoint's round trip, pydantic-ai's JSON codec, pydantic-ai itself)
+and a cProfile of one round (by cumulative and by own time).
 
 The server's durability settings are left as they are (this is also run on the shared test
 server); the suite makes its own server durable in a full run.
@@ -47,19 +52,27 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+import outbox_agents
 from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.db.migrate import migrate
 from outbox.runs.states import RunState
-from outbox_agents import DurableAgent
+from outbox_agents import OutboxDurability
 
-GOAL_MS = 3.0
+GOAL_MS = 2.0
+RUN_GOAL_MS = 5.0
 SHORT = 2
 """Model steps of the short run: one tool round and the answer."""
 Breakdown = dict[str, tuple[float, float]]  # part -> (ms, calls) per durable run
 
 
-def scripted_agent(steps: int) -> Agent[None, str]:
-    """An agent whose model answers with a tool call *steps* - 1 times, then with text."""
+def lookup_order(order_id: str) -> dict[str, str]:
+    """Look an order up (read-only)."""
+    return {"order_id": order_id, "item": "widget", "status": "shipped"}
+
+
+def scripted_agents(steps: int) -> tuple[Agent[None, str], Agent[None, str]]:
+    """(bare, durable): the same agent on the same model, without and with the capability;
+    the model answers with a tool call *steps* - 1 times, then with text."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         asked = sum(isinstance(m, ModelResponse) for m in messages)
@@ -67,23 +80,21 @@ def scripted_agent(steps: int) -> Agent[None, str]:
             return ModelResponse(parts=[ToolCallPart("lookup_order", {"order_id": f"A{asked}"})])
         return ModelResponse(parts=[TextPart(f"looked up {asked} orders")])
 
-    agent: Agent[None, str] = Agent(FunctionModel(model), name=f"bench_steps_{steps}",
-                                    output_type=str, instructions="answer about orders")
-
-    @agent.tool_plain
-    def lookup_order(order_id: str) -> dict[str, str]:
-        """Look an order up (read-only)."""
-        return {"order_id": order_id, "item": "widget", "status": "shipped"}
-
-    return agent
+    function_model = FunctionModel(model)
+    name = f"bench_steps_{steps}"
+    bare: Agent[None, str] = Agent(function_model, name=name, output_type=str,
+                                   instructions="answer about orders", tools=[lookup_order])
+    durable: Agent[None, str] = Agent(function_model, name=name, output_type=str,
+                                      instructions="answer about orders", tools=[lookup_order],
+                                      capabilities=[OutboxDurability()])
+    return bare, durable
 
 
 class Bench:
     def __init__(self, engine: AsyncEngine, steps: int) -> None:
         self.engine = engine
         self.steps = steps
-        self.agent = scripted_agent(steps)
-        self.durable = DurableAgent(self.agent)
+        self.agent, self.durable = scripted_agents(steps)
 
     async def bare(self) -> None:
         result = await self.agent.run("where are my orders?")
@@ -91,8 +102,9 @@ class Bench:
 
     async def durable_run(self) -> None:
         async with self.engine.begin() as conn:
-            await self.durable.start(conn, "where are my orders?", key=uuid.uuid4().hex)
-        progress = await self.durable.work(self.engine, worker="bench")
+            await outbox_agents.start(conn, self.durable, "where are my orders?",
+                                      key=uuid.uuid4().hex)
+        progress = await outbox_agents.work(self.engine, self.durable, worker="bench")
         assert progress is not None
         assert progress.state is RunState.DONE, progress
         assert progress.model_requests == self.steps, progress
@@ -107,11 +119,11 @@ def instrumented(spent: dict[str, float], calls: dict[str, int]) -> Iterator[Non
 
     Wrapping costs a few microseconds a call; the timed rounds run without it.
     """
+    from pydantic_ai.durable_exec import _codec  # noqa: PLC0415
     from pydantic_ai.run import AgentRun  # noqa: PLC0415
 
-    import outbox_agents.durable as durable_module  # noqa: PLC0415
-    import outbox_agents.state as state_module  # noqa: PLC0415
     from outbox import aio  # noqa: PLC0415
+    from outbox_agents import runner, state  # noqa: PLC0415
 
     def sync_timer(name: str, fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -135,15 +147,18 @@ def instrumented(spent: dict[str, float], calls: dict[str, int]) -> Iterator[Non
 
         return wrapper
 
+    codec = type(_codec.JSON_CODEC)
     patches: list[tuple[Any, str, Any, Any]] = [
-        (state_module.History, "delta", sync_timer, "new messages to JSON (History.delta)"),
-        (state_module.AgentState, "dump", sync_timer, "checkpoint model_dump (dump)"),
+        (codec, "dump", sync_timer, "JSON codec dump (TypeAdapter)"),
+        (codec, "load", sync_timer, "JSON codec load (TypeAdapter)"),
+        (state.AgentState, "dump", sync_timer, "checkpoint model_dump (dump)"),
         (aio.AsyncClaimedRun, "save_checkpoint", async_timer, "save_checkpoint round trip"),
-        (durable_module._Drive, "save", async_timer, "save: begin+checkpoint+commit"),
+        (runner._Turn, "record", async_timer, "journal a unit (_Turn.record)"),
+        (runner._Turn, "save", async_timer, "save: checkpoint + log statement"),
         (AgentRun, "next", async_timer, "pydantic-ai (AgentRun.next)"),
-        (durable_module.DurableAgent, "work", async_timer, "work (claim to done)"),
-        (durable_module.DurableAgent, "start", async_timer, "start"),
-        (durable_module._Drive, "finish", async_timer, "finish (transition to done)"),
+        (outbox_agents, "work", async_timer, "work (claim to done)"),
+        (outbox_agents, "start", async_timer, "start"),
+        (runner._Turn, "finish", async_timer, "finish (transition to done)"),
         (aio, "claim", async_timer, "claim"),
     ]
     saved = []
@@ -159,6 +174,7 @@ def instrumented(spent: dict[str, float], calls: dict[str, int]) -> Iterator[Non
 
 
 def profile_round(loop: asyncio.AbstractEventLoop, bench: Bench, runs: int) -> str:
+    """A cProfile of *runs* durable runs: the top 15 by cumulative time, then by own time."""
     profiler = cProfile.Profile()
 
     async def some() -> None:
@@ -177,6 +193,7 @@ def profile_round(loop: asyncio.AbstractEventLoop, bench: Bench, runs: int) -> s
         if "/asyncio/" in filename or filename == __file__ or "_contextvars" in function:
             del table[key]
     stats.sort_stats("cumulative").print_stats(15)
+    stats.sort_stats("tottime").print_stats(15)
     return out.getvalue()
 
 
@@ -298,6 +315,7 @@ def print_breakdown(parts: Breakdown, runs: int, steps: int) -> None:
 
 
 def figures_of(samples: dict[str, list[float]], steps: int, durability: str) -> list[Figure]:
+    """The figures; the last two are the ones with goals (per run, per step)."""
     rounds = range(len(samples[f"bare_{steps}_ms"]))
     splits = [split(samples, SHORT, steps, i) for i in rounds]
     cpu_splits = [split(samples, SHORT, steps, i, "cpu_ms") for i in rounds]
@@ -309,11 +327,13 @@ def figures_of(samples: dict[str, list[float]], steps: int, durability: str) -> 
         Figure("agents.bare_run_ms", bare, "ms",
                note=f"median agent.run of {steps} model steps, no database"),
         Figure("agents.durable_run_ms", durable, "ms",
-               note=f"median DurableAgent.start + work of the same {steps} steps"),
-        Figure("agents.run_overhead_ms", per_run, "ms",
-               note="per run, whatever its length: start, claim, the move to done"),
+               note=f"median outbox_agents.start + work of the same {steps} steps"),
         Figure("agents.step_cpu_ms", cpu_step, "ms",
                note="client CPU (process_time) a durable step adds, same split"),
+        Figure("agents.run_overhead_ms", per_run, "ms", None, None, f"<= {RUN_GOAL_MS:g}",
+               per_run <= RUN_GOAL_MS,
+               note="per run, whatever its length: start, claim, the move to done; median "
+               f"over rounds {[round(s[1], 3) for s in splits]}"),
         Figure("agents.step_overhead_ms", overhead, "ms", None, None, f"<= {GOAL_MS:g}",
                overhead <= GOAL_MS,
                note=f"what each model step adds (the growth of durable - bare from {SHORT} to "
@@ -330,14 +350,17 @@ def main(argv: list[str] | None = None) -> int:
     samples, parts, profile = run(args)
     print_breakdown(parts, args.runs, args.steps)
     if profile is not None:
-        print(f"\ncProfile of one round ({args.runs} durable runs), top 15 by cumulative time:")
+        print(f"\ncProfile of one round ({args.runs} durable runs of {args.steps} steps), "
+              "top 15 by cumulative time, then by own time:")
         print(profile)
     figures = figures_of(samples, args.steps, durability)
-    overhead = figures[-1].value
+    per_run, overhead = figures[-2].value, figures[-1].value
     print()
     print_figures(figures)
     print(f"\nagents.step_overhead_ms = {overhead:.3f} ms (goal <= {GOAL_MS:g} ms): "
           f"{'met' if overhead <= GOAL_MS else 'NOT met'}")
+    print(f"agents.run_overhead_ms = {per_run:.3f} ms (goal <= {RUN_GOAL_MS:g} ms): "
+          f"{'met' if per_run <= RUN_GOAL_MS else 'NOT met'}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump({"steps": args.steps, "rounds": args.rounds, "runs": args.runs,

@@ -39,10 +39,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python examples/demo_agent.py` finds the examples package
 
+import outbox_agents  # noqa: E402
 from examples.demo import endpoints  # noqa: E402
 from examples.supplier_client import SupplierClient  # noqa: E402
 from examples.supplier_order.pipeline import Pipeline, Proc, free_port  # noqa: E402
-from examples.support_agent.agent import durable  # noqa: E402
+from examples.support_agent.agent import agent  # noqa: E402
 from examples.support_agent.config import MODEL_LOG  # noqa: E402
 from outbox import App  # noqa: E402
 from outbox.db.dsn import redact, sqlalchemy_url  # noqa: E402
@@ -100,7 +101,7 @@ async def start_runs(database_url: str, tag: str) -> dict[str, uuid.UUID]:
     engine = create_async_engine(sqlalchemy_url(database_url))
     try:
         async with engine.begin() as conn:  # one transaction: all three or none
-            return {order: (await durable.start(conn, prompt, key=f"{tag}-{order}")).id
+            return {order: (await outbox_agents.start(conn, agent, prompt, key=f"{tag}-{order}")).id
                     for order, prompt in PROMPTS.items()}
     finally:
         await engine.dispose()
@@ -110,7 +111,7 @@ async def outputs(database_url: str, run_ids: list[uuid.UUID]) -> dict[uuid.UUID
     engine = create_async_engine(sqlalchemy_url(database_url))
     try:
         async with engine.connect() as conn:
-            return {run_id: await durable.output(conn, run_id) for run_id in run_ids}
+            return {run_id: await outbox_agents.output(conn, agent, run_id) for run_id in run_ids}
     finally:
         await engine.dispose()
 
@@ -271,7 +272,7 @@ class Summary:
         return {o["request"]["order_id"]: o["order_id"] for o in record["orders"]}
 
     def answers(self, done: list[uuid.UUID], reference_of: dict[str, str]) -> None:
-        """The agent's answers (DurableAgent.output), each with the supplier's reference."""
+        """The agent's answers (outbox_agents.output), each with the supplier's reference."""
         answers = asyncio.run(outputs(self.database_url, done))
         console.print("\n[bold]final answers[/bold]")
         for order, run_id in self.run_ids.items():

@@ -5,7 +5,8 @@ reorders the item from the supplier (an effect tool: a Kafka message through the
 placed at the HTTP supplier by a consumer at most once), waits for the supplier's answer
 and resumes with its order reference. ``make demo-agent`` runs it while killing the worker.
 
-* :mod:`.agent` — the agent, its tools and the :class:`outbox_agents.DurableAgent` (what you write);
+* :mod:`.agent` — the agent, its tools and its :class:`outbox_agents.OutboxDurability`
+  capability (what you write);
 * :mod:`.script` — the scripted model standing in for an LLM (no network, no API key);
 * :mod:`.worker` — ``outbox worker examples.support_agent.worker:app``: drives the runs;
 * :mod:`.consumer` — ``python -m consumers examples.support_agent.consumer:app``;

@@ -17,7 +17,7 @@ from pydantic_ai.models import Model
 
 from examples.support_agent import config
 from examples.support_agent.script import scripted_model
-from outbox_agents import DurableAgent, Effects
+from outbox_agents import Effects, OutboxDurability
 
 # The shop's order book, as the read-only tool sees it.
 ORDERS = {
@@ -56,12 +56,14 @@ def reorder(order_id: str, item: str, qty: int) -> Reorder:
 
 
 def support_agent(model: Model | str, *, name: str = "support",
-                  lease_seconds: float = 5.0) -> DurableAgent[None, str]:
-    """The durable agent on *model*. The short default lease lets a killed worker's run be
-    taken over within seconds (a slow real model wants a longer one)."""
-    agent = Agent(model, name=name, output_type=str, instructions=INSTRUCTIONS,
-                  tools=[lookup_order])
-    return DurableAgent(agent, effects=effects, lease_seconds=lease_seconds)
+                  lease_seconds: float = 5.0) -> Agent[None, str]:
+    """The agent on *model*, made durable by the :class:`OutboxDurability` capability (its
+    runs are outboxkit runs of the workflow named after the agent); the effect tools come in
+    as the ``effects`` toolset. The short default lease lets a killed worker's run be taken
+    over within seconds (a slow real model wants a longer one)."""
+    return Agent(model, name=name, output_type=str, instructions=INSTRUCTIONS,
+                 tools=[lookup_order], toolsets=[effects],
+                 capabilities=[OutboxDurability(lease_seconds=lease_seconds)])
 
 
-durable = support_agent(scripted_model())
+agent = support_agent(scripted_model())

@@ -21,12 +21,13 @@ import asyncio
 import os
 import sys
 
+from pydantic_ai import Agent
 from pydantic_ai.exceptions import UserError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+import outbox_agents
 from examples.support_agent.agent import support_agent
 from outbox.db.dsn import sqlalchemy_url
-from outbox_agents import DurableAgent
 
 MODEL = "OUTBOXKIT_AGENT_MODEL"
 HOW = f"""set {MODEL} to a pydantic-ai model name and that provider's API key, e.g.
@@ -38,18 +39,18 @@ HOW = f"""set {MODEL} to a pydantic-ai model name and that provider's API key, e
 OUTBOXKIT_DATABASE_URL to the PostgreSQL URL."""
 
 
-def live_agent() -> DurableAgent[None, str]:
+def live_agent() -> Agent[None, str]:
     """The agent on the model ``OUTBOXKIT_AGENT_MODEL`` names (a minute's lease: a real
     model answers in seconds, not milliseconds)."""
     return support_agent(os.environ[MODEL], name="support-live", lease_seconds=60.0)
 
 
 async def start(database_url: str, prompt: str) -> None:
-    durable = live_agent()
+    agent = live_agent()
     engine = create_async_engine(sqlalchemy_url(database_url))
     try:
         async with engine.begin() as conn:
-            run = await durable.start(conn, prompt, key=f"live:{prompt}")
+            run = await outbox_agents.start(conn, agent, prompt, key=f"live:{prompt}")
     finally:
         await engine.dispose()
     print(f"run {run.id} queued ({run.state.value}); the worker drives it")

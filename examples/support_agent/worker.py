@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import os
 
+from pydantic_ai import Agent
+
 from outbox import App
-from outbox_agents import DurableAgent
 
 
-def the_agent() -> DurableAgent[None, str]:
+def the_agent() -> Agent[None, str]:
     if os.environ.get("OUTBOXKIT_AGENT_MODEL"):
         from examples.support_agent.real_model import live_agent  # noqa: PLC0415
 
         return live_agent()
-    from examples.support_agent.agent import durable  # noqa: PLC0415
+    from examples.support_agent.agent import agent  # noqa: PLC0415
 
-    return durable
+    return agent
 
 
 app = App()
