@@ -30,6 +30,7 @@ from outbox.errors import (
 )
 from outbox.handle import ClaimedRun
 from outbox.messages.envelope import Envelope
+from outbox.runs.approvals import call_digest
 from outbox.runs.lifecycle import Run, Transition
 from outbox.runs.retry import RetryPolicy
 from outbox.runs.signals import Signal
@@ -64,4 +65,5 @@ __all__ = [
     "VersionPolicy",
     "Workflow",
     "WorkflowRetired",
+    "call_digest",
 ]

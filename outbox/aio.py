@@ -209,18 +209,19 @@ async def load_artifact(conn: AsyncConn, ref: artifacts.ArtifactRef | str, *,
 
 async def request_approval(conn: AsyncConn, run_id: uuid.UUID, *, scope: Mapping[str, Any],
                            expires_at: datetime | timedelta, reason: str | None = None,
+                           digest: str | None = None,
                            settings: OutboxSettings | None = None) -> approvals.Approval:
     """Async :func:`outbox.runs.approvals.request_approval`."""
     return await run_plan_async(
-        conn, approvals.request_plan(run_id, scope, expires_at, reason), settings)
+        conn, approvals.request_plan(run_id, scope, expires_at, reason, digest), settings)
 
 
-async def grant(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
-                settings: OutboxSettings | None = None,
+async def grant(conn: AsyncConn, approval_id: uuid.UUID, *, by: str, reason: str | None = None,
+                digest: str | None = None, settings: OutboxSettings | None = None,
                 notify: bool = True) -> approvals.Approval:
     """Async :func:`outbox.runs.approvals.grant`."""
-    return await run_plan_async(conn, approvals.grant_plan(approval_id, by, settings, notify),
-                                settings)
+    return await run_plan_async(conn, approvals.grant_plan(
+        approval_id, by, settings, notify, reason=reason, digest=digest), settings)
 
 
 async def revoke(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
@@ -228,6 +229,13 @@ async def revoke(conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
                  settings: OutboxSettings | None = None) -> approvals.Approval:
     """Async :func:`outbox.runs.approvals.revoke`."""
     return await run_plan_async(conn, approvals.revoke_plan(approval_id, by, reason), settings)
+
+
+async def approvals_audit(conn: AsyncConn, *, run_id: uuid.UUID | None = None,
+                          limit: int = 100, settings: OutboxSettings | None = None,
+                          ) -> list[approvals.ApprovalAudit]:
+    """Async :func:`outbox.runs.approvals.approvals_audit`; reads only."""
+    return await run_plan_async(conn, approvals.audit_plan(run_id, limit), settings)
 
 
 async def revalidate(conn: AsyncConn, lease: Lease, approval_id: uuid.UUID, *,
@@ -373,6 +381,13 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
         check = await revalidate(self.conn, self._held(), approval_id, scope=scope,
                                  settings=self.settings)
         return self._after_check(check, approval_id)
+
+    async def spend_approval(self, approval_id: uuid.UUID, *, digest: str,
+                             message_id: uuid.UUID) -> approvals.Approval:
+        """Async :meth:`outbox.handle.ClaimedRun.spend_approval`."""
+        return await run_plan_async(self.conn, approvals.spend_plan(
+            approval_id, digest=digest, message_id=message_id, lease=self._held()),
+            self.settings)
 
     async def receive(self, name: str) -> signals.Signal | None:
         """Async :meth:`outbox.handle.ClaimedRun.receive`."""

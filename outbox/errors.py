@@ -199,12 +199,12 @@ class StepAlreadyRecorded(RunError):
 
 
 class ApprovalInvalid(RunError):
-    """An approval expired, was revoked, is out of scope or does not exist."""
+    """An approval expired, was revoked, is out of scope, was spent already, does not bind
+    the arguments asked for or does not exist. *hint*: what to do instead."""
 
-    def __init__(self, approval_id: UUID, reason: str) -> None:
-        super().__init__(
-            f"approval {approval_id} is not usable: {reason}; request a new approval"
-        )
+    def __init__(self, approval_id: UUID, reason: str, *,
+                 hint: str = "request a new approval") -> None:
+        super().__init__(f"approval {approval_id} is not usable: {reason}; {hint}")
         self.approval_id, self.reason = approval_id, reason
 
 

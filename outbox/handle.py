@@ -189,6 +189,17 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
                                      settings=self.settings)
         return self._after_check(check, approval_id)
 
+    def spend_approval(self, approval_id: uuid.UUID, *, digest: str,
+                       message_id: uuid.UUID) -> approvals.Approval:
+        """Spend this run's bound approval on the effect's message *message_id*, once
+        (:func:`outbox.runs.approvals.spend_plan`): call it beside the :meth:`emit` of that
+        message, so both commit together. *digest*: ``call_digest(tool, args)`` of the call
+        being sent. Refused with :class:`~outbox.errors.ApprovalInvalid` and the reason (not
+        granted, revoked, expired, spent already, other arguments): roll back, send nothing."""
+        return run_plan(self.conn, approvals.spend_plan(
+            approval_id, digest=digest, message_id=message_id, lease=self._held()),
+            self.settings)
+
     def receive(self, name: str) -> signals.Signal | None:
         """Take the oldest signal *name* sent to this run and not taken yet (``None``: none
         is there), in this transaction: a step that rolls back leaves it for the next

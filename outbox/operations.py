@@ -214,28 +214,36 @@ class Operations:
     # -- approvals ----------------------------------------------------------------------------
 
     def request_approval(self, conn: SyncConn, run_id: uuid.UUID, *, scope: Mapping[str, Any],
-                         expires_at: datetime | timedelta,
-                         reason: str | None = None) -> approvals.Approval:
-        """Ask a person to allow *scope* for run *run_id* until *expires_at*."""
+                         expires_at: datetime | timedelta, reason: str | None = None,
+                         digest: str | None = None) -> approvals.Approval:
+        """Ask a person to allow *scope* for run *run_id* until *expires_at*; *digest*
+        (``call_digest(tool, args)``, scope ``{"tool": tool, "args": args}``) binds it to that
+        one call, which the run then spends once (``job.spend_approval``)."""
         return approvals.request_approval(conn, run_id, scope=scope, expires_at=expires_at,
-                                          reason=reason, settings=self.settings)
+                                          reason=reason, digest=digest, settings=self.settings)
 
     async def request_approval_async(self, conn: AsyncConn, run_id: uuid.UUID, *,
                                      scope: Mapping[str, Any],
                                      expires_at: datetime | timedelta,
-                                     reason: str | None = None) -> approvals.Approval:
+                                     reason: str | None = None,
+                                     digest: str | None = None) -> approvals.Approval:
         """:meth:`request_approval`, awaited."""
         return await aio.request_approval(conn, run_id, scope=scope, expires_at=expires_at,
-                                          reason=reason, settings=self.settings)
+                                          reason=reason, digest=digest, settings=self.settings)
 
-    def grant(self, conn: SyncConn, approval_id: uuid.UUID, *, by: str) -> approvals.Approval:
-        """Grant approval *approval_id* (``outbox approvals grant`` does this)."""
-        return approvals.grant(conn, approval_id, by=by, settings=self.settings)
+    def grant(self, conn: SyncConn, approval_id: uuid.UUID, *, by: str,
+              reason: str | None = None, digest: str | None = None) -> approvals.Approval:
+        """Grant approval *approval_id* (``outbox approvals grant`` does this), saying why;
+        *digest*: the call the person was shown, refused if the approval binds another."""
+        return approvals.grant(conn, approval_id, by=by, reason=reason, digest=digest,
+                               settings=self.settings)
 
-    async def grant_async(self, conn: AsyncConn, approval_id: uuid.UUID, *,
-                          by: str) -> approvals.Approval:
+    async def grant_async(self, conn: AsyncConn, approval_id: uuid.UUID, *, by: str,
+                          reason: str | None = None,
+                          digest: str | None = None) -> approvals.Approval:
         """:meth:`grant`, awaited."""
-        return await aio.grant(conn, approval_id, by=by, settings=self.settings)
+        return await aio.grant(conn, approval_id, by=by, reason=reason, digest=digest,
+                               settings=self.settings)
 
     def revoke(self, conn: SyncConn, approval_id: uuid.UUID, *, by: str,
                reason: str | None = None) -> approvals.Approval:
@@ -246,6 +254,19 @@ class Operations:
                            reason: str | None = None) -> approvals.Approval:
         """:meth:`revoke`, awaited."""
         return await aio.revoke(conn, approval_id, by=by, reason=reason, settings=self.settings)
+
+    def approvals_audit(self, conn: SyncConn, *, run_id: uuid.UUID | None = None,
+                        limit: int = 100) -> list[approvals.ApprovalAudit]:
+        """Who approved which exact call and the message it was spent on, newest first
+        (``outbox approvals audit``)."""
+        return approvals.approvals_audit(conn, run_id=run_id, limit=limit,
+                                         settings=self.settings)
+
+    async def approvals_audit_async(self, conn: AsyncConn, *, run_id: uuid.UUID | None = None,
+                                    limit: int = 100) -> list[approvals.ApprovalAudit]:
+        """:meth:`approvals_audit`, awaited."""
+        return await aio.approvals_audit(conn, run_id=run_id, limit=limit,
+                                         settings=self.settings)
 
     # -- artifacts ----------------------------------------------------------------------------
 

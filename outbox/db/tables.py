@@ -220,8 +220,18 @@ approvals = Table(
     Column("revoked_by", Text),
     _ts("revoked_at"),
     Column("reason", Text),
+    # Bound to one call and spent once (migration 0018): NULL digest for loose-scope approvals.
+    Column("digest", Text),
+    Column("grant_reason", Text),
+    _ts("spent_at"),
+    Column("spent_message_id", UUID(as_uuid=True)),
+    CheckConstraint("spent_at IS NULL OR (granted_at IS NOT NULL AND digest IS NOT NULL "
+                    "AND spent_message_id IS NOT NULL)", name="approvals_spent_check"),
 )
 Index("approvals_run_idx", approvals.c.run_id)
+# The bound approvals newest first, for the audit (migration 0018).
+Index("approvals_bound_newest_idx", approvals.c.requested_at,
+      postgresql_where=text("digest IS NOT NULL"))
 # The approvals waiting on a person, for the console's inbox (migration 0017).
 Index("approvals_pending_idx", approvals.c.expires_at,
       postgresql_where=text("granted_at IS NULL AND revoked_at IS NULL"))

@@ -22,17 +22,18 @@ OUTBOX = [
     "IllegalTransition", "InvalidMessage", "LeaseLost", "LeaseSpent", "OutboxError",
     "RetryPolicy", "Run", "RunError", "RunNotFound", "RunState", "SchemaError", "Signal",
     "StepAlreadyRecorded", "Transition", "VersionPolicy", "Workflow", "WorkflowRetired",
+    "call_digest",
 ]
 # Every package a user imports from, and the ceiling of the whole surface.
 PACKAGES = ("outbox", "outbox.aio", "outbox.worker", "relay", "consumers", "dedup",
             "dedup.ledger", "outbox_agents")
 LEASE_OPERATIONS = ("transition", "save_checkpoint", "renew", "release", "record", "run_step",
                     "handle_failure", "revalidate", "emit", "emit_many", "receive",
-                    "wait_for_signal", "wait_for_children")
+                    "wait_for_signal", "wait_for_children", "spend_approval")
 APP_OPERATIONS = ("start_run", "claim", "get_run", "history", "move", "wake", "confirm",
                   "confirmations", "recorded", "read_log", "retire", "request_approval",
-                  "grant", "revoke", "store_artifact", "load_artifact", "emit", "emit_many",
-                  "signal")
+                  "grant", "revoke", "approvals_audit", "store_artifact", "load_artifact",
+                  "emit", "emit_many", "signal")
 
 
 def test_outbox_exports_the_pinned_surface_sorted_and_importable() -> None:
