@@ -74,9 +74,12 @@ def resolve(engine: Engine, settings: OutboxSettings, op_id: uuid.UUID, *, outco
 
 
 def grant_approval(engine: Engine, settings: OutboxSettings, approval_id: uuid.UUID, *,
-                   actor: str) -> str:
+                   reason: str | None, digest: str | None, actor: str) -> str:
+    """``outbox approvals grant --reason``. *digest*: the call the page showed (its hidden
+    field), refused if the approval binds another."""
     with engine.begin() as conn:
-        grant(conn, approval_id, by=actor, settings=settings)
+        grant(conn, approval_id, by=actor, reason=(reason or "").strip() or None,
+              digest=(digest or "").strip() or None, settings=settings)
     return f"approval {approval_id} granted by {actor}; its run is woken"
 
 

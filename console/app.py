@@ -419,6 +419,7 @@ def create_app(settings: ConsoleSettings | None = None,
     async def grant(request: Request, user: User, body: dict[str, Any]) -> str:
         return await blocking(actions.grant_approval,
                               _uuid(request.path_params["approval_id"], "approval"),
+                              reason=body.get("reason"), digest=body.get("digest"),
                               actor=user.name)
 
     async def revoke(request: Request, user: User, body: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import Engine
 
+from outbox import Envelope, call_digest
 from outbox.handle import claim
 from outbox.runs.approvals import request_approval
 from outbox.runs.lifecycle import get_run, start_run, transition
@@ -95,3 +96,53 @@ def test_granting_an_expired_or_unknown_approval_is_one_line_and_changes_nothing
     nobody = outbox("approvals", "grant", str(approval_id), "--by", "",
                     "--database-url", database_url)
     assert nobody.returncode == 2
+
+
+def test_grant_records_why_and_the_audit_shows_the_call_who_why_and_its_message(
+        engine: Engine, database_url: str) -> None:
+    args = {"item": "bolt M6", "qty": 3}
+    digest = call_digest("reorder", args)
+    with engine.begin() as conn:
+        start_run(conn, workflow="support", workflow_version="1", idempotency_key="t-3")
+    empty = outbox("approvals", "audit", "--database-url", database_url)
+    assert (empty.returncode, empty.stdout) == (0, "no approval bound to a call\n")
+    with engine.begin() as conn:
+        job = claim(conn, worker="w", lease_seconds=30)
+        assert job is not None
+        approval = request_approval(conn, job.run.id, scope={"tool": "reorder", "args": args},
+                                    expires_at=timedelta(hours=1), digest=digest)
+        job.transition("waiting", step="approval:reorder")
+    granted = outbox("approvals", "grant", str(approval.id), "--by", "alice",
+                     "--reason", "stock is out", "--database-url", database_url)
+    assert granted.returncode == 0, granted.stderr
+    with engine.begin() as conn:
+        job = claim(conn, worker="w2", lease_seconds=30)
+        assert job is not None
+        message_id = job.emit(Envelope(topic="supplier.orders", type="order.place",
+                                       key="acme", payload=args))
+        job.spend_approval(approval.id, digest=digest, message_id=message_id)
+        job.transition("done", evidence={"sent": str(message_id)})
+    table = outbox("approvals", "audit", "--database-url", database_url)
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split() == ["approval", "run", "call", "granted", "why", "revoked",
+                              "spent", "on"]
+    for shown in (str(approval.id), str(job.run.id), 'reorder{"item":"bolt M6","qty":3}',
+                  "alice", "stock is out", f"message {message_id} at",
+                  "(supplier.orders, key acme)"):
+        assert shown in row, shown
+    listed = outbox("approvals", "audit", "--run", str(job.run.id), "--json",
+                    "--database-url", database_url)
+    [entry] = json.loads(listed.stdout)
+    assert (entry["approval_id"], entry["tool"], entry["args"], entry["digest"]) == (
+        str(approval.id), "reorder", args, digest)
+    assert (entry["granted_by"], entry["grant_reason"]) == ("alice", "stock is out")
+    assert (entry["spent_message_id"], entry["topic"], entry["key"]) == (
+        str(message_id), "supplier.orders", "acme")
+    other = outbox("approvals", "audit", "--run", str(uuid.uuid4()), "--json",
+                   "--database-url", database_url)
+    assert json.loads(other.stdout) == []
+    refused = outbox("approvals", "revoke", str(approval.id), "--by", "bob", "--reason", "late",
+                     "--database-url", database_url)
+    assert refused.returncode == 1
+    assert f"already spent on message {message_id}" in one_line(refused)

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from dedup.ledger import OperationStatus
+from outbox import call_digest
 from outbox.runs.approvals import request_approval
 from outbox.runs.lifecycle import get_run, start_run
 from tests.integration.console_support import (
@@ -179,6 +180,32 @@ def test_an_operator_grants_and_revokes_approvals(console: str, engine: Engine) 
     assert rows[first.id].granted_by == "olga"
     assert rows[second.id].revoked_by == "olga"
     assert call(console, f"/approvals/{second.id}/grant", body={}).status == 409
+
+
+def test_a_grant_from_the_inbox_records_why_and_is_bound_to_the_call_shown(
+        console: str, engine: Engine) -> None:
+    """The inbox's grant form carries the digest of the call it shows and a reason: the
+    reason is recorded; a grant naming another call is refused and grants nothing."""
+    waiting = waiting_run(engine, "bound-approval")
+    args = {"order": "PO-7", "amount": 20}
+    digest = call_digest("refund", args)
+    with engine.begin() as conn:
+        bound = request_approval(conn, waiting, scope={"tool": "refund", "args": args},
+                                 expires_at=timedelta(hours=1), digest=digest)
+    inbox = call(console, "/inbox")
+    assert f'name="digest" value="{digest}"' in inbox.body
+    forged = call(console, f"/approvals/{bound.id}/grant",
+                  body={"digest": call_digest("refund", {**args, "amount": 2000})})
+    assert forged.status == 409
+    assert "not those the run asks for" in forged.json()["error"]
+    token = csrf_of(inbox.body)
+    granted = call(console, f"/approvals/{bound.id}/grant",
+                   form={"csrf": token, "digest": digest, "reason": "customer called"})
+    assert granted.status == 303, granted.body
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT granted_by, grant_reason FROM outboxkit.approvals "
+                                "WHERE id = :i"), {"i": bound.id}).one()
+    assert (row.granted_by, row.grant_reason) == ("olga", "customer called")
 
 
 def test_requeue_keeps_the_clis_guard(console: str, engine: Engine) -> None:
