@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import DeferredToolRequests
@@ -38,10 +38,24 @@ from outbox_agents import journal
 from outbox_agents.effects import EFFECT
 from outbox_agents.state import AgentState, Call, effect_message_id
 
-if TYPE_CHECKING:
-    from outbox_agents.capability import OutboxDurability
-
 log = logging.getLogger(__name__)
+
+
+class Durability(Protocol):
+    """What a turn reads of the agent's capability (outbox_agents.capability)."""
+
+    lease_seconds: float
+    retry: Any
+    approval_expires: timedelta
+    checkpoint_tools_after: float
+    usage_limits: Any
+    rebuild_deps: Callable[[Any], Any] | None
+
+    @property
+    def bound_agent(self) -> Any: ...
+
+    @property
+    def workflow(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +76,7 @@ class _Stop(Exception):
         self.progress = progress
 
 
-async def turn(durability: OutboxDurability[Any], engine: AsyncEngine, run: Run, lease: Lease,
+async def turn(durability: Durability, engine: AsyncEngine, run: Run, lease: Lease,
                *, settings: OutboxSettings | None, deps: Any,
                align_lease: bool = False) -> Progress:
     # One connection for the whole turn, in autocommit: a journal write is one statement,
@@ -74,7 +88,7 @@ async def turn(durability: OutboxDurability[Any], engine: AsyncEngine, run: Run,
 
 
 class _Turn:
-    def __init__(self, durability: OutboxDurability[Any], engine: AsyncEngine,
+    def __init__(self, durability: Durability, engine: AsyncEngine,
                  conn: AsyncConnection, job: AsyncClaimedRun, deps: Any) -> None:
         self.durability = durability
         self.engine = engine
