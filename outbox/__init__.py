@@ -31,6 +31,7 @@ from outbox.errors import (
 from outbox.handle import ClaimedRun
 from outbox.messages.envelope import Envelope
 from outbox.runs.approvals import call_digest
+from outbox.runs.events import RunEvent
 from outbox.runs.lifecycle import Run, Transition
 from outbox.runs.retry import RetryPolicy
 from outbox.runs.signals import Signal
@@ -56,6 +57,7 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunError",
+    "RunEvent",
     "RunNotFound",
     "RunState",
     "SchemaError",

@@ -29,6 +29,7 @@ from outbox.runs import (
     approvals,
     artifacts,
     children,
+    events,
     fencing,
     retry,
     runlog,
@@ -109,6 +110,13 @@ async def read_log(conn: AsyncConn, run_id: uuid.UUID, *, upto: int | None = Non
                    settings: OutboxSettings | None = None) -> list[Any]:
     """Async :func:`outbox.runs.runlog.read_log`."""
     return await run_plan_async(conn, runlog.read_plan(run_id, upto), settings)
+
+
+async def run_events(conn: AsyncConn, run_id: uuid.UUID, *, after: int = 0, limit: int = 100,
+                     settings: OutboxSettings | None = None) -> list[events.RunEvent]:
+    """Async :func:`outbox.runs.events.run_events`; reads only."""
+    return await run_plan_async(conn, events.events_plan(run_id, after=after, limit=limit),
+                                settings)
 
 
 async def renew(conn: AsyncConn, lease: Lease, lease_seconds: float, *,

@@ -9,11 +9,12 @@ go through the handle a claim returns (:class:`~outbox.ClaimedRun`), never throu
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import aio
 from outbox.db import migrate as migrations
@@ -27,6 +28,7 @@ from outbox.runs import (
     children,
     compensation,
     confirm,
+    events,
     lifecycle,
     retention,
     runlog,
@@ -202,6 +204,31 @@ class Operations:
                              upto: int | None = None) -> list[Any]:
         """:meth:`read_log`, awaited."""
         return await aio.read_log(conn, run_id, upto=upto, settings=self.settings)
+
+    def run_events(self, conn: SyncConn, run_id: uuid.UUID, *, after: int = 0,
+                   limit: int = 100) -> list[events.RunEvent]:
+        """Run *run_id*'s committed events numbered after *after*, in order, at most *limit*
+        (moves, log entries, effects, confirmations, approvals: :mod:`outbox.runs.events`).
+        Numbered in commit order: ask again with the last number seen, and nothing is missed
+        or seen twice."""
+        return events.run_events(conn, run_id, after=after, limit=limit,
+                                 settings=self.settings)
+
+    async def run_events_async(self, conn: AsyncConn, run_id: uuid.UUID, *, after: int = 0,
+                               limit: int = 100) -> list[events.RunEvent]:
+        """:meth:`run_events`, awaited."""
+        return await aio.run_events(conn, run_id, after=after, limit=limit,
+                                    settings=self.settings)
+
+    def follow_run_events(self, engine: Engine | AsyncEngine, run_id: uuid.UUID, *,
+                          after: int = 0, poll: float = events.DEFAULT_POLL,
+                          ) -> AsyncGenerator[events.RunEvent, None]:
+        """``async for event in app.follow_run_events(engine, run_id, after=n)``: the run's
+        events after *after*, then each as it commits (read every *poll* seconds, in
+        transactions of its own on *engine*), until the run is finished and all were
+        yielded (:func:`outbox.runs.events.follow_run_events`)."""
+        return events.follow_run_events(engine, run_id, after=after, poll=poll,
+                                        settings=self.settings)
 
     def retire(self, conn: SyncConn, name: str, *, reason: str) -> None:
         """Retire workflow *name*: no worker claims its runs any more."""

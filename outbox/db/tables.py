@@ -328,6 +328,31 @@ run_effects = Table(
 )
 Index("run_effects_run_idx", run_effects.c.run_id, run_effects.c.seq)
 
+# A run's events, numbered in commit order by triggers deferred to the commit (migration
+# 0019, outbox/runs/events.py): references to their source rows, joined when read. No foreign
+# key to agent_runs on purpose (the migration says why); retention deletes a purged run's.
+RUN_EVENT_KINDS = ("state", "log", "effect_sent", "effect_confirmed", "approval_requested",
+                   "approval_granted", "approval_revoked", "approval_spent")
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), primary_key=True),
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("kind", Text, nullable=False),
+    Column("ref", BigInteger),
+    Column("ref_key", Text),
+    _ts("at", nullable=False, default_now=True),
+    CheckConstraint("kind IN (" + ", ".join(f"'{k}'" for k in RUN_EVENT_KINDS) + ")",
+                    name="run_events_kind_check"),
+)
+# Each run's last event number; its row lock orders the run's events by commit.
+run_event_heads = Table(
+    "run_event_heads",
+    metadata,
+    Column("run_id", UUID(as_uuid=True), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+)
+
 # --- relay coordination (migration 0002) ---------------------------------------------------
 
 # Which relay publishes which lane. Acquiring a lane bumps its token; a relay claims rows only

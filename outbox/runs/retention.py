@@ -1,4 +1,5 @@
-"""Retention: drop the checkpoints, step results and logs of long-finished runs, in batches.
+"""Retention: drop the checkpoints, step results, logs and events of long-finished runs, in
+batches.
 
 What stays: the run row (state, evidence, the idempotency key as a tombstone with
 ``purged_at`` set) and its whole history. A purged run is never claimed or requeued, and
@@ -17,7 +18,14 @@ from sqlalchemy import Engine, cast, delete, func, insert, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB, aggregate_order_by
 
 from outbox.db.execution import Plan, SyncConn, run_plan
-from outbox.db.tables import agent_runs, run_archive, run_effects, run_signals, step_results
+from outbox.db.tables import (
+    agent_runs,
+    run_archive,
+    run_effects,
+    run_events,
+    run_signals,
+    step_results,
+)
 from outbox.db.tables import run_log as log
 from outbox.errors import ConfigurationError
 from outbox.runs.states import FINISHED, RunState
@@ -51,6 +59,9 @@ def purge_batch_plan(older_than: timedelta, batch_size: int, archive: bool,
     # So do the compensations a finished run declared (their payloads are the caller's).
     forgotten = (delete(run_effects).where(run_effects.c.run_id.in_(select(victims.c.id)))
                  .cte("forgotten"))
+    # Its events go with the log they point at (the run's head stays: numbers never restart).
+    unnumbered = (delete(run_events).where(run_events.c.run_id.in_(select(victims.c.id)))
+                  .cte("unnumbered"))
     purged = (
         update(r).where(r.c.id == victims.c.id)
         .values(checkpoint=cast(null(), JSONB), purged_at=func.now(), updated_at=func.now())
@@ -58,7 +69,7 @@ def purge_batch_plan(older_than: timedelta, batch_size: int, archive: bool,
         .cte("purged")
     )
     stmt = (select(func.count()).select_from(purged).add_cte(dropped).add_cte(unlogged)
-            .add_cte(unsignalled).add_cte(forgotten))
+            .add_cte(unsignalled).add_cte(forgotten).add_cte(unnumbered))
     if archive:
         steps = (
             select(func.jsonb_object_agg(s.c.step_key, s.c.result))

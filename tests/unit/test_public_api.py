@@ -20,9 +20,9 @@ OUTBOX = [
     "App", "ApprovalInvalid", "ArtifactNotFound", "AsyncClaimedRun", "CheckpointInvalid",
     "CheckpointTooLarge", "ClaimedRun", "ConfigurationError", "Envelope", "EvidenceRequired",
     "IllegalTransition", "InvalidMessage", "LeaseLost", "LeaseSpent", "OutboxError",
-    "RetryPolicy", "Run", "RunError", "RunNotFound", "RunState", "SchemaError", "Signal",
-    "StepAlreadyRecorded", "Transition", "VersionPolicy", "Workflow", "WorkflowRetired",
-    "call_digest",
+    "RetryPolicy", "Run", "RunError", "RunEvent", "RunNotFound", "RunState", "SchemaError",
+    "Signal", "StepAlreadyRecorded", "Transition", "VersionPolicy", "Workflow",
+    "WorkflowRetired", "call_digest",
 ]
 # Every package a user imports from, and the ceiling of the whole surface.
 PACKAGES = ("outbox", "outbox.aio", "outbox.worker", "relay", "consumers", "dedup",
@@ -31,9 +31,9 @@ LEASE_OPERATIONS = ("transition", "save_checkpoint", "renew", "release", "record
                     "handle_failure", "revalidate", "emit", "emit_many", "receive",
                     "wait_for_signal", "wait_for_children", "spend_approval")
 APP_OPERATIONS = ("start_run", "claim", "get_run", "history", "move", "wake", "confirm",
-                  "confirmations", "recorded", "read_log", "retire", "request_approval",
-                  "grant", "revoke", "approvals_audit", "store_artifact", "load_artifact",
-                  "emit", "emit_many", "signal")
+                  "confirmations", "recorded", "read_log", "run_events", "retire",
+                  "request_approval", "grant", "revoke", "approvals_audit", "store_artifact",
+                  "load_artifact", "emit", "emit_many", "signal")
 
 
 def test_outbox_exports_the_pinned_surface_sorted_and_importable() -> None:
