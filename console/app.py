@@ -38,6 +38,7 @@ from starlette.templating import Jinja2Templates
 from console import actions, reads
 from console.auth import ANONYMOUS, User, Users, csrf_ok, csrf_token
 from console.live import Live
+from console.run_events import RunStreams, page_json, position, read_page
 from console.settings import ConsoleSettings
 from consumers.deadletter import KafkaSender
 from consumers.settings import ConsumerSettings
@@ -45,7 +46,8 @@ from outbox.db.dsn import engine_for, sqlalchemy_url
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError, RunNotFound
 from outbox.kafka.api import Admin, KafkaClientError
-from outbox.runs.states import RunState
+from outbox.runs.events import MAX_LIMIT
+from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
 
 log = logging.getLogger(__name__)
@@ -92,9 +94,16 @@ class Console:
         self.templates.env.filters["ago"] = _ago
         self.templates.env.filters["at"] = _at
         self.live = Live(self._overview, settings.refresh_seconds)
+        self.run_streams = RunStreams(self.engine, outbox)
         self._kafka_lock = threading.Lock()  # one read of Kafka at a time (one admin client)
         self._admin: Admin | None = None
         self._lag_cache: tuple[float, list[dict[str, Any]] | None, str | None] | None = None
+
+    def end_streams(self) -> None:
+        """End every open stream, the overview's and the runs' (the server is stopping: a
+        stream never ends by itself, and the server waits for its requests)."""
+        self.live.end_streams()
+        self.run_streams.end_streams()
 
     def _overview(self) -> dict[str, Any]:
         with self.engine.connect() as conn:
@@ -332,6 +341,14 @@ def _fields(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _limit(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return 100
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_LIMIT:
+        raise actions.BadInput(f"limit is a whole number from 1 to {MAX_LIMIT}")
+    return int(raw)
+
+
 def _failure_id(request: Request) -> int:
     try:
         return int(request.path_params["failure_id"])
@@ -346,6 +363,28 @@ def _same_site(target: str | None, fallback: str) -> str:
         return fallback  # a browser reads "/\\host" as "//host": another site
     parts = urlsplit(target)
     return fallback if parts.scheme or parts.netloc else target
+
+
+async def run_events(request: Request, user: User) -> Response:
+    """The run's events after ``Last-Event-ID`` (or ``?after=``): server-sent events as
+    they commit, or one page of them as JSON (``?limit=``, at most MAX_LIMIT)."""
+    console: Console = request.app.state.console
+    run_id = _uuid(request.path_params["run_id"], "run")
+    after = position(request.headers.get("last-event-id"),
+                     request.query_params.get("after"))
+    if wants_json(request):
+        limit = _limit(request.query_params.get("limit"))
+        state, found = await console.read(read_page, run_id, after, limit, console.outbox)
+        return _json(page_json(run_id, state, found, after))
+    state, found = await console.read(read_page, run_id, after, 1, console.outbox)
+    if state in FINISHED and not found:
+        return Response(status_code=204)  # all sent: a browser does not reconnect
+    if console.run_streams.full:
+        return console.failed(request, user, 503, "too many run event streams are open: "
+                              "try again, or read them as JSON (?format=json)")
+    return StreamingResponse(console.run_streams.stream(run_id, after),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store"})
 
 
 def create_app(settings: ConsoleSettings | None = None,
@@ -465,6 +504,7 @@ def create_app(settings: ConsoleSettings | None = None,
         Route("/events", console.view(events)),
         Route("/runs", console.view(runs)),
         Route("/runs/{run_id}", console.view(run)),
+        Route("/runs/{run_id}/events", console.view(run_events)),
         Route("/runs/{run_id}/requeue", console.act(requeue), methods=["POST"]),
         Route("/runs/{run_id}/cancel", console.act(cancel), methods=["POST"]),
         Route("/inbox", console.view(inbox)),

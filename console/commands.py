@@ -40,13 +40,14 @@ def console_command(ctx: click.Context, database_url: str | None, host: str | No
         " (read-only: no OUTBOXKIT_CONSOLE_USERS; `outbox console hash-password` makes one)")
     shown = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host  # noqa: S104
     click.echo(f"outboxkit console on http://{shown}:{settings.port}/{users}")
-    live = app.state.console.live
+    console = app.state.console
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
-            # An open overview page is a stream that never ends by itself, and uvicorn waits
-            # for every request: end the streams first (the pages reconnect to the next one).
-            live.end_streams()
+            # An open overview or run page is a stream that never ends by itself, and uvicorn
+            # waits for every request: end the streams first (the pages reconnect to the
+            # next one, a run's from its last event).
+            console.end_streams()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
     Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",

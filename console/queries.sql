@@ -6,13 +6,15 @@
 -- and writes only what an operator's action writes (a run's move and its history, an
 -- operation's resolution and its event, an approval, a refused row's retry); it deletes
 -- nothing, and cannot touch the relays' leases and proofs or the consumers' dedup marks.
+-- A run's events are written by migration 0019's triggers with their owner's rights: the
+-- role only reads them.
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT ON {schema}.agent_runs, {schema}.run_transitions, {schema}.run_log,
     {schema}.approvals, {schema}.operations, {schema}.operation_events,
     {schema}.outbox_messages, {schema}.outbox_failures, {schema}.deliveries,
     {schema}.message_status, {schema}.relays, {schema}.relay_lanes, {schema}.run_workers,
     {schema}.run_effects, {schema}.workflows, {schema}.consumer_failures,
-    {schema}.confirmations TO {role};
+    {schema}.confirmations, {schema}.run_events TO {role};
 GRANT UPDATE ON {schema}.agent_runs, {schema}.approvals, {schema}.operations,
     {schema}.outbox_failures, {schema}.run_effects, {schema}.consumer_failures TO {role};
 GRANT INSERT ON {schema}.run_transitions, {schema}.operation_events,

@@ -27,7 +27,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import Engine, RowMapping, Text, and_, cast, func, select
@@ -74,8 +74,8 @@ class RunEvent:
     data: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
-        """As JSON would show it (what the console's stream sends)."""
-        return {"seq": self.seq, "kind": self.kind, "at": self.at.isoformat(),
+        """As JSON would show it (what the console's stream sends; the time in UTC)."""
+        return {"seq": self.seq, "kind": self.kind, "at": self.at.astimezone(UTC).isoformat(),
                 "data": self.data}
 
 

@@ -1,6 +1,7 @@
 """The operator console in a real browser (Debian's Chromium driven by Playwright) against
 real PostgreSQL: an operator settles an unknown outcome from the inbox, the overview counts
-change live, a viewer sees no action, a forged form is refused.
+change live, a viewer sees no action, a forged form is refused, a run's page shows its events
+as they commit.
 
 Screenshots of the pages go to pytest's temporary folder, and to
 ``$OUTBOXKIT_CONSOLE_SCREENSHOTS`` when it is set (docs/console/ was made that way)."""
@@ -22,7 +23,7 @@ from sqlalchemy import Engine, text
 
 from outbox import App, ClaimedRun, Envelope
 from outbox.runs.approvals import request_approval
-from outbox.runs.lifecycle import get_run
+from outbox.runs.lifecycle import claim, get_run, save_checkpoint, start_run, transition
 from tests.e2e.conftest import RelayProcesses, wait_until
 from tests.e2e.consumer_app import FIXES_DDL
 from tests.e2e.consumer_support import ConsumerProcesses, create_effects, effects, produce
@@ -259,3 +260,37 @@ def wait_for_dead_letter(engine: Engine, group: str, timeout: float) -> int:
 
     wait_until(dead, timeout, "the message to be dead-lettered")
     return found[0]
+
+
+def test_a_runs_page_shows_its_events_as_they_commit(
+        browser: Browser, console: str, engine: Engine, tmp_path: Path) -> None:
+    """The run's page follows /runs/ID/events: a message the run emits and its move to
+    done appear while the page is open, and the list stops once the run is finished."""
+    app = App()
+    with engine.begin() as conn:
+        run = start_run(conn, workflow="wf", workflow_version="1", idempotency_key="followed")
+    with engine.begin() as conn:
+        got = claim(conn, worker="w", lease_seconds=120)
+        assert got is not None
+        lease = save_checkpoint(conn, got.lease, {"n": 1}, log={
+            0: {"op": "agent.model.request", "result": {"text": "order 3 widgets"}}})
+    context, page = _page(browser, "vic")
+    try:
+        page.goto(f"{console}/runs/{run.id}")
+        rows = page.locator("#run-events tbody tr")
+        expect(rows).to_have_count(3)
+        expect(rows.nth(2)).to_contain_text("order 3 widgets")
+        with engine.begin() as conn:  # while the page is open
+            app.emit(conn, Envelope(topic="orders", type="order.submit", key="acme",
+                                    payload={"qty": 3}, run_id=run.id))
+        expect(rows).to_have_count(4, timeout=10_000)
+        expect(rows.nth(3)).to_contain_text("effect_sent")
+        expect(rows.nth(3)).to_contain_text("key acme")
+        with engine.begin() as conn:
+            transition(conn, lease, "done", evidence={"ok": True})
+        expect(rows).to_have_count(5, timeout=10_000)
+        expect(rows.nth(4)).to_contain_text("running → done")
+        expect(page.locator("#run-events-status")).to_contain_text("finished")
+        _shot(page, tmp_path, "run-events")
+    finally:
+        context.close()

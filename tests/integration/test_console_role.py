@@ -54,8 +54,8 @@ def test_every_page_and_action_works_with_the_consoles_grants(
                      {"i": failed.id})
         doomed = start_run(conn, workflow="wf", workflow_version="1", idempotency_key="p-c")
     with serving(console_url) as base:
-        for path in ("/", "/inbox", "/runs", f"/runs/{run_id}", "/messages",
-                     "/messages?failures=retrying"):
+        for path in ("/", "/inbox", "/runs", f"/runs/{run_id}", f"/runs/{run_id}/events",
+                     "/messages", "/messages?failures=retrying"):
             page = call(base, path, as_json=True)
             assert page.status == 200, (path, page.body)
         said = [call(base, path, body=body) for path, body in (
