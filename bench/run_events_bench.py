@@ -9,7 +9,9 @@ four, an emit of the run's message under its lease, and an emit of a message wit
 (the WHEN clause: no event). The two schemas take turns statement by statement on one
 connection, so a busy machine slows both alike; a figure is the median, over batches of
 *per-batch* statements, of each batch's mean, and the added cost the median of the batches'
-differences (with minus without), shown with the middle half of them.
+differences (with minus without), shown with the middle half of them. Last, the same log
+entry without the client (``server_log_entry_added_us``): a procedure inserts and commits it
+300 times in each schema, timed by the server's clock.
 
     python bench/run_events_bench.py --database-url postgresql://postgres@host/postgres \\
         [--batches 40] [--per-batch 50] [--json results.json]
@@ -116,6 +118,45 @@ def measure(writers: dict[bool, Writer], batches: int, per_batch: int
     return samples
 
 
+# The same event without the client: a procedure that inserts a log entry and commits, n
+# times, timed by the server's clock (its COMMIT fires the deferred trigger).
+_PROCEDURE = """CREATE PROCEDURE {schema}.bench_log(run uuid, n int, start int, INOUT us float8)
+LANGUAGE plpgsql AS $$
+DECLARE t0 timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN start..start + n - 1 LOOP
+        INSERT INTO {schema}.run_log VALUES (run, i, '{{"op": "x", "result": 1}}');
+        COMMIT;
+    END LOOP;
+    us := extract(epoch FROM clock_timestamp() - t0) * 1e6 / n;
+END $$"""
+
+
+def server_side(writers: dict[bool, Writer], rounds: int, n: int = 300
+                ) -> dict[bool, list[float]]:
+    """µs per committed log entry inside the server, with and without the triggers."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    driver = writers[True].conn.connection.driver_connection
+    assert driver is not None
+    writers[True].conn.commit()
+    driver.autocommit = True  # a procedure that commits must not run inside a transaction
+    try:
+        for writer in writers.values():
+            driver.execute(_PROCEDURE.format(schema=writer.settings.schema_name))
+        start = 100_000
+        for _ in range(rounds):
+            for on, writer in writers.items():
+                row = driver.execute(
+                    f"CALL {writer.settings.schema_name}.bench_log(%s, %s, %s, NULL)",
+                    (writer.lease.run_id, n, start)).fetchone()
+                assert row is not None
+                times[on].append(float(row[0]))
+            start += n
+    finally:
+        driver.autocommit = False
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     name = f"run_events_bench_{uuid.uuid4().hex[:8]}"
@@ -133,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                                              f"DISABLE TRIGGER {trigger}")
             writers = {on: Writer(conn, schema) for on, schema in SCHEMAS.items()}
             samples = measure(writers, args.batches, args.per_batch)
+            inside = server_side(writers, max(args.batches // 4, 5))
     finally:
         engine.dispose()
         with psycopg.connect(args.database_url, autocommit=True) as admin:
@@ -149,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         figures.append(Figure(
             f"run_events.{label}_added_us", statistics.median(added), "us",
             note=f"middle half of the batches: {added[quarter]:.0f}..{added[-quarter - 1]:.0f}"))
+    on, off = statistics.median(inside[True]), statistics.median(inside[False])
+    figures.append(Figure("run_events.server_log_entry_added_us", on - off, "us",
+                          note=f"a log entry and its commit inside the server: {on:.0f} us, "
+                               f"{off:.0f} us without the triggers"))
     print_figures(figures)
     if args.json:
         with open(args.json, "w") as out:
