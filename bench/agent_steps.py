@@ -322,6 +322,7 @@ def figures_of(samples: dict[str, list[float]], steps: int, durability: str) -> 
     overhead = statistics.median(s[0] for s in splits)
     per_run = statistics.median(s[1] for s in splits)
     cpu_step = statistics.median(s[0] for s in cpu_splits)
+    cpu_run = statistics.median(s[1] for s in cpu_splits)
     bare, durable = (statistics.median(samples[f"{k}_{steps}_ms"]) for k in ("bare", "durable"))
     return [
         Figure("agents.bare_run_ms", bare, "ms",
@@ -330,6 +331,9 @@ def figures_of(samples: dict[str, list[float]], steps: int, durability: str) -> 
                note=f"median outbox_agents.start + work of the same {steps} steps"),
         Figure("agents.step_cpu_ms", cpu_step, "ms",
                note="client CPU (process_time) a durable step adds, same split"),
+        Figure("agents.run_cpu_ms", cpu_run, "ms",
+               note="client CPU a durable run adds whatever its length, same split (what "
+               "the wall figures come down to on a busy machine, less the round trips)"),
         Figure("agents.run_overhead_ms", per_run, "ms", None, None, f"<= {RUN_GOAL_MS:g}",
                per_run <= RUN_GOAL_MS,
                note="per run, whatever its length: start, claim, the move to done; median "
