@@ -119,8 +119,10 @@ class Effects(FunctionToolset[Any]):
 
             # Not pydantic-ai's requires_approval: an outboxkit approval is bound to the
             # exact arguments and spent with the message (see outbox_agents.runner).
-            self.add_function(defer, takes_ctx=False, name=tool, metadata={EFFECT: {
-                "topic": spec.topic, "type": spec.type, "approval": requires_approval}})
+            # The metadata is part of the pinned version: the approval flag changes what a run
+            # does; the topic does not (it is often configuration, per environment).
+            self.add_function(defer, takes_ctx=False, name=tool,
+                              metadata={EFFECT: {"approval": requires_approval}})
             self.specs[tool] = spec
             return fn
 
