@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import DeferredToolRequests
 from pydantic_ai.durable_exec import replay_scope
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import aio
@@ -389,6 +390,7 @@ class _Turn:
             with replay_scope():
                 result: Any = await agent.run(
                     self.state.prompt, output_type=[*kinds, DeferredToolRequests],
+                    message_history=_history(self.state.history),
                     deps=self.agent_deps(), usage_limits=self.durability.usage_limits)
         finally:
             journal.CURRENT.reset(token)
@@ -413,6 +415,10 @@ class _Turn:
 def _as_json(value: Any) -> Any:
     adapter: TypeAdapter[Any] = TypeAdapter(type(value))
     return adapter.dump_python(value, mode="json")
+
+
+def _history(stored: list[Any] | None) -> list[ModelMessage] | None:
+    return ModelMessagesTypeAdapter.validate_python(stored) if stored else None
 
 
 def _lane(call: Call) -> str:

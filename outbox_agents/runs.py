@@ -8,10 +8,12 @@ turn by hand (scripts, tests, benchmarks).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
 from pydantic import TypeAdapter
 from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from pydantic_core import PydanticSerializationError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,10 +30,11 @@ OutputT = TypeVar("OutputT")
 
 
 async def start(conn: AsyncConn, agent: AbstractAgent[Any, Any], prompt: str, *, key: str,
-                deps: Any = None) -> Run:
+                deps: Any = None, message_history: Sequence[ModelMessage] | None = None) -> Run:
     """Queue a run of *agent* on *prompt*, or return the run *key* already started; in the
     caller's transaction (never commits). *deps* is stored with the run (as JSON, by the
-    agent's ``deps_type``) and rebuilt at every turn, so a resumed run has it too."""
+    agent's ``deps_type``) and rebuilt at every turn, so a resumed run has it too;
+    *message_history* (an earlier conversation the run goes on from) is stored with it."""
     if not isinstance(prompt, str) or not prompt:
         raise ConfigurationError("prompt must be a non-empty string")
     durability = durability_of(agent)
@@ -44,10 +47,12 @@ async def start(conn: AsyncConn, agent: AbstractAgent[Any, Any], prompt: str, *,
             raise ConfigurationError(
                 f"the run's deps ({type(deps).__name__}) are not JSON: store what identifies "
                 "them and rebuild them with OutboxDurability(rebuild_deps=...)") from exc
+    history = (ModelMessagesTypeAdapter.dump_python(list(message_history), mode="json")
+               if message_history else None)
     workflow = durability.workflow
     return await aio.start_run(
         conn, workflow=workflow.name, workflow_version=workflow.version, idempotency_key=key,
-        checkpoint=AgentState(prompt=prompt, deps=stored).dump(),
+        checkpoint=AgentState(prompt=prompt, deps=stored, history=history).dump(),
         prompt_version=workflow.prompt_version, tool_schema_version=workflow.tool_schema_version,
         settings=durability.settings)
 

@@ -48,6 +48,9 @@ class AgentState(BaseModel):
     prompt: str
     deps: Any = None
     """The run's dependencies as JSON (``start(..., deps=...)``), rebuilt at every turn."""
+    history: list[Any] | None = None
+    """The conversation the run goes on from (``start(..., message_history=...)``), as
+    pydantic-ai serialises it."""
     logged: int = 0
     """How many journal entries (the run's log) are this state's."""
     calls: list[Call] = Field(default_factory=list)

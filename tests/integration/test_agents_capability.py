@@ -12,6 +12,7 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import (
     ModelMessage,
+    ModelRequest,
     ModelResponse,
     TextPart,
     ToolCallPart,
@@ -22,6 +23,7 @@ from pydantic_ai.usage import UsageLimits
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import outbox_agents
 from outbox import App, aio
 from outbox.errors import ConfigurationError
 from outbox.runs.retry import RetryPolicy
@@ -311,3 +313,57 @@ async def _set_checkpoint(engine: AsyncEngine, run_id: Any, checkpoint: Any) -> 
             {"c": json.dumps(checkpoint), "r": run_id})
 
 
+
+
+def test_a_run_goes_on_from_its_message_history_with_one_run_id_across_turns(
+        database_url: str) -> None:
+    seen_run_ids: list[str | None] = []
+    told: list[list[str]] = []
+
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        told.append([type(m).__name__ for m in messages])
+        last = messages[-1].parts[-1]
+        if isinstance(last, ToolReturnPart) and last.tool_name == "reorder":
+            return ModelResponse(parts=[ToolCallPart("whoami", {})])
+        if isinstance(last, ToolReturnPart):
+            return ModelResponse(parts=[TextPart("ok")])
+        return ModelResponse(parts=[ToolCallPart("reorder", {"item": "w", "qty": 1})])
+
+    effects = Effects()
+
+    @effects.effect(topic="supplier.orders")
+    def reorder(item: str, qty: int) -> Reorder:
+        """Order more."""
+        return Reorder(item=item, qty=qty)
+
+    agent = Agent(FunctionModel(script), name="history", output_type=str,
+                  toolsets=[effects], capabilities=[OutboxDurability()])
+
+    @agent.tool
+    def whoami(ctx: RunContext[None]) -> str:
+        """The run's id."""
+        seen_run_ids.append(ctx.run_id)
+        return "me"
+
+    earlier = [ModelRequest.user_text_prompt("my shop is the corner one"),
+               ModelResponse(parts=[TextPart("noted")])]
+    durable = Durable(agent)
+
+    async def scenario(engine: AsyncEngine) -> Any:
+        async with engine.begin() as conn:
+            run = await outbox_agents.start(conn, agent, "restock", key="h",
+                                            message_history=earlier)
+        await durable.work(engine, worker="w1")
+        [row] = await outbox_rows(engine)
+        await _confirm(engine, run.id, row.message_id, {"ref": 1})
+        done = await durable.work(engine, worker="w2")
+        assert done is not None
+        assert done.state is RunState.DONE
+        return run.id
+
+    run_id = drive(database_url, scenario)
+    # The model saw the earlier conversation first, in both turns' requests.
+    assert all(names[:2] == ["ModelRequest", "ModelResponse"] for names in told)
+    assert len(told[0]) == 3
+    # pydantic-ai's run id is the run's, whichever worker drives it.
+    assert seen_run_ids == [str(run_id)]
