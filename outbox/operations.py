@@ -354,7 +354,7 @@ class Operations:
               max_batches: int = 1000, archive: bool = False,
               states: Collection[RunState | str] = retention.DEFAULT_STATES,
               on_batch: Callable[[int], object] | None = None) -> int:
-        """Retention (``outbox purge``): drop the checkpoints, step results and logs of runs
+        """Retention (``outbox purge``): drop the checkpoints, step results, logs and events of runs
         finished longer than *older_than* ago, a batch per transaction; how many runs."""
         return retention.purge(engine, older_than=older_than, batch_size=batch_size,
                                max_batches=max_batches, archive=archive, states=states,
