@@ -78,11 +78,12 @@ async def transition(conn: AsyncConn, lease: Lease, to: RunState | str, *,
                      step: str | None = None, reason: str | None = None, evidence: Any = None,
                      actor: str | None = None, checkpoint: Any = KEEP,
                      wake_at: datetime | timedelta | None = None,
-                     settings: OutboxSettings | None = None) -> Lease:
+                     settings: OutboxSettings | None = None,
+                     log: runlog.Log | None = None) -> Lease:
     """Async :func:`outbox.runs.lifecycle.transition`."""
     return await run_plan_async(conn, runs.transition_plan(
         lease, to, step=step, reason=reason, evidence=evidence, actor=actor,
-        checkpoint=checkpoint, wake_at=wake_at, settings=settings), settings)
+        checkpoint=checkpoint, wake_at=wake_at, settings=settings, log=log), settings)
 
 
 async def save_checkpoint(conn: AsyncConn, lease: Lease, checkpoint: Any, *,
@@ -337,11 +338,12 @@ class AsyncClaimedRun(RunHandle[AsyncConn, CP]):
     async def transition(self, to: RunState | str, *, step: str | None = None,
                          reason: str | None = None, evidence: Any = None,
                          actor: str | None = None, checkpoint: Any = KEEP,
-                         wake_at: datetime | timedelta | None = None) -> None:
+                         wake_at: datetime | timedelta | None = None,
+                         log: runlog.Log | None = None) -> None:
         """Async :meth:`outbox.handle.ClaimedRun.transition`; it ends the lease."""
         lease = await transition(self.conn, self._held(), to, step=step, reason=reason,
                                  evidence=evidence, actor=actor, checkpoint=stored(checkpoint),
-                                 wake_at=wake_at, settings=self.settings)
+                                 wake_at=wake_at, settings=self.settings, log=log)
         self._kept(lease, ends=transition_ends(to))
 
     async def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,

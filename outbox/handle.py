@@ -135,11 +135,13 @@ class ClaimedRun(RunHandle[SyncConn, CP]):
 
     def transition(self, to: RunState | str, *, step: str | None = None,
                    reason: str | None = None, evidence: Any = None, actor: str | None = None,
-                   checkpoint: Any = KEEP, wake_at: datetime | timedelta | None = None) -> None:
-        """Move the run (:func:`outbox.runs.lifecycle.transition`); it ends the lease."""
+                   checkpoint: Any = KEEP, wake_at: datetime | timedelta | None = None,
+                   log: runlog.Log | None = None) -> None:
+        """Move the run (:func:`outbox.runs.lifecycle.transition`); it ends the lease. *log*:
+        entries of the run's log written with the move (a durable agent's last ones)."""
         lease = runs.transition(self.conn, self._held(), to, step=step, reason=reason,
                                 evidence=evidence, actor=actor, checkpoint=stored(checkpoint),
-                                wake_at=wake_at, settings=self.settings)
+                                wake_at=wake_at, settings=self.settings, log=log)
         self._kept(lease, ends=transition_ends(to))
 
     def save_checkpoint(self, checkpoint: Any, *, step: str | None = None,

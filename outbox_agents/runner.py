@@ -220,19 +220,14 @@ class _Turn:
             finally:
                 self.job = handle
 
-    async def write_unwritten(self, handle: AsyncClaimedRun) -> None:
-        """The journal entries not written yet, in *handle*'s transaction."""
-        batch, count = self.journal.taken()
-        if batch:
-            self.state.logged = count
-            await handle.save_checkpoint(self.state.dump(), log=batch)
-            self.journal.written(count)
-
     async def wait(self, handle: AsyncClaimedRun, *, step: str, reason: str,
                    wake_at: datetime | None = None) -> Progress:
-        await self.write_unwritten(handle)
+        """Move the run to ``waiting``, with the journal entries not written yet."""
+        batch, count = self.journal.taken()
+        self.state.logged = count
         await handle.transition(RunState.WAITING, step=step, reason=reason,
-                                checkpoint=self.state.dump(), wake_at=wake_at)
+                                checkpoint=self.state.dump(), wake_at=wake_at, log=batch)
+        self.journal.written(count)
         return self.progress(RunState.WAITING, reason)
 
     # --- the effect calls: approvals, messages, confirmations -----------------------------
@@ -403,11 +398,18 @@ class _Turn:
         value = _as_json(output)
         self.state.output = value
         self.state.calls = []
-        async with self.writing() as handle:
-            await self.write_unwritten(handle)
+        batch, count = self.journal.taken()
+        self.state.logged = count
+        # The answer and the move to done: one statement, which commits as it runs on the
+        # turn's autocommit connection (before it is before the commit).
+        failpoint("agent.before_response_commit")
+        handle = self.job.on(self.conn)
+        try:
             await handle.transition(RunState.DONE, step="done", reason="the agent answered",
-                                    evidence={"output": value}, checkpoint=self.state.dump())
-            failpoint("agent.before_response_commit")  # the answer commits with the move
+                                    evidence={"output": value}, checkpoint=self.state.dump(),
+                                    log=batch)
+        finally:
+            self.job = handle
         failpoint("agent.after_response_commit")
         return self.progress(RunState.DONE, None, value)
 

@@ -138,8 +138,10 @@ SELECT (SELECT version FROM saved) AS version,
 -- token stays: it only grows); the history row goes in only with a moved row, from running (the
 -- fenced state). NULL step keeps the step, NULL evidence the last evidence; keep_checkpoint
 -- keeps the checkpoint (else a NULL one clears it); waiting: not_before is wake_at, or now() +
--- wake_after, or NULL (only a wake() makes it claimable). Returns only the new version: NULL is
--- a miss, which outbox.runs.fencing.explain names. Short enough for psycopg's query cache.
+-- wake_after, or NULL (only a wake() makes it claimable). The run's log entries (as in
+-- save_checkpoint; empty arrays: none) go in with a moved row: a durable agent's last journal
+-- entries commit with its move to done or waiting, in this one statement. Returns only the new
+-- version: NULL is a miss, which outbox.runs.fencing.explain names.
 WITH moved AS (
     UPDATE {schema}.agent_runs
        SET state = CAST(%(to_state)s AS text),
@@ -171,6 +173,13 @@ logged AS (
     SELECT id, 'running', state, step, CAST(%(reason)s AS text), CAST(%(evidence)s AS jsonb),
            CAST(%(actor)s AS text), lease_token
     FROM moved
+),
+journal AS (
+    INSERT INTO {schema}.run_log (run_id, seq, entry)
+    SELECT moved.id, l.seq, CAST(l.entry AS jsonb)
+    FROM moved,
+         unnest(CAST(%(log_seqs)b AS integer[]), CAST(%(log_entries)b AS text[])) AS l(seq, entry)
+    ON CONFLICT (run_id, seq) DO UPDATE SET entry = EXCLUDED.entry
 )
 SELECT (SELECT version FROM moved) AS version
 

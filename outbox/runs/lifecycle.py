@@ -381,10 +381,12 @@ def wake_value(wake_at: datetime | timedelta | None, *, aware: bool = False) -> 
 def transition_plan(
     lease: Lease, to: RunState | str, *, step: str | None, reason: str | None, evidence: Any,
     actor: str | None, checkpoint: Any, wake_at: datetime | timedelta | None,
-    settings: OutboxSettings | None,
+    settings: OutboxSettings | None, log: runlog.Log | None = None,
 ) -> Plan[Lease]:
     if RunState(to) is RunState.FAILED and (yield from compensation.failing_plan(
             lease.run_id)) == "compensate":
+        if log:
+            raise ConfigurationError("a move to failed that compensates takes no log entries")
         # A run that fails with effects to undo compensates first (it ends failed after).
         return (yield from compensation.begin_leased_plan(
             lease, reason=reason or "the step moved the run to failed", evidence=evidence,
@@ -392,7 +394,7 @@ def transition_plan(
     # One named query sent straight to psycopg (outbox.runs.moves): the end of every step.
     rows = yield moves.statement(lease, to, step=step, reason=reason, evidence=evidence,
                                  actor=actor, checkpoint=checkpoint, wake_at=wake_at,
-                                 settings=settings)
+                                 settings=settings, log=log)
     if (moved := moves.moved_lease(lease, rows[0])) is None:
         running = {RunState.RUNNING.value}
         yield from fencing.explain(lease.run_id, lease, RunState(to).value, running)
@@ -583,17 +585,19 @@ def transition(
     checkpoint: Any = KEEP,
     wake_at: datetime | timedelta | None = None,
     settings: OutboxSettings | None = None,
+    log: runlog.Log | None = None,
 ) -> Lease:
     """Move the leased run to *to* and append its history row, in one statement; never commits.
 
     ``done`` needs *evidence*. Leaving ``running`` ends the lease (the returned lease only
     proves the move). ``waiting`` runs are claimable again after *wake_at* (or after
     :func:`wake`). Raises :class:`LeaseLost`, :class:`IllegalTransition`,
-    :class:`EvidenceRequired`, :class:`CheckpointTooLarge`; then nothing was written.
+    :class:`EvidenceRequired`, :class:`CheckpointTooLarge`; then nothing was written. *log*:
+    entries of the run's log written in the same statement (as :func:`save_checkpoint`'s).
     """
     return run_plan(conn, transition_plan(
         lease, to, step=step, reason=reason, evidence=evidence, actor=actor,
-        checkpoint=checkpoint, wake_at=wake_at, settings=settings), settings)
+        checkpoint=checkpoint, wake_at=wake_at, settings=settings, log=log), settings)
 
 
 def save_checkpoint(conn: SyncConn, lease: Lease, checkpoint: Any, *, step: str | None = None,

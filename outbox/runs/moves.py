@@ -19,6 +19,7 @@ from typing import Any
 from outbox.db.execution import DriverStatement
 from outbox.db.queries import driver_sql
 from outbox.errors import EvidenceRequired, IllegalTransition
+from outbox.runs import runlog
 from outbox.runs.checkpoints import Keep, checked_json, encoded
 from outbox.runs.leases import Lease
 from outbox.runs.states import ALLOWED, FINISHED, RunState
@@ -28,7 +29,7 @@ from outbox.settings import OutboxSettings, default_settings
 def statement(
     lease: Lease, to: RunState | str, *, step: str | None, reason: str | None, evidence: Any,
     actor: str | None, checkpoint: Any, wake_at: datetime | timedelta | None,
-    settings: OutboxSettings | None,
+    settings: OutboxSettings | None, log: runlog.Log | None = None,
 ) -> DriverStatement:
     """The move of the leased run to *to* as the named query ``transition`` and its parameters.
 
@@ -45,6 +46,7 @@ def statement(
     keep = isinstance(checkpoint, Keep)
     stored = None if keep else checked_json(checkpoint, settings)
     waiting = target is RunState.WAITING
+    seqs, entries = runlog.encoded(log, settings)
     params = {
         "run_id": lease.run_id, "token": lease.token, "version": lease.version,
         "to_state": target.value, "step": step, "reason": reason,
@@ -56,6 +58,7 @@ def statement(
         "waiting": waiting,
         "wake_at": wake_at if waiting and isinstance(wake_at, datetime) else None,
         "wake_after": wake_at if waiting and isinstance(wake_at, timedelta) else None,
+        "log_seqs": seqs, "log_entries": entries,
     }
     schema = (settings or default_settings()).schema_name
     return DriverStatement(driver_sql("outbox.db", "transition", schema), params)
