@@ -1,5 +1,5 @@
 """A durable agent run by the worker (``App.register_agent``), beside a plain workflow, on a
-real PostgreSQL: the same turns as ``DurableAgent.work``, claimed, woken and retried by the
+real PostgreSQL: the same turns as ``outbox_agents.work``, claimed, woken and retried by the
 worker."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_the_worker_drives_an_agent_to_its_effect_and_on_to_its_answer(
 def test_a_turn_holds_the_agents_lease_not_the_workers(
         engine: Engine, database_url: str) -> None:
     """The worker claims with its 60 s lease; the agent's 5 s is what a killed worker's run
-    waits for, as with DurableAgent.work."""
+    waits for, as with outbox_agents.work."""
     hold = asyncio.Event()
     script = Script(hold=hold)
     durable = support_agent(script, lease_seconds=5)
