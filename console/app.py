@@ -45,7 +45,7 @@ from consumers.settings import ConsumerSettings
 from outbox.db.dsn import engine_for, sqlalchemy_url
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError, RunNotFound
-from outbox.kafka.api import Admin, KafkaClientError
+from outbox.kafka.api import Admin
 from outbox.runs.events import MAX_LIMIT
 from outbox.runs.states import FINISHED, RunState
 from outbox.settings import OutboxSettings
@@ -137,7 +137,10 @@ class Console:
                     kafka_bootstrap=self.settings.resolved_bootstrap()).kafka()
                 self._admin = backend.admin("outbox-console", request_timeout_ms=5_000)
             lag, error = [g.as_dict() for g in reads.consumer_lag(self._admin)], None
-        except (KafkaClientError, OSError) as exc:
+        except Exception as exc:
+            # A background reader reports, never dies: besides KafkaClientError and OSError,
+            # kafka-python raises RuntimeError when its transport is closed under it (the
+            # console shutting down while a read is in flight).
             error = f"Kafka did not answer: {first_line(exc)}"
             self._close_admin()
         finally:
