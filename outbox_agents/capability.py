@@ -54,10 +54,9 @@ class OutboxDurability(BaseDurabilityCapability[AgentDepsT]):
 
     Options (all optional):
 
-    * *lease_seconds* (30): the lease a worker holds on a run, renewed as it goes; a killed
-      worker's run is taken over once it runs out. Longer than your slowest model call is
-      not needed (the lease is renewed before each request), but a turn that stalls longer
-      than it loses the run to another worker;
+    * *lease_seconds* (30): the lease a worker holds on a run, renewed every third of it
+      while the agent runs (a slow model call or tool included); a killed worker's run is
+      taken over once it runs out;
     * *retry* (:data:`DEFAULT_RETRY`): what a failing step does (model and tool errors are
       retried 3 times with backoff, then the run fails);
     * *approval_expires* (1 day): how long a requested approval can be granted;
@@ -168,6 +167,7 @@ class OutboxDurability(BaseDurabilityCapability[AgentDepsT]):
         if self._workflow is None:
             agent = self.bound_agent
             version, on_change, migrate = self._version
+            runner.run_output_type(agent)  # refused here, at registration, not at a turn
             pinned = agent_version(agent)  # the Effects are among the agent's toolsets
             self._workflow = Workflow(
                 name=self.name, version=version or pinned.version,

@@ -104,8 +104,12 @@ class Effects(FunctionToolset[Any]):
                 raise ConfigurationError(f"effect tool {tool!r} is registered twice")
             spec = EffectSpec(tool=tool, topic=topic, type=type or tool, key=key)
 
+            signature = inspect.signature(fn)
+
             @functools.wraps(fn)
             async def defer(*args: Any, **kwargs: Any) -> Any:
+                # Every argument, positional ones included: the approval's digest covers them.
+                arguments = dict(signature.bind(*args, **kwargs).arguments)
                 payload = fn(*args, **kwargs)
                 # A run resumed after the confirmation: the call returns it.
                 confirmed = journal.confirmed_result()
@@ -114,7 +118,8 @@ class Effects(FunctionToolset[Any]):
                 raise CallDeferred(metadata={EFFECT: {
                     "topic": spec.topic, "type": spec.type,
                     "key": message_key(spec, payload), "payload": payload_json(payload),
-                    "args": payload_json(kwargs), "approval": requires_approval,
+                    "args": payload_json(arguments), "approval": requires_approval,
+                    "call": journal.current_call(),
                 }})
 
             # Not pydantic-ai's requires_approval: an outboxkit approval is bound to the

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from pydantic_ai import RunContext
 from pydantic_ai.durable_exec import (
     DurableOperationId,
+    EventStreamHandlerId,
     JournalCallableOperationBackend,
     ModelRequestId,
     RoleBasedOperationConfig,
@@ -67,6 +68,12 @@ CURRENT: ContextVar[Turn | None] = ContextVar("outboxkit_agent_turn", default=No
 _CALL: ContextVar[str | None] = ContextVar("outboxkit_agent_call", default=None)
 
 
+def current_call() -> str | None:
+    """In a tool's unit: the call's identity in the run (its tool call id, with ``#N`` when
+    the model used that id before)."""
+    return _CALL.get()
+
+
 def confirmed_result() -> Any:
     """In an effect tool's unit: the call's confirmed result, or :data:`MISSING`."""
     turn, call_id = CURRENT.get(), _CALL.get()
@@ -86,11 +93,17 @@ class Journal:
         self.unwritten: list[dict[str, Any]] = []
         self._met: dict[str, int] = {}
 
-    def key(self, name: str, call_id: str | None) -> str:
+    def key(self, name: str, call_id: str | None) -> tuple[str, str]:
+        """The unit's key, and the base whose ordinal it took (:meth:`release` gives it back)."""
         base = name if call_id is None else f"{name}@{call_id}"
         met = self._met.get(base, 0)
         self._met[base] = met + 1
-        return base if met == 0 else f"{base}#{met}"
+        return (base if met == 0 else f"{base}#{met}"), base
+
+    def release(self, base: str) -> None:
+        """A unit that raised took no ordinal: its retry (pydantic-ai's own, a fallback
+        model's) is the one the journal keeps, under the key a replay asks for first."""
+        self._met[base] -= 1
 
     def add(self, key: str, payload: Any) -> None:
         self.recorded[key] = payload
@@ -118,9 +131,12 @@ def _call_id(cache_key: tuple[object, ...]) -> str | None:
     return None
 
 
-def _pure(operation_id: DurableOperationId) -> bool:
-    """Units that are a function of their inputs: run again instead of journaled."""
-    if isinstance(operation_id, ToolsetValidateToolArgumentsId):
+def _unjournaled(operation_id: DurableOperationId) -> bool:
+    """Units run again at every turn instead of journaled: validating a tool's arguments and
+    listing a function toolset's tools (functions of their inputs), and the event stream
+    handler (its events have no stable identity across turns: a replay hands the handler the
+    run's events again, so it sees them at least once)."""
+    if isinstance(operation_id, ToolsetValidateToolArgumentsId | EventStreamHandlerId):
         return True
     return isinstance(operation_id, ToolsetGetToolsId) and operation_id.toolset_kind == "function"
 
@@ -137,20 +153,25 @@ class JournalBackend(JournalCallableOperationBackend[None]):
                       body: Callable[[], Awaitable[object]], cache_key: tuple[object, ...],
                       config: None) -> object:
         turn = CURRENT.get()
-        if turn is None or _pure(operation_id):
+        if turn is None or _unjournaled(operation_id):
             return await body()
         call_id = _call_id(cache_key)
-        key = turn.journal.key(name, call_id)
+        key, base = turn.journal.key(name, call_id)
         if key in turn.journal.recorded:
             record_durable_unit(executed=False)
             return turn.journal.recorded[key]
         response = isinstance(operation_id, ModelRequestId)
         if response:
             await turn.before_request()
-        token = _CALL.set(call_id)
+        # An effect's identity is its unit's: a model that reuses a tool call id in a later
+        # response (pydantic-ai's TestModel does) asks for another effect.
+        token = _CALL.set(None if call_id is None else key[len(name) + 1:])
         started = time.monotonic()
         try:
             payload = await body()
+        except BaseException:
+            turn.journal.release(base)
+            raise
         finally:
             _CALL.reset(token)
         if isinstance(payload, dict) and payload.get("kind") in _UNDECIDED:

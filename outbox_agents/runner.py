@@ -209,6 +209,27 @@ class _Turn:
             finally:
                 self.job = handle
 
+    async def heartbeat(self, stop: asyncio.Event) -> None:
+        """Renew the lease every third of it while the agent runs: a model call or a tool
+        may outlast it, and another worker would then take the run over and ask again."""
+        every = self.durability.lease_seconds / 3
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+                return
+            except TimeoutError:
+                pass
+            async with self._writes:  # the turn's connection runs one statement at a time
+                if stop.is_set():
+                    return
+                handle = self.job.on(self.conn)
+                try:
+                    await handle.renew(self.durability.lease_seconds)
+                except (LeaseLost, LeaseSpent):
+                    return  # the next write finds out and stops the turn
+                finally:
+                    self.job = handle
+
     async def align_lease(self) -> None:
         """A worker claimed with its own lease: hold the agent's instead."""
         left = (self.job.lease.expires_at - datetime.now(UTC)).total_seconds()
@@ -350,9 +371,10 @@ class _Turn:
                     "effect: register it with Effects.effect(...) so its call becomes an "
                     "outbox message")
             args = effect["args"]
+            call_id = effect.get("call") or part.tool_call_id
             self.state.calls.append(Call(
-                call_id=part.tool_call_id, tool=part.tool_name,
-                message_id=effect_message_id(self.run_id, part.tool_call_id),
+                call_id=call_id, tool=part.tool_name,
+                message_id=effect_message_id(self.run_id, call_id),
                 topic=effect["topic"], type=effect["type"], key=effect["key"],
                 payload=effect["payload"], args=args, approval=effect["approval"],
                 digest=call_digest(part.tool_name, args) if effect["approval"] else None))
@@ -378,16 +400,18 @@ class _Turn:
 
     async def drive(self) -> Progress:
         agent = self.durability.bound_agent
-        output_type: Any = agent.output_type
-        kinds = list(output_type) if isinstance(output_type, list | tuple) else [output_type]
         token = journal.CURRENT.set(self)
+        stop = asyncio.Event()
+        beat = asyncio.create_task(self.heartbeat(stop))
         try:
             with replay_scope():
                 result: Any = await agent.run(
-                    self.state.prompt, output_type=[*kinds, DeferredToolRequests],
+                    self.state.prompt, output_type=run_output_type(agent),
                     message_history=_history(self.state.history),
                     deps=self.agent_deps(), usage_limits=self.durability.usage_limits)
         finally:
+            stop.set()
+            await beat
             journal.CURRENT.reset(token)
         output: Any = result.output
         if isinstance(output, DeferredToolRequests):
@@ -417,6 +441,23 @@ class _Turn:
 def _as_json(value: Any) -> Any:
     adapter: TypeAdapter[Any] = TypeAdapter(type(value))
     return adapter.dump_python(value, mode="json")
+
+
+def run_output_type(agent: Any) -> Any:
+    """The output type a turn runs the agent with: the agent's own, and DeferredToolRequests,
+    so that a turn ends when effect calls are deferred. None (the agent's as is) when it
+    already has it; an agent with output validators must (pydantic-ai refuses another output
+    type for a run then)."""
+    output_type: Any = agent.output_type
+    kinds = list(output_type) if isinstance(output_type, list | tuple) else [output_type]
+    if DeferredToolRequests in kinds:
+        return None
+    if getattr(agent, "_output_validators", None):
+        raise ConfigurationError(
+            f"agent {agent.name!r} has output validators, so a durable run cannot add "
+            "DeferredToolRequests to its output type: list it yourself, "
+            "Agent(..., output_type=[YourOutput, DeferredToolRequests])")
+    return [*kinds, DeferredToolRequests]
 
 
 def _history(stored: list[Any] | None) -> list[ModelMessage] | None:

@@ -38,15 +38,22 @@ async def start(conn: AsyncConn, agent: AbstractAgent[Any, Any], prompt: str, *,
     if not isinstance(prompt, str) or not prompt:
         raise ConfigurationError("prompt must be a non-empty string")
     durability = durability_of(agent)
+    runner.run_output_type(agent)  # an agent no turn can run is refused before its run exists
     stored = None
     if deps is not None:
+        if agent.deps_type is type(None):
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no deps_type: give Agent(..., deps_type=...) to "
+                "store deps with its runs")
         try:
             adapter: TypeAdapter[Any] = TypeAdapter(agent.deps_type)
-            stored = adapter.dump_python(deps, mode="json")
+            stored = adapter.dump_python(deps, mode="json", warnings="error")
+            adapter.validate_python(stored)  # every turn rebuilds them so: refuse it now
         except (PydanticSerializationError, TypeError, ValueError) as exc:
             raise ConfigurationError(
-                f"the run's deps ({type(deps).__name__}) are not JSON: store what identifies "
-                "them and rebuild them with OutboxDurability(rebuild_deps=...)") from exc
+                f"the run's deps ({type(deps).__name__}) do not round-trip as JSON: store "
+                "what identifies them and rebuild them with "
+                "OutboxDurability(rebuild_deps=...)") from exc
     history = (ModelMessagesTypeAdapter.dump_python(list(message_history), mode="json")
                if message_history else None)
     workflow = durability.workflow

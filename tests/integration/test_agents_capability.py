@@ -3,13 +3,15 @@ one response sent together, deps and usage limits across turns, approvals spent 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, RunContext
-from pydantic_ai.exceptions import UsageLimitExceeded
+from pydantic_ai import Agent, DeferredToolRequests, RunContext
+from pydantic_ai.capabilities import RetryOnModelErrors
+from pydantic_ai.exceptions import ModelServerError, UsageLimitExceeded
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -367,3 +369,172 @@ def test_a_run_goes_on_from_its_message_history_with_one_run_id_across_turns(
     assert len(told[0]) == 3
     # pydantic-ai's run id is the run's, whichever worker drives it.
     assert seen_run_ids == [str(run_id)]
+
+
+def test_a_model_request_retried_inside_the_turn_is_journaled_under_the_first_key(
+        database_url: str) -> None:
+    # pydantic-ai's own retry (RetryOnModelErrors) makes a failed request again inside the
+    # unit's caller: the failure takes no key, so the next turn replays the retry's response
+    # and does not ask the model again.
+    calls: list[int] = []
+
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append(len(messages))
+        if len(calls) == 1:
+            raise ModelServerError("m", "overloaded")
+        last = messages[-1].parts[-1]
+        if isinstance(last, ToolReturnPart) and last.tool_name == "reorder":
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("reorder", {"item": "w", "qty": 1},
+                                                 tool_call_id="c1")])
+
+    effects = Effects()
+
+    @effects.effect(topic="supplier.orders")
+    def reorder(item: str, qty: int) -> Reorder:
+        """Order more."""
+        return Reorder(item=item, qty=qty)
+
+    durable = Durable(Agent(
+        FunctionModel(script), name="retried", output_type=str, toolsets=[effects],
+        capabilities=[RetryOnModelErrors(initial_delay=0.01, max_delay=0.01),
+                      OutboxDurability()]))
+
+    async def scenario(engine: AsyncEngine) -> list[str]:
+        async with engine.begin() as conn:
+            run = await durable.start(conn, "go", key="retried")
+        waiting = await durable.work(engine, worker="w1")
+        assert waiting is not None
+        assert waiting.state is RunState.WAITING
+        [row] = await outbox_rows(engine)
+        await _confirm(engine, run.id, row.message_id, {"ref": 1})
+        done = await durable.work(engine, worker="w2")
+        assert done is not None
+        assert (done.state, done.model_requests) == (RunState.DONE, 1)
+        async with engine.connect() as conn:
+            return [entry["op"] for entry in await aio.read_log(conn, run.id)]
+
+    ops = drive(database_url, scenario)
+    assert ops[0] == "retried__model.request"
+    assert len(calls) == 3  # the failure, its retry, the answer: none asked twice
+
+
+def test_a_tool_call_id_the_model_uses_again_is_another_effect(database_url: str) -> None:
+    # pydantic-ai's TestModel, and some providers, number tool calls per response: the
+    # second reorder has the first one's id, and must be its own message.
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = [p for m in messages for p in m.parts
+                if isinstance(p, ToolReturnPart) and p.tool_name == "reorder"]
+        if len(done) == 2:
+            return ModelResponse(parts=[TextPart(f"{done[0].content} {done[1].content}")])
+        item = "first" if not done else "second"
+        return ModelResponse(parts=[ToolCallPart("reorder", {"item": item, "qty": 1},
+                                                 tool_call_id="call_0")])
+
+    effects = Effects()
+
+    @effects.effect(topic="supplier.orders", key=lambda order: order.item)
+    def reorder(item: str, qty: int) -> Reorder:
+        """Order more."""
+        return Reorder(item=item, qty=qty)
+
+    durable = Durable(Agent(FunctionModel(script), name="same-id", output_type=str,
+                            toolsets=[effects], capabilities=[OutboxDurability()]))
+
+    async def scenario(engine: AsyncEngine) -> Any:
+        async with engine.begin() as conn:
+            run = await durable.start(conn, "go", key="same-id")
+        for expected in (1, 2):
+            waiting = await durable.work(engine, worker="w")
+            assert waiting is not None
+            assert waiting.state is RunState.WAITING
+            rows = await outbox_rows(engine)
+            assert len(rows) == expected
+            await _confirm(engine, run.id, rows[-1].message_id,
+                           {"ref": json.loads(rows[-1].payload)["item"]})
+        done = await durable.work(engine, worker="w")
+        assert done is not None
+        return done.output, [json.loads(r.payload)["item"] for r in await outbox_rows(engine)]
+
+    output, items = drive(database_url, scenario)
+    assert items == ["first", "second"]
+    assert output == "{'ref': 'first'} {'ref': 'second'}"
+
+
+def test_an_agent_with_output_validators_lists_the_deferred_output_itself(
+        database_url: str) -> None:
+    def validated(output_type: Any) -> Agent[Any, Any]:
+        agent = Agent(FunctionModel(pinned_script), name="validated", output_type=output_type,
+                      capabilities=[OutboxDurability()])
+
+        @agent.output_validator
+        def shout(value: Any) -> Any:
+            return value.upper() if isinstance(value, str) else value
+
+        @agent.tool_plain
+        def lookup_order(order_id: str) -> dict[str, str]:
+            """Look an order up."""
+            return {"item": "widget"}
+
+        return agent
+
+    with pytest.raises(ConfigurationError, match="DeferredToolRequests"):
+        App(database_url=database_url).register_agent(validated(str))
+    effects = Effects()
+
+    @effects.effect(topic="supplier.orders")
+    def reorder(item: str, qty: int) -> Reorder:
+        """Order more."""
+        return Reorder(item=item, qty=qty)
+
+    agent = Agent(FunctionModel(pinned_script), name="validated", toolsets=[effects],
+                  output_type=[str, DeferredToolRequests], capabilities=[OutboxDurability()])
+
+    @agent.output_validator
+    def shout(value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Look an order up."""
+        return {"item": "widget"}
+
+    durable = Durable(agent)
+
+    async def scenario(engine: AsyncEngine) -> Any:
+        async with engine.begin() as conn:
+            run = await durable.start(conn, "go", key="validated")
+        waiting = await durable.work(engine, worker="w")
+        assert waiting is not None
+        assert waiting.state is RunState.WAITING
+        [row] = await outbox_rows(engine)
+        await _confirm(engine, run.id, row.message_id, {"ref": 1})
+        done = await durable.work(engine, worker="w")
+        assert done is not None
+        return done.output
+
+    assert drive(database_url, scenario) == "DONE"
+
+
+def test_a_slow_model_call_keeps_the_lease_alive(database_url: str) -> None:
+    # A model call three times the lease: the heartbeat renews it, so no other worker can
+    # take the run over and ask the model again.
+    script = Script()
+    durable = support_agent(script, lease_seconds=0.6)
+
+    async def scenario(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            await durable.start(conn, "Order A1 is late", key="slow")
+        hold = asyncio.Event()
+        script.hold = hold
+        first = asyncio.create_task(durable.work(engine, worker="slow"))
+        await asyncio.sleep(1.8)
+        # A thief that claimed the run would block in the held model call: bounded.
+        assert await asyncio.wait_for(durable.work(engine, worker="thief"), 5) is None
+        hold.set()
+        progress = await first
+        assert progress is not None
+        assert progress.state is RunState.WAITING
+
+    drive(database_url, scenario)
+    assert len(script.requests) == 2

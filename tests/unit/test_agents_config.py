@@ -124,10 +124,16 @@ def test_an_effect_call_keeps_its_message_id() -> None:
 
 def test_the_journal_keys_a_name_met_again_by_ordinal_and_a_tool_by_its_call() -> None:
     journal = Journal([{"op": "a__model.request", "result": {"n": 0}}])
-    assert journal.key("a__model.request", None) == "a__model.request"
-    assert journal.key("a__model.request", None) == "a__model.request#1"
-    assert journal.key("a__call_tool:x", "c1") == "a__call_tool:x@c1"
-    assert journal.key("a__call_tool:x", "c2") == "a__call_tool:x@c2"
+    assert journal.key("a__model.request", None) == ("a__model.request", "a__model.request")
+    assert journal.key("a__model.request", None)[0] == "a__model.request#1"
+    # A unit that raised gives its ordinal back: its retry takes the same key.
+    key, base = journal.key("a__model.request", None)
+    assert key == "a__model.request#2"
+    journal.release(base)
+    assert journal.key("a__model.request", None)[0] == "a__model.request#2"
+    assert journal.key("a__call_tool:x", "c1")[0] == "a__call_tool:x@c1"
+    assert journal.key("a__call_tool:x", "c2")[0] == "a__call_tool:x@c2"
+    assert journal.key("a__call_tool:x", "c1")[0] == "a__call_tool:x@c1#1"
     assert journal.recorded == {"a__model.request": {"n": 0}}
     journal.add("a__model.request#1", {"n": 1})
     journal.add("a__call_tool:x@c1", {"n": 2})
