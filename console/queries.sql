@@ -15,8 +15,11 @@ GRANT SELECT ON {schema}.agent_runs, {schema}.run_transitions, {schema}.run_log,
     {schema}.message_status, {schema}.relays, {schema}.relay_lanes, {schema}.run_workers,
     {schema}.run_effects, {schema}.workflows, {schema}.consumer_failures,
     {schema}.confirmations, {schema}.run_events TO {role};
-GRANT UPDATE ON {schema}.agent_runs, {schema}.approvals, {schema}.operations,
+GRANT UPDATE ON {schema}.agent_runs, {schema}.operations,
     {schema}.outbox_failures, {schema}.run_effects, {schema}.consumer_failures TO {role};
+-- A grant and a revoke only: never the digest, nor what spending an approval writes.
+GRANT UPDATE (granted_by, granted_at, grant_reason, revoked_by, revoked_at, reason)
+    ON {schema}.approvals TO {role};
 GRANT INSERT ON {schema}.run_transitions, {schema}.operation_events,
     {schema}.confirmations TO {role};
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};

@@ -452,3 +452,18 @@ def test_retention_deletes_a_purged_runs_events_and_keeps_its_numbering(
         head = conn.scalar(select(run_event_heads.c.seq)
                            .where(run_event_heads.c.run_id == old.run_id))
     assert head == 3  # a later event of the purged run is 4, never a number seen before
+
+
+def test_only_the_schemas_own_triggers_may_run_the_event_writer(engine: Engine) -> None:
+    # The writer is SECURITY DEFINER: a role that could attach it to a table of its own would
+    # write events (and take numbers) for any run with the migration's rights.
+    role = f"events_probe_{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {role}"))
+        try:
+            allowed = conn.execute(text(
+                "SELECT has_function_privilege(:role, 'outboxkit.record_run_event()', "
+                "'EXECUTE')"), {"role": role}).scalar_one()
+        finally:
+            conn.execute(text(f"DROP ROLE {role}"))
+    assert allowed is False

@@ -149,3 +149,8 @@ CREATE CONSTRAINT TRIGGER approvals_event AFTER UPDATE ON {schema}.approvals
           OR OLD.revoked_at IS DISTINCT FROM NEW.revoked_at
           OR OLD.spent_at IS DISTINCT FROM NEW.spent_at)
     EXECUTE FUNCTION {schema}.record_run_event();
+
+-- The triggers above were created by the migration's role; PostgreSQL checks EXECUTE only when
+-- a trigger is created, so they keep firing. Nobody else may attach this SECURITY DEFINER
+-- function to a table of their own (a TEMP one) and write events with its rights.
+REVOKE EXECUTE ON FUNCTION {schema}.record_run_event() FROM PUBLIC;
