@@ -33,7 +33,7 @@ from outbox.runs.approvals import grant
 from outbox.runs.confirm import apply_confirmation
 from outbox.runs.states import RunState
 from outbox.testing.processes import free_port
-from outbox_agents import effect_message_id
+from outbox_agents import effect_message_id, journal
 from tests.e2e.agents_crash_consumer import EFFECTS_DDL, reference
 from tests.e2e.agents_crash_worker import (
     ANSWER,
@@ -343,8 +343,13 @@ def test_a_worker_whose_lease_was_taken_over_writes_nothing_more(
     release = asyncio.Event()
 
     async def hang() -> None:
-        held.set()
-        await release.wait()
+        # A stalled worker (a frozen VM, a long pause): its lease heartbeat cannot run either.
+        # Holding the turn's write lock stops it, as the stall would; a model call that is
+        # merely slow keeps its lease (test_agents_capability's heartbeat test).
+        turn: Any = journal.CURRENT.get()
+        async with turn._writes:
+            held.set()
+            await release.wait()
 
     async def scenario() -> tuple[Any, dict[str, Any]]:
         engine_a = create_async_engine(sqlalchemy_url(database_url))
