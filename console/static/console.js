@@ -76,7 +76,18 @@
   KINDS.forEach((kind) => source.addEventListener(kind, add));
   source.addEventListener("end", () => {
     source.close();
-    status.textContent = "(the run is finished: all its events)";
+    if (table.dataset.finished === "yes") {
+      status.textContent = "(the run is finished: all its events)";
+      return;
+    }
+    // The rest of the page is as it was when it loaded: say so, rather than show a finished
+    // run's events under a state it has left.
+    status.textContent = "(the run finished after this page was loaded: ";
+    const link = document.createElement("a");
+    link.href = window.location.pathname;
+    link.textContent = "reload for its final state";
+    status.appendChild(link);
+    status.appendChild(document.createTextNode(")"));
   });
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) {
