@@ -27,9 +27,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox import aio
 from outbox.aio import AsyncClaimedRun
+from outbox.db.execution import run_plan_async
 from outbox.errors import ApprovalInvalid, ConfigurationError, LeaseLost, LeaseSpent
 from outbox.messages.envelope import Envelope
 from outbox.runs.approvals import call_digest
+from outbox.runs.approvals import list_plan as approvals_plan
 from outbox.runs.leases import Lease
 from outbox.runs.lifecycle import Run
 from outbox.runs.states import RunState
@@ -271,37 +273,51 @@ class _Turn:
 
     async def settled(self, handle: AsyncClaimedRun) -> Progress | None:
         """In *handle*'s transaction: a Progress when the run must wait again, None when
-        every effect call has its confirmation (then in :attr:`results`)."""
+        every effect call has its confirmation (then in :attr:`results`).
+
+        What can go out goes out now: a call whose approval is pending holds back only its
+        own key's later calls, not the other effects of the response."""
         calls = self.state.calls
-        unrequested = [c for c in calls if c.approval and c.approval_id is None]
-        if unrequested:
-            return await self.request_approvals(handle, unrequested)
+        for call in calls:
+            if call.approval and call.approval_id is None:
+                await self.request_approval(handle, call)
         sent = [c for c in calls if c.sent]
         found = await aio.confirmations(handle.conn, self.run_id,
                                         ids=[c.message_id for c in sent],
                                         settings=handle.settings) if sent else {}
+        approvals = await self.approvals(handle, calls)
         # One message per key in flight: the next of a key goes after its confirmation.
         busy = {_lane(c) for c in sent if str(c.message_id) not in found}
-        batch = []
+        batch: list[Call] = []
+        held: list[Call] = []
         for call in calls:
             if call.sent or _lane(call) in busy:
                 continue
+            busy.add(_lane(call))
             if call.approval:
+                approval = approvals[call.approval_id]
+                if _pending(approval):
+                    held.append(call)
+                    continue
+                # Granted (still covering the call?), or expired or revoked: revalidation
+                # says so, and sends the run to a person when it is not valid.
                 stopped = await self.revalidated(handle, call)
                 if stopped is not None:
                     return stopped
             batch.append(call)
-            busy.add(_lane(call))
         if batch:
-            return await self.send(handle, batch)
-        missing = [c for c in sent if str(c.message_id) not in found]
-        if missing:
-            tools = ", ".join(sorted({c.tool for c in missing}))
-            return await self.wait(
-                handle, step=f"waiting:{tools}",
-                reason=f"waiting for the confirmation of {len(missing)} message(s) ({tools})")
-        self.results = {c.call_id: found[str(c.message_id)].evidence for c in calls}
-        return None
+            await self.send(handle, batch)
+        unconfirmed = [c for c in calls if c.sent and str(c.message_id) not in found]
+        if not unconfirmed and not held:
+            self.results = {c.call_id: found[str(c.message_id)].evidence for c in calls}
+            return None
+        progress = await self.wait(
+            handle, step=_step(batch, held, unconfirmed),
+            reason=_reason(batch, held, unconfirmed),
+            wake_at=min((approvals[c.approval_id].expires_at for c in held), default=None))
+        if batch:
+            failpoint("agent.before_effect_commit")
+        return progress
 
     async def refused(self, refused: ApprovalInvalid) -> Progress:
         """An approval could not be spent: the run goes to a person, nothing was sent."""
@@ -311,19 +327,20 @@ class _Turn:
                                     evidence={"approval_id": str(refused.approval_id)})
         return self.progress(RunState.NEEDS_HUMAN, reason)
 
-    async def request_approvals(self, handle: AsyncClaimedRun, calls: list[Call]) -> Progress:
-        expiries = []
-        for call in calls:
-            approval = await aio.request_approval(
-                handle.conn, self.run_id, scope={"tool": call.tool, "args": call.args},
-                digest=call.digest, expires_at=self.durability.approval_expires,
-                reason=f"tool {call.tool} needs approval", settings=handle.settings)
-            call.approval_id = approval.id
-            expiries.append(approval.expires_at)
-        tools = ", ".join(sorted({c.tool for c in calls}))
-        # Woken by a grant, or at the expiry, when revalidation sends the run to a person.
-        return await self.wait(handle, step=f"approval:{tools}",
-                               reason=f"waiting for approval of {tools}", wake_at=min(expiries))
+    async def request_approval(self, handle: AsyncClaimedRun, call: Call) -> None:
+        approval = await aio.request_approval(
+            handle.conn, self.run_id, scope={"tool": call.tool, "args": call.args},
+            digest=call.digest, expires_at=self.durability.approval_expires,
+            reason=f"tool {call.tool} needs approval", settings=handle.settings)
+        call.approval_id = approval.id
+
+    async def approvals(self, handle: AsyncClaimedRun, calls: list[Call]) -> dict[Any, Any]:
+        """The run's approvals by id, when a call not sent yet has one."""
+        if not any(c.approval and not c.sent for c in calls):
+            return {}
+        found = await run_plan_async(handle.conn, approvals_plan(self.run_id, False, 1000),
+                                     handle.settings)
+        return {a.id: a for a in found}
 
     async def revalidated(self, handle: AsyncClaimedRun, call: Call) -> Progress | None:
         """None when *call*'s approval is granted and valid; otherwise the run was moved
@@ -333,8 +350,8 @@ class _Turn:
                                         scope={"tool": call.tool, "args": call.args})
         return None if check.valid else self.progress(check.state, check.reason)
 
-    async def send(self, handle: AsyncClaimedRun, calls: list[Call]) -> Progress:
-        """Send *calls*' messages (spending their approvals) with the move to ``waiting``."""
+    async def send(self, handle: AsyncClaimedRun, calls: list[Call]) -> None:
+        """Send *calls*' messages, spending their approvals, in *handle*'s transaction."""
         for call in calls:
             if call.approval:
                 assert call.approval_id is not None
@@ -347,13 +364,6 @@ class _Turn:
                 workflow_version=self.durability.workflow.version))
             call.sent = True
         self.sent = True
-        tools = ", ".join(sorted({c.tool for c in calls}))
-        progress = await self.wait(
-            handle, step=f"waiting:{tools}",
-            reason=f"sent {', '.join(f'{c.tool} as message {c.message_id}' for c in calls)}; "
-                   "waiting for the confirmation")
-        failpoint("agent.before_effect_commit")
-        return progress
 
     async def deferred(self, requests: DeferredToolRequests) -> Progress:
         """The agent stopped on deferred calls: record them and send what comes first."""
@@ -462,6 +472,35 @@ def run_output_type(agent: Any) -> Any:
 
 def _history(stored: list[Any] | None) -> list[ModelMessage] | None:
     return ModelMessagesTypeAdapter.validate_python(stored) if stored else None
+
+
+def _pending(approval: Any) -> bool:
+    """Neither granted nor revoked, and not expired yet (revalidation decides the others)."""
+    return (approval.granted_at is None and approval.revoked_at is None
+            and approval.expires_at > datetime.now(UTC))
+
+
+def _tools(calls: list[Call]) -> str:
+    return ", ".join(sorted({c.tool for c in calls}))
+
+
+def _step(batch: list[Call], held: list[Call], unconfirmed: list[Call]) -> str:
+    if batch or not held:
+        return f"waiting:{_tools(batch or unconfirmed)}"
+    return f"approval:{_tools(held)}"
+
+
+def _reason(batch: list[Call], held: list[Call], unconfirmed: list[Call]) -> str:
+    parts = []
+    if batch:
+        parts.append("sent " + ", ".join(f"{c.tool} as message {c.message_id}" for c in batch))
+    if held:
+        parts.append(f"waiting for approval of {_tools(held)}")
+    waiting = [c for c in unconfirmed if c not in batch]
+    if batch or waiting:
+        parts.append(f"waiting for the confirmation of {len(waiting) + len(batch)} "
+                     f"message(s) ({_tools(waiting + batch)})")
+    return "; ".join(parts)
 
 
 def _lane(call: Call) -> str:

@@ -527,3 +527,57 @@ def test_a_slow_model_call_keeps_the_lease_alive(database_url: str) -> None:
 
     drive(database_url, scenario)
     assert len(script.requests) == 2
+
+
+def test_an_effect_waiting_for_approval_holds_back_only_its_own_key(database_url: str) -> None:
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if isinstance(messages[-1].parts[-1], ToolReturnPart):
+            return ModelResponse(parts=[TextPart("both done")])
+        return ModelResponse(parts=[
+            ToolCallPart("pay", {"to": "acme", "amount": 900}, tool_call_id="p"),
+            ToolCallPart("notify", {"to": "ops"}, tool_call_id="n"),
+        ])
+
+    effects = Effects()
+
+    @effects.effect(topic="payments", key=lambda payment: payment["to"],
+                    requires_approval=True)
+    def pay(to: str, amount: int) -> dict[str, Any]:
+        """Pay."""
+        return {"to": to, "amount": amount}
+
+    @effects.effect(topic="notices", key=lambda notice: notice["to"])
+    def notify(to: str) -> dict[str, Any]:
+        """Notify."""
+        return {"to": to}
+
+    durable = Durable(Agent(FunctionModel(script), name="held", output_type=str,
+                            toolsets=[effects], capabilities=[OutboxDurability()]))
+
+    async def scenario(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            run = await durable.start(conn, "go", key="held")
+        first = await durable.work(engine, worker="w")
+        assert first is not None
+        assert first.state is RunState.WAITING
+        # The notice went out; the payment waits for its approval.
+        rows = await outbox_rows(engine)
+        assert [r.topic for r in rows] == ["notices"]
+        assert "waiting for approval of pay" in (first.reason or "")
+        await _confirm(engine, run.id, rows[0].message_id, {"ok": True})
+        assert (await durable.work(engine, worker="w")).state is RunState.WAITING  # type: ignore[union-attr]
+        assert len(await outbox_rows(engine)) == 1
+        [call] = [c for c in (await _checkpoint(engine, run.id))["calls"] if c["tool"] == "pay"]
+        async with engine.begin() as conn:
+            await aio.grant(conn, call["approval_id"], by="alice", reason="invoice 12")
+        paid = await durable.work(engine, worker="w")
+        assert paid is not None
+        assert paid.state is RunState.WAITING
+        rows = await outbox_rows(engine)
+        assert [r.topic for r in rows] == ["notices", "payments"]
+        await _confirm(engine, run.id, rows[1].message_id, {"paid": True})
+        done = await durable.work(engine, worker="w")
+        assert done is not None
+        assert (done.state, done.output) == (RunState.DONE, "both done")
+
+    drive(database_url, scenario)
