@@ -382,10 +382,11 @@ async def run_events(request: Request, user: User) -> Response:
     state, found = await console.read(read_page, run_id, after, 1, console.outbox)
     if state in FINISHED and not found:
         return Response(status_code=204)  # all sent: a browser does not reconnect
-    if console.run_streams.full:
-        return console.failed(request, user, 503, "too many run event streams are open: "
-                              "try again, or read them as JSON (?format=json)")
-    return StreamingResponse(console.run_streams.stream(run_id, after),
+    refused = console.run_streams.refused(user.name)
+    if refused is not None:
+        return console.failed(request, user, 503, f"{refused}: close one and try again, or "
+                              "read them as JSON (?format=json)")
+    return StreamingResponse(console.run_streams.stream(run_id, after, user=user.name),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-store"})
 

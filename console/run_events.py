@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 15.0
 # Each open stream reads every DEFAULT_POLL seconds on the console's pool: a bound on them.
 MAX_STREAMS = 100
+# And a bound per user, so that one viewer's tabs cannot take every stream.
+MAX_STREAMS_PER_USER = 10
 
 
 def position(last_event_id: str | None, after: str | None) -> int:
@@ -74,20 +76,27 @@ class RunStreams:
         self._engine, self._settings, self._poll = engine, settings, poll
         self._stopping = asyncio.Event()
         self.open = 0
+        self._by_user: dict[str, int] = {}
 
-    @property
-    def full(self) -> bool:
-        return self.open >= MAX_STREAMS
+    def refused(self, user: str) -> str | None:
+        """Why another stream for *user* is refused now, or None."""
+        if self.open >= MAX_STREAMS:
+            return "too many run event streams are open"
+        if self._by_user.get(user, 0) >= MAX_STREAMS_PER_USER:
+            return f"{user} has {MAX_STREAMS_PER_USER} run event streams open already"
+        return None
 
     def end_streams(self) -> None:
         """End every stream (the server is stopping; browsers reconnect to the next one,
         from their last event). Call it on the event loop's thread."""
         self._stopping.set()
 
-    async def stream(self, run_id: uuid.UUID, after: int) -> AsyncIterator[str]:
+    async def stream(self, run_id: uuid.UUID, after: int, *,
+                     user: str = "") -> AsyncIterator[str]:
         """The events after *after* as server-sent events, each as it commits, then ``end``
         once the run is finished; a comment every KEEPALIVE_SECONDS while nothing happens."""
         self.open += 1
+        self._by_user[user] = self._by_user.get(user, 0) + 1
         events = follow_run_events(self._engine, run_id, after=after, poll=self._poll,
                                    settings=self._settings)
         stopping = asyncio.ensure_future(self._stopping.wait())
@@ -116,6 +125,9 @@ class RunStreams:
                 yield sse(event)
         finally:
             self.open -= 1
+            self._by_user[user] -= 1
+            if not self._by_user[user]:
+                del self._by_user[user]
             stopping.cancel()
             if step is not None and not step.done():
                 step.cancel()

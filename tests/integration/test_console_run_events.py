@@ -188,3 +188,22 @@ def test_ending_the_streams_ends_an_open_one(engine: Engine, monkeypatch: pytest
     assert sent[0].startswith("id: 4\nevent: model_response\n")
     assert sent[-1] == ": still following\n\n"
     assert runs.open == 0
+
+
+def test_one_user_cannot_take_every_stream(engine: Engine, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    monkeypatch.setattr(streams, "MAX_STREAMS_PER_USER", 1)
+    monkeypatch.setattr(streams, "KEEPALIVE_SECONDS", 0.05)
+    lease = _running(engine)
+    runs = RunStreams(engine, OutboxSettings(), poll=0.02)
+    seen: list[tuple[str | None, str | None]] = []
+
+    async def follow() -> None:
+        async for chunk in runs.stream(lease.run_id, 3, user="vic"):
+            if chunk.startswith(":"):  # vic's one stream is open
+                seen.append((runs.refused("vic"), runs.refused("ann")))
+                runs.end_streams()
+
+    asyncio.run(asyncio.wait_for(follow(), timeout=10))
+    assert seen == [("vic has 1 run event streams open already", None)]
+    assert runs.refused("vic") is None  # closed: vic may open another
