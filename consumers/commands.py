@@ -5,7 +5,6 @@ or discard them with a reason).
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -99,8 +98,8 @@ def dlq_list(database_url: str | None, group: str | None, status: str, limit: in
               help="Kafka bootstrap servers (to send the messages back to their topics).")
 @click.option("--again", is_flag=True,
               help="Send one that is already 'replayed' (a replay killed before it was sent).")
-@click.option("--actor", default=lambda: os.environ.get("USER") or None,
-              show_default="$USER", help="Who replays it; kept on the failure.")
+@who_option("--actor", who="who replays it", help="Who replays it; kept on the failure.",
+            required=False)
 @database_url_option
 @one_line_errors
 def dlq_replay(*, failure_ids: tuple[int, ...], app_path: str | None,

@@ -119,9 +119,6 @@ class Journal:
         del self.unwritten[:count - self.logged]
         self.logged = count
 
-    @property
-    def keys(self) -> list[str]:
-        return list(self.recorded)
 
 
 def _call_id(cache_key: tuple[object, ...]) -> str | None:

@@ -496,10 +496,9 @@ def _reason(batch: list[Call], held: list[Call], unconfirmed: list[Call]) -> str
         parts.append("sent " + ", ".join(f"{c.tool} as message {c.message_id}" for c in batch))
     if held:
         parts.append(f"waiting for approval of {_tools(held)}")
-    waiting = [c for c in unconfirmed if c not in batch]
-    if batch or waiting:
-        parts.append(f"waiting for the confirmation of {len(waiting) + len(batch)} "
-                     f"message(s) ({_tools(waiting + batch)})")
+    if unconfirmed:  # the batch just sent is among them
+        parts.append(f"waiting for the confirmation of {len(unconfirmed)} message(s) "
+                     f"({_tools(unconfirmed)})")
     return "; ".join(parts)
 
 

@@ -43,12 +43,15 @@ database_url_option = click.option(
 )
 
 
-def who_option(flag: str, *, who: str, help: str) -> Callable[[F], F]:
+def who_option(flag: str, *, who: str, help: str, required: bool = True) -> Callable[[F], F]:
     """*flag* (``--actor``, ``--by``, ``--sender``): who does it, recorded with what it does;
-    ``$USER`` by default, and a usage error saying *who* when neither is given."""
+    ``$USER`` by default, and a usage error saying *who* when neither is given (``None``
+    instead when not *required*)."""
 
-    def given(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    def given(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
         if not value:
+            if not required:
+                return None
             raise click.UsageError(f"say {who}: {flag} (no $USER to default to)", ctx)
         return value
 
