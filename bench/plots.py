@@ -1,6 +1,7 @@
 """Small SVG charts for the benchmark suite, written by hand: no plotting library needed.
 
-``bar_chart`` draws bars on linear axes starting at zero, with labelled marker lines;
+``bar_chart`` draws bars on linear axes starting at zero, with labelled marker lines, and
+``line_chart`` lines through points on the same axes; ``stack`` puts charts one under the other;
 ``histogram`` (latency samples) and ``throughput`` (publish timeline) turn raw data into its
 bars. Every function returns the SVG document as a string.
 """
@@ -8,7 +9,7 @@ bars. Every function returns the SVG document as a string.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from xml.sax.saxutils import escape
@@ -18,6 +19,9 @@ LEFT, RIGHT, TOP, BOTTOM = 80, 30, 56, 60
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 BAR_COLOUR = "#4e79a7"
 MARK_COLOURS = ("#e15759", "#f28e2b", "#59a14f", "#b07aa1")
+# One per line of a line chart (a colour-blind-safe ten, told apart by the legend).
+LINE_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+                "#ff9da7", "#9c755f", "#bab0ac")
 HALO = ' stroke="white" stroke-width="4" paint-order="stroke"'  # labels stay legible on bars
 
 
@@ -91,78 +95,152 @@ def bar_chart(
     vlines, hlines = list(vlines), list(hlines)
     x_high = max(b.x1 for b in bars)
     x_high = max(x_high, *(m.at for m in vlines)) if vlines else x_high
-    x_low, x_end, x_step = axis(min(0.0, *(b.x0 for b in bars)), x_high, 8)
     y_high = max(b.height for b in bars)
     y_high = max(y_high, *(m.at for m in hlines)) if hlines else y_high
-    _, y_end, y_step = axis(0.0, y_high * 1.05 or 1.0, 5)  # headroom for labels
-
-    def sx(x: float) -> float:
-        return LEFT + (x - x_low) / (x_end - x_low) * PLOT_W
-
-    def sy(y: float) -> float:
-        return TOP + PLOT_H - y / y_end * PLOT_H
-
-    out = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif">',
-        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        _text(WIDTH / 2, 24, title, size=15, extra=' font-weight="bold"'),
-    ]
-    if note:
-        out.append(_text(WIDTH / 2, 42, note, size=11, extra=' fill="#555"'))
-    # Grid and tick labels first, so the bars are drawn over the grid lines.
-    for i in range(round(y_end / y_step) + 1):
-        y = i * y_step
-        out.append(
-            f'<line x1="{LEFT}" y1="{sy(y):.1f}" x2="{LEFT + PLOT_W}" y2="{sy(y):.1f}" '
-            'stroke="#ddd"/>'
-        )
-        out.append(_text(LEFT - 6, sy(y) + 4, tick_label(y, y_step), anchor="end", size=11))
-    for i in range(round((x_end - x_low) / x_step) + 1):
-        x = x_low + i * x_step
-        out.append(
-            f'<line x1="{sx(x):.1f}" y1="{TOP + PLOT_H}" x2="{sx(x):.1f}" '
-            f'y2="{TOP + PLOT_H + 5}" stroke="black"/>'
-        )
-        out.append(_text(sx(x), TOP + PLOT_H + 18, tick_label(x, x_step), size=11))
+    frame = _Frame(title, note, min(0.0, *(b.x0 for b in bars)), x_high, y_high)
+    out = frame.open()
     for b in bars:
-        top = sy(b.height)
+        top = frame.sy(b.height)
         out.append(
-            f'<rect class="bar" x="{sx(b.x0):.2f}" y="{top:.2f}" '
-            f'width="{max(0.5, sx(b.x1) - sx(b.x0) - 1):.2f}" '
+            f'<rect class="bar" x="{frame.sx(b.x0):.2f}" y="{top:.2f}" '
+            f'width="{max(0.5, frame.sx(b.x1) - frame.sx(b.x0) - 1):.2f}" '
             f'height="{TOP + PLOT_H - top:.2f}" fill="{BAR_COLOUR}"/>'
         )
-    out.append(
-        f'<polyline points="{LEFT},{TOP} {LEFT},{TOP + PLOT_H} {LEFT + PLOT_W},{TOP + PLOT_H}" '
-        'fill="none" stroke="black"/>'
-    )
-    for i, mark in enumerate(vlines):
-        colour = MARK_COLOURS[i % len(MARK_COLOURS)]
-        x = sx(mark.at)
-        out.append(
-            f'<line class="mark" x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + PLOT_H}" '
-            f'stroke="{colour}" stroke-width="2" stroke-dasharray="6 4"/>'
-        )
-        out.append(_text(x + 4, TOP + 14 + 14 * i, mark.label, anchor="start", size=12,
-                         extra=f' fill="{colour}"{HALO}'))
-    for i, mark in enumerate(hlines):
-        colour = MARK_COLOURS[(i + len(vlines)) % len(MARK_COLOURS)]
-        y = sy(mark.at)
-        out.append(
-            f'<line class="mark" x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + PLOT_W}" y2="{y:.1f}" '
-            f'stroke="{colour}" stroke-width="2" stroke-dasharray="6 4"/>'
-        )
-        # At the left: plots here have their data to the right (a drain's start-up gap).
-        out.append(_text(LEFT + 6, y - 5, mark.label, anchor="start", size=12,
-                         extra=f' fill="{colour}"{HALO}'))
-    out.append(_text(LEFT + PLOT_W / 2, HEIGHT - 14, x_label, size=12))
-    out.append(
-        _text(18, TOP + PLOT_H / 2, y_label, size=12,
-              extra=f' transform="rotate(-90 18 {TOP + PLOT_H / 2:.1f})"')
-    )
+    out += frame.close(x_label, y_label, vlines, hlines)
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def line_chart(
+    lines: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    vlines: Iterable[Mark] = (),
+    note: str = "",
+) -> str:
+    """An SVG chart of one line per name through its (x, y) points, on axes from zero (a flat
+    line then looks flat, and a small drift small), with a legend under the plot."""
+    points = [pt for pts in lines.values() for pt in pts]
+    if not points:
+        raise ValueError(f"cannot plot {title!r}: no data")
+    if any(not (math.isfinite(x) and math.isfinite(y)) or y < 0 for x, y in points):
+        raise ValueError(f"cannot plot {title!r}: points need finite x and y >= 0")
+    vlines = list(vlines)
+    x_high = max([x for x, _ in points] + [m.at for m in vlines])
+    frame = _Frame(title, note, min(0.0, *(x for x, _ in points)), x_high,
+                   max(y for _, y in points))
+    per_row = 4
+    rows = math.ceil(len(lines) / per_row)
+    height = HEIGHT + 18 * rows
+    out = frame.open(height)
+    for i, (name, pts) in enumerate(lines.items()):
+        colour = LINE_COLOURS[i % len(LINE_COLOURS)]
+        drawn = " ".join(f"{frame.sx(x):.1f},{frame.sy(y):.1f}" for x, y in sorted(pts))
+        out.append(f'<polyline class="line" points="{drawn}" fill="none" stroke="{colour}" '
+                   'stroke-width="1.5"/>')
+        lx = LEFT + (i % per_row) * PLOT_W / per_row
+        ly = HEIGHT + 4 + 18 * (i // per_row)
+        out.append(f'<line x1="{lx:.1f}" y1="{ly - 4:.1f}" x2="{lx + 18:.1f}" y2="{ly - 4:.1f}" '
+                   f'stroke="{colour}" stroke-width="3"/>')
+        out.append(_text(lx + 22, ly, name, anchor="start", size=11))
+    out += frame.close(x_label, y_label, vlines, ())
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def stack(documents: Sequence[str]) -> str:
+    """SVG documents of this module (panels) one under the other in one document."""
+    inner, y = [], 0.0
+    for doc in documents:
+        root = doc.split("\n", 1)[1]  # without the XML declaration
+        height = float(root.split('height="', 1)[1].split('"', 1)[0])
+        inner.append(root.replace("<svg ", f'<svg y="{y:.0f}" ', 1))
+        y += height
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{y:.0f}" '
+        f'viewBox="0 0 {WIDTH} {y:.0f}">\n' + "".join(inner) + "</svg>\n"
+    )
+
+
+class _Frame:
+    """What every chart here has: title, note, grid, ticks, axes, marks and axis labels."""
+
+    def __init__(self, title: str, note: str, x_low: float, x_high: float,
+                 y_high: float) -> None:
+        self.title, self.note = title, note
+        self.x_low, self.x_end, self.x_step = axis(x_low, x_high, 8)
+        _, self.y_end, self.y_step = axis(0.0, y_high * 1.05 or 1.0, 5)  # headroom for labels
+
+    def sx(self, x: float) -> float:
+        return LEFT + (x - self.x_low) / (self.x_end - self.x_low) * PLOT_W
+
+    def sy(self, y: float) -> float:
+        return TOP + PLOT_H - y / self.y_end * PLOT_H
+
+    def open(self, height: int = HEIGHT) -> list[str]:
+        """The document's start, title, note and grid: drawn first, so data goes over it."""
+        sx, sy = self.sx, self.sy
+        out = [
+            '<?xml version="1.0" encoding="UTF-8"?>',
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+            f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif">',
+            f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>',
+            _text(WIDTH / 2, 24, self.title, size=15, extra=' font-weight="bold"'),
+        ]
+        if self.note:
+            out.append(_text(WIDTH / 2, 42, self.note, size=11, extra=' fill="#555"'))
+        for i in range(round(self.y_end / self.y_step) + 1):
+            y = i * self.y_step
+            out.append(
+                f'<line x1="{LEFT}" y1="{sy(y):.1f}" x2="{LEFT + PLOT_W}" y2="{sy(y):.1f}" '
+                'stroke="#ddd"/>'
+            )
+            out.append(_text(LEFT - 6, sy(y) + 4, tick_label(y, self.y_step), anchor="end",
+                             size=11))
+        for i in range(round((self.x_end - self.x_low) / self.x_step) + 1):
+            x = self.x_low + i * self.x_step
+            out.append(
+                f'<line x1="{sx(x):.1f}" y1="{TOP + PLOT_H}" x2="{sx(x):.1f}" '
+                f'y2="{TOP + PLOT_H + 5}" stroke="black"/>'
+            )
+            out.append(_text(sx(x), TOP + PLOT_H + 18, tick_label(x, self.x_step), size=11))
+        return out
+
+    def close(self, x_label: str, y_label: str, vlines: Sequence[Mark],
+              hlines: Sequence[Mark]) -> list[str]:
+        """The axes, the marks and the axis labels, over the data."""
+        out = [
+            f'<polyline points="{LEFT},{TOP} {LEFT},{TOP + PLOT_H} {LEFT + PLOT_W},'
+            f'{TOP + PLOT_H}" fill="none" stroke="black"/>'
+        ]
+        for i, mark in enumerate(vlines):
+            colour = MARK_COLOURS[i % len(MARK_COLOURS)]
+            x = self.sx(mark.at)
+            out.append(
+                f'<line class="mark" x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + PLOT_H}" '
+                f'stroke="{colour}" stroke-width="2" stroke-dasharray="6 4"/>'
+            )
+            out.append(_text(x + 4, TOP + 14 + 14 * i, mark.label, anchor="start", size=12,
+                             extra=f' fill="{colour}"{HALO}'))
+        for i, mark in enumerate(hlines):
+            colour = MARK_COLOURS[(i + len(vlines)) % len(MARK_COLOURS)]
+            y = self.sy(mark.at)
+            out.append(
+                f'<line class="mark" x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + PLOT_W}" y2="{y:.1f}" '
+                f'stroke="{colour}" stroke-width="2" stroke-dasharray="6 4"/>'
+            )
+            # At the left: plots here have their data to the right (a drain's start-up gap).
+            out.append(_text(LEFT + 6, y - 5, mark.label, anchor="start", size=12,
+                             extra=f' fill="{colour}"{HALO}'))
+        out.append(_text(LEFT + PLOT_W / 2, HEIGHT - 14, x_label, size=12))
+        out.append(
+            _text(18, TOP + PLOT_H / 2, y_label, size=12,
+                  extra=f' transform="rotate(-90 18 {TOP + PLOT_H / 2:.1f})"')
+        )
+        return out
 
 
 def histogram(
