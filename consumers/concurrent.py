@@ -64,7 +64,12 @@ class Host(Protocol):
     lifecycle: Lifecycle
     settings: ConsumerSettings
 
-    def update_lag(self, assigned: Collection[TopicPartition]) -> None: ...
+    def update_lag(self, assigned: Collection[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    def poll(self, timeout_ms: int) -> list[Any]: ...
+
+    def watch(self, assigned: Collection[TopicPartition], lags: dict[TopicPartition, int],
+              paused: set[TopicPartition], *, progressed: bool) -> None: ...
 
 
 class KeyedLoop:
@@ -82,6 +87,8 @@ class KeyedLoop:
         self._failing = 0  # failures not the messages' since the last success (no database)
         self._stopped = False
         self._dropped: dict[TopicPartition, int] = {}  # watermarks of partitions dropped
+        self.settled = 0  # messages settled (done or parked), under the lock
+        self._seen = 0  # loop thread only: ``settled`` at the last turn
 
     # --- the loop thread -------------------------------------------------------------------
     def run(self) -> None:
@@ -100,7 +107,7 @@ class KeyedLoop:
                     if woken:
                         self.cond.notify(woken)
                 try:
-                    records = r.consumer.poll(self._poll_timeout_ms(), s.max_poll_records)
+                    records = r.poll(self._poll_timeout_ms())
                 except UnreadableRecord as exc:
                     self._skip(exc)
                     continue
@@ -113,9 +120,13 @@ class KeyedLoop:
                 with self.cond:
                     watermarks = self.lanes.watermarks()
                     self._gauges(assigned, watermarks)
+                    # Work done or going on since the last turn (the watchdog's question).
+                    busy = self.settled != self._seen or self.lanes.in_flight > 0
+                    self._seen = self.settled
                 r.offsets.advance(watermarks)
                 r.offsets.commit_async(r.consumer)
-                r.update_lag(assigned)
+                lags = r.update_lag(assigned)
+                r.watch(assigned, lags, self._paused, progressed=bool(records) or busy)
         finally:
             self._finish()
 
@@ -331,6 +342,7 @@ class KeyedLoop:
     def _settle(self, take: Take, again: Parked | None) -> None:
         """(Under the lock.) A message is done for good, or its key waits for a retry."""
         record = take.record
+        self.settled += 1
         if again is None:
             if self._recovering:
                 self._recovering.discard((record.topic, record.partition, record.offset))

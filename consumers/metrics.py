@@ -54,6 +54,11 @@ class ConsumerMetrics:
             "Messages behind the partition's high watermark.",
             ["topic", "partition"],
         )
+        self.rebuilds = families.counter(
+            "client_rebuilds_total",
+            "Kafka clients the watchdog replaced: alive, but not working although records "
+            "waited (consumers.watchdog).",
+        )
         self.lag_total = families.gauge(
             "lag_total_messages", "Sum of the lag over the assigned partitions."
         )

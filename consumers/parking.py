@@ -120,6 +120,10 @@ class ParkingLot:
         if stray:
             consumer.resume(*stray)
 
+    def partitions(self) -> set[TopicPartition]:
+        """The partitions paused by a parked message."""
+        return set(self._parked)
+
     def next_due(self) -> float | None:
         """When the earliest parked message is due (``time.monotonic()``), if any."""
         return min((p.due for p in self._parked.values()), default=None)

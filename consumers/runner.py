@@ -15,8 +15,9 @@ work (dedup retention) runs as APScheduler jobs whose bodies are plain functions
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +32,7 @@ from consumers.offsets import OffsetTracker, Rebalance
 from consumers.parking import ParkingLot
 from consumers.processing import Position, Processor, Progress
 from consumers.unreadable import SkippedRecord, skip_unreadable
+from consumers.watchdog import GroupView, Verdict, Watchdog
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
@@ -38,10 +40,18 @@ from outbox.db.dsn import engine_for, redact
 from outbox.db.migrate import check_schema
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError
+from outbox.kafka import (
+    Admin,
+    ConsumerOptions,
+    KafkaClientError,
+    RebalanceListener,
+    TopicPartition,
+    UnreadableRecord,
+    describe_client,
+)
 from outbox.kafka import Consumer as KafkaConsumer
-from outbox.kafka import ConsumerOptions, TopicPartition, UnreadableRecord, describe_client
 from outbox.runtime import Lifecycle, required_database_url
-from outbox.runtime.failpoints import failpoint
+from outbox.runtime.failpoints import FailpointTriggered, failpoint
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +107,16 @@ class Runner:
         # The offset each assigned partition's next record has when it follows the last batch
         # (what was read before it is handled, parked, or rewound and read again).
         self._next: dict[tuple[str, int], int] = {}
+        session_s = s.session_timeout_ms / 1000
+        self.watchdog = Watchdog(after_s=s.watchdog_session_timeouts * session_s,
+                                 check_every_s=session_s / 2, group=self._group_view,
+                                 behind=self._behind)
+        self._admin: Admin | None = None
+        self._listener: Attached | None = None
+        self._stall_reported = False
+        self._progressed = False  # a batch was handled since the watchdog last looked
+        self._stuck: Any = None  # failpoint consumer.stuck_fetch: the client whose polls stall
+        self._paused: set[TopicPartition] = set()  # paused by the loop, at its last turn
 
     # --- probes ---------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -135,7 +155,7 @@ class Runner:
             self._await_topic_metadata()
             rebalance = (Rebalance(self.offsets, self.metrics) if self.keyed is None
                          else KeyedRebalance(self.keyed, self.offsets, self.metrics))
-            self.consumer.subscribe(app.topics, rebalance)
+            self._subscribe(rebalance)
             self._start_scheduler()
             self.lifecycle.set_ready(True)
             if self.keyed is None:
@@ -206,6 +226,8 @@ class Runner:
 
     def _shutdown(self) -> None:
         self.lifecycle.stop_background()
+        if self._admin is not None:
+            self._admin.close()
         if self.consumer is not None:
             # The database has committed everything processed: now (and only now) the offsets.
             self.offsets.commit(self.consumer)
@@ -216,14 +238,13 @@ class Runner:
 
     # --- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
-        s = self.settings
         self._handler_thread = ThreadPoolExecutor(1, thread_name_prefix="outboxkit-handlers")
         try:
             while not self._stop.is_set():
                 self.lifecycle.beat()
                 self.parking.wake_due(self.consumer)
                 try:
-                    records = self.consumer.poll(self._poll_timeout_ms(), s.max_poll_records)
+                    records = self.poll(self._poll_timeout_ms())
                 except UnreadableRecord as exc:
                     # Skipping marks the record's offset done: only once the batch before it
                     # is (if that failed, both are read again first).
@@ -252,7 +273,11 @@ class Runner:
                     )
                     self._in_hand = (future, records, retries)
                 self.offsets.commit_async(self.consumer)
-                self.update_lag(assigned)
+                lag = self.update_lag(assigned)
+                handled, self._progressed = self._progressed, False
+                busy = self._in_hand is not None and not self._in_hand[0].done()
+                self.watch(assigned, lag, self.parking.partitions(),
+                           progressed=bool(records) or handled or busy)
         finally:
             self._collect(())  # stopping: the batch in hand finishes (or gives up) first
             self._handler_thread.shutdown(wait=True)
@@ -314,6 +339,7 @@ class Runner:
             )
             self.lifecycle.back_off(reason)
             return False
+        self._progressed = True
         self.parking.handled(retries)
         for parked in progress.parked:
             self.parking.park(self.consumer, parked)
@@ -346,8 +372,9 @@ class Runner:
     ) -> Sent:
         return self.sender.send(topic, key=key, value=value, headers=headers)
 
-    def update_lag(self, assigned: Collection[TopicPartition]) -> None:
+    def update_lag(self, assigned: Collection[TopicPartition]) -> dict[TopicPartition, int]:
         """Lag per partition: the high watermark minus where this consumer will read next."""
+        lags: dict[TopicPartition, int] = {}
         total = 0
         for tp in assigned:
             high = self.consumer.highwater(tp)
@@ -356,7 +383,187 @@ class Runner:
             position = self.consumer.position(tp)
             if position is None:
                 continue  # no position yet (being reset): nothing to report
-            lag = max(0, high - position)
+            lag = lags[tp] = max(0, high - position)
             self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
             total += lag
         self.metrics.lag_total.set(total)
+        return lags
+
+    # --- the watchdog (consumers.watchdog) ------------------------------------------------
+    def poll(self, timeout_ms: int) -> list[Any]:
+        """The client's poll (the loops' only one), and the failpoints that put the client
+        in the states the watchdog must notice."""
+        try:
+            failpoint("consumer.leave_group")
+        except FailpointTriggered:
+            log.warning("failpoint: the Kafka client leaves its group",
+                        extra={"event": "consumer.failpoint"})
+            self.consumer.unsubscribe()
+        try:
+            failpoint("consumer.stuck_fetch")
+        except FailpointTriggered:
+            log.warning("failpoint: the Kafka client's polls return nothing from now on",
+                        extra={"event": "consumer.failpoint"})
+            self._stuck = self.consumer
+        if self._stuck is not None and self._stuck is self.consumer:
+            self._stop.wait(timeout_ms / 1000)
+            return []
+        records: list[Any] = self.consumer.poll(timeout_ms, self.settings.max_poll_records)
+        return records
+
+    def watch(self, assigned: Collection[TopicPartition], lags: dict[TopicPartition, int],
+              paused: set[TopicPartition], *, progressed: bool) -> None:
+        """One turn of the loop seen by the watchdog: a stall makes the consumer not ready
+        and, if the brokers answer, rebuilds its client; the end of one makes it ready."""
+        if not self.watchdog.enabled:
+            return
+        self._paused = paused
+        waiting = sum(lag for tp, lag in lags.items() if tp not in paused)
+        verdict = self.watchdog.observe(assigned=len(assigned), waiting=waiting,
+                                        progressed=progressed)
+        if verdict.stalled:
+            self._stalled(verdict)
+        elif verdict.working and self._stall_reported:
+            self._stall_reported = False
+            log.info("the Kafka client works again", extra={"event": "consumer.unstalled"})
+            self.lifecycle.set_ready(True)
+
+    def _stalled(self, verdict: Verdict) -> None:
+        self._stall_reported = True
+        self.lifecycle.set_ready(False, f"the Kafka client does not work: {verdict.reason}")
+        admin = self._admin_client()
+        try:
+            if admin is None:
+                raise KafkaClientError("no admin client")
+            admin.list_topics()
+        except KafkaClientError as exc:
+            self._drop_admin()
+            log.warning("the Kafka client does not work (%s), but the brokers do not answer "
+                        "either (%s): not rebuilt", verdict.reason, exc,
+                        extra={"event": "consumer.stalled"})
+            self.watchdog.rebuilt()  # the next look is a whole delay away
+            return
+        log.warning("the Kafka client does not work although the brokers answer (%s): "
+                    "rebuilding it", verdict.reason, extra={"event": "consumer.stalled"})
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Replace the Kafka client: what is done is committed, the partitions are given up
+        as in a revocation, the old client is closed in the background (a client stuck on
+        its coordinator may take long to close) and a new one joins the group."""
+        assert self._listener is not None
+        if self.keyed is None:
+            self._collect(())  # the batch in hand finishes first
+        old, listener = self.consumer, self._listener.inner
+        self._listener.detach()  # the old client's callbacks (close()) reach nobody now
+        partitions = set(old.assignment()) | set(self.offsets.pending)
+        offsets = listener.to_commit(partitions)
+        committed: dict[TopicPartition, int] = {}
+        error: BaseException | None = None
+        if offsets:
+            try:
+                old.commit(offsets)
+                committed = dict(offsets)
+            except KafkaClientError as exc:
+                error = exc  # a redelivery: the dedup marks drop what was done
+        listener.revoked(partitions, committed, error)
+        self._next.clear()
+        closing = threading.Thread(target=old.close, name="outboxkit-old-client", daemon=True)
+        closing.start()
+        closing.join(timeout=5)
+        self.consumer = self._make_consumer()
+        self._await_topic_metadata()
+        self._subscribe(listener)
+        self.metrics.rebuilds.inc()
+        self.watchdog.rebuilt()
+        log.warning("the Kafka client was rebuilt%s", "" if not closing.is_alive()
+                    else " (the old one still closing, in the background)",
+                    extra={"event": "consumer.rebuilt"})
+
+    def _subscribe(self, listener: RebalanceListener) -> None:
+        self._listener = Attached(listener)
+        self.consumer.subscribe(self.app.topics, self._listener)
+
+    def _admin_client(self) -> Admin | None:
+        if self._admin is None:
+            try:
+                self._admin = self.kafka.admin(
+                    f"outboxkit-{self.app.group_id}-watchdog",
+                    request_timeout_ms=min(5000, self.settings.session_timeout_ms))
+            except KafkaClientError:
+                return None
+        return self._admin
+
+    def _drop_admin(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+    def _behind(self) -> int | None:
+        """Records after this client's positions on its assigned partitions the loop has not
+        paused, by the brokers' end offsets; None if they do not answer."""
+        admin = self._admin_client()
+        if admin is None:
+            return None
+        mine = self.consumer.assignment() - self._paused
+        try:
+            ends = admin.end_offsets(mine, timeout_s=5)
+        except KafkaClientError:
+            self._drop_admin()
+            return None
+        waiting = 0
+        for tp, end in ends.items():
+            position = self.consumer.position(tp)
+            if position is not None:
+                waiting += max(0, end - position)
+        return waiting
+
+    def _group_view(self) -> GroupView | None:
+        """The group's committed offsets on the app's topics and what waits behind them
+        (a partition never committed counts from the start, or not at all with
+        ``auto_offset_reset=latest``); None if the brokers do not answer."""
+        admin = self._admin_client()
+        if admin is None:
+            return None
+        topics = set(self.app.topics)
+        try:
+            committed = {tp: o for tp, o in admin.committed_offsets(self.app.group_id).items()
+                         if tp.topic in topics}
+            partitions = {TopicPartition(t, p) for t in topics
+                          for p in (self.consumer.partitions_for_topic(t) or ())}
+            ends = admin.end_offsets(partitions | set(committed), timeout_s=5)
+        except KafkaClientError:
+            self._drop_admin()
+            return None
+        earliest = self.settings.auto_offset_reset == "earliest"
+        backlog = sum(max(0, end - committed.get(tp, 0 if earliest else end))
+                      for tp, end in ends.items())
+        return committed, backlog
+
+
+class Attached:
+    """The rebalance listener as one client sees it: detached when the client is replaced,
+    so that its late callbacks (its close() revoking) do not touch the new client's state."""
+
+    def __init__(self, inner: RebalanceListener) -> None:
+        self.inner = inner
+        self._attached = True
+
+    def detach(self) -> None:
+        self._attached = False
+
+    def to_commit(self, revoked: Collection[TopicPartition]) -> Mapping[TopicPartition, int]:
+        return self.inner.to_commit(revoked) if self._attached else {}
+
+    def revoked(self, partitions: Collection[TopicPartition],
+                committed: Mapping[TopicPartition, int], error: BaseException | None) -> None:
+        if self._attached:
+            self.inner.revoked(partitions, committed, error)
+
+    def lost(self, partitions: Collection[TopicPartition]) -> None:
+        if self._attached:
+            self.inner.lost(partitions)
+
+    def assigned(self, partitions: Collection[TopicPartition]) -> None:
+        if self._attached:
+            self.inner.assigned(partitions)

@@ -82,6 +82,12 @@ class ConsumerSettings(ConnectionSettings):
         default="earliest", description="Where a new group starts reading."
     )
     session_timeout_ms: int = Field(default=10_000, gt=0, description="Kafka session timeout.")
+    watchdog_session_timeouts: float = Field(
+        default=2.0, ge=0,
+        description="Rebuild the Kafka client after it has done no work for this many session "
+        "timeouts although records wait (assigned, or the group's backlog standing still "
+        "while nothing is assigned), reporting not-ready meanwhile; 0: no watchdog.",
+    )
     max_poll_interval_ms: int = Field(
         default=300_000, gt=0,
         description="Kafka max.poll.interval.ms: the longest one batch's handlers may take.",

@@ -340,6 +340,10 @@ class KafkaPythonConsumer:
         except kafka_errors.KafkaError as exc:
             callback(offsets, translated(exc))
 
+    def unsubscribe(self) -> None:
+        with contextlib.suppress(kafka_errors.KafkaError):
+            self._consumer.unsubscribe()
+
     def pause(self, *partitions: TopicPartition) -> None:
         self._consumer.pause(*[KafkaTopicPartition(*tp) for tp in partitions])
 

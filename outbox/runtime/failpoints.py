@@ -38,6 +38,11 @@ FAILPOINTS: dict[str, str] = {
     "commits",
     "consumer.after_db_commit": "the handler's writes and dedup marks committed, before the "
     "Kafka offsets are committed",
+    "consumer.leave_group": "the consumer's loop went round (raise: its Kafka client "
+    "leaves the group behind the loop's back, a stall the watchdog must notice)",
+    "consumer.stuck_fetch": "the consumer's loop went round (raise: from then on the "
+    "loop's polls of this Kafka client return nothing, as a client whose fetches are stuck; "
+    "the watchdog must notice)",
     "operations.after_call": "the outside system was called, before its answer is recorded",
     "agent.before_response_commit": "a durable agent got a model response, before the "
     "checkpoint that records it commits",

@@ -51,9 +51,14 @@ def test_nothing_is_lost_and_no_effect_repeats_under_faults(tmp_path: Path) -> N
     for name in FAILPOINT_KIND:  # each failpoint played here really killed a process
         if f"failpoint:{name}" not in IN_E2E:
             assert results[f"failpoint:{name}"]["kills"] >= 1, shown
-    # The others are the durable agent's, each played by its own crash test.
+    # The others are the durable agent's, each played by its own crash test, and the
+    # consumer watchdog's, played by its test (they stall a client, they kill nothing).
     crash_tests = (ROOT / "tests" / "e2e" / "test_agents_crash.py").read_text()
+    watchdog_tests = (ROOT / "tests" / "e2e" / "test_consumer_watchdog.py").read_text()
     for name in set(FAILPOINTS) - set(FAILPOINT_KIND):
+        if name in ("consumer.leave_group", "consumer.stuck_fetch"):
+            assert f'"{name}"' in watchdog_tests, name
+            continue
         assert name.startswith("agent."), name
         assert f'"{name}"' in crash_tests, name
     assert report["lost"] == 0, shown

@@ -283,6 +283,10 @@ class ConfluentConsumer:
         )
         callback(offsets, None if failed is None else translated(KafkaException(failed)))
 
+    def unsubscribe(self) -> None:
+        with contextlib.suppress(KafkaException):
+            self._consumer.unsubscribe()
+
     # positions
     def pause(self, *partitions: TopicPartition) -> None:
         if partitions:

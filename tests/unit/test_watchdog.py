@@ -1,0 +1,121 @@
+"""The consumer watchdog's judgement, on a clock of the test's own (no broker needed: the
+runner's questions to the brokers are the callables here; tests/e2e/test_consumer_watchdog.py
+proves the whole with both Kafka clients)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from consumers.watchdog import GroupView, Watchdog
+from outbox.kafka import TopicPartition
+
+TP = TopicPartition("t", 0)
+
+
+class Brokers:
+    """What the runner would learn from the admin client; None: they do not answer."""
+
+    def __init__(self) -> None:
+        self.committed: Mapping[TopicPartition, int] = {TP: 10}
+        self.backlog: int | None = 5
+        self.behind: int | None = 0
+        self.asked = 0
+
+    def group(self) -> GroupView | None:
+        self.asked += 1
+        return None if self.backlog is None else (dict(self.committed), self.backlog)
+
+    def behind_(self) -> int | None:
+        self.asked += 1
+        return self.behind
+
+
+def make(after_s: float = 20.0, check_s: float = 5.0) -> tuple[Watchdog, Brokers, list[float]]:
+    now = [0.0]
+    brokers = Brokers()
+    dog = Watchdog(after_s=after_s, check_every_s=check_s, group=brokers.group,
+                   behind=brokers.behind_, clock=lambda: now[0])
+    return dog, brokers, now
+
+
+def run(dog: Watchdog, now: list[float], until: float, step: float = 1.0,
+        **turn: int | bool) -> list[float]:
+    """Turns of the loop every *step* s until *until*; the times a stall was declared."""
+    stalls = []
+    while now[0] <= until:
+        if dog.observe(**turn).stalled:  # type: ignore[arg-type]
+            stalls.append(now[0])
+        now[0] += step
+    return stalls
+
+
+def test_assigned_with_records_waiting_and_nothing_read_is_a_stall_after_the_delay() -> None:
+    dog, _, now = make()
+    stalls = run(dog, now, 25, assigned=3, waiting=7, progressed=False)
+    assert stalls[:1] == [20.0]
+
+
+def test_reading_anything_resets_the_clock() -> None:
+    dog, _, now = make()
+    run(dog, now, 15, assigned=3, waiting=7, progressed=False)
+    assert dog.observe(assigned=3, waiting=7, progressed=True).working
+    assert dog.stalled_for == 0
+    assert run(dog, now, 34, assigned=3, waiting=7, progressed=False) == []
+
+
+def test_caught_up_is_idle_not_stalled_when_the_brokers_agree() -> None:
+    dog, brokers, now = make()
+    assert run(dog, now, 120, assigned=3, waiting=0, progressed=False) == []
+    assert brokers.asked <= 120 / 5 + 1  # the brokers are asked once per check, no more
+
+
+def test_a_client_that_stopped_fetching_is_caught_by_the_brokers_end_offsets() -> None:
+    # Its own high watermarks are stale (they come with fetch responses): it says 0 wait.
+    dog, brokers, now = make()
+    brokers.behind = 12
+    stalls = run(dog, now, 25, assigned=3, waiting=0, progressed=False)
+    assert stalls[:1] == [20.0]
+
+
+def test_unassigned_with_the_groups_backlog_standing_still_is_a_stall() -> None:
+    dog, _, now = make()
+    stalls = run(dog, now, 25, assigned=0, waiting=0, progressed=False)
+    assert stalls[:1] == [20.0]
+
+
+def test_unassigned_in_a_group_whose_peers_read_is_idle_on_purpose() -> None:
+    dog, brokers, now = make()
+    verdicts = []
+    while now[0] <= 60:
+        brokers.committed = {TP: 10 + int(now[0])}  # the peers commit as they go
+        verdicts.append(dog.observe(assigned=0, waiting=0, progressed=False))
+        now[0] += 1
+    assert not any(v.stalled for v in verdicts)
+    assert any(v.working for v in verdicts)
+
+
+def test_unassigned_with_nothing_to_read_is_idle() -> None:
+    dog, brokers, now = make()
+    brokers.backlog = 0
+    assert run(dog, now, 60, assigned=0, waiting=0, progressed=False) == []
+
+
+def test_brokers_that_do_not_answer_start_no_stall() -> None:
+    # Nothing assigned because the brokers are away: rebuilding would not help.
+    dog, brokers, now = make()
+    brokers.backlog = None
+    assert run(dog, now, 60, assigned=0, waiting=0, progressed=False) == []
+
+
+def test_after_a_rebuild_the_new_client_gets_the_whole_delay() -> None:
+    dog, _, now = make()
+    assert run(dog, now, 20, assigned=0, waiting=0, progressed=False) == [20.0]
+    dog.rebuilt()
+    stalls = run(dog, now, 45, assigned=0, waiting=0, progressed=False)
+    assert min(stalls, default=0) >= 41.0
+
+
+def test_off_when_the_delay_is_zero() -> None:
+    dog, brokers, now = make(after_s=0)
+    assert run(dog, now, 100, assigned=3, waiting=9, progressed=False) == []
+    assert brokers.asked == 0
