@@ -68,6 +68,9 @@ class Pipeline:
         self.procs: dict[str, Proc] = {}
         # Extra environment per process kind (a fault scenario's settings), kept by restarts.
         self.overrides: dict[str, dict[str, str]] = {}
+        # Per process name, where it finds the services instead of database_url / bootstrap
+        # (the fault harness's proxies); under the overrides, and kept by restarts.
+        self.routes: dict[str, dict[str, str]] = {}
         self.deaths: list[tuple[str, int]] = []  # (name, exit code) of every process gone
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -121,6 +124,7 @@ class Pipeline:
                        OUTBOXKIT_CONSUMER_SESSION_TIMEOUT_MS="6000")
             if metrics_port:
                 env["OUTBOXKIT_CONSUMER_HTTP_PORT"] = str(metrics_port)
+        env.update(self.routes.get(name, {}))
         env.update(self.overrides.get(kind, {}))
         return env
 

@@ -6,10 +6,12 @@
     python -m tests.faults --soak 30            # scenarios in a loop for 30 minutes
     python -m tests.faults --cluster --rounds 3 # production's topology: 3 Kafka nodes, a
                                                 # PostgreSQL primary + synchronous standby
+    python -m tests.faults --network            # network faults through Toxiproxy: partitions,
+                                                # latency, half-open connections, fencing
 
 Ends with the table, writes ``faults-report.json`` (``faults-report-cluster.json`` with
-``--cluster``) at the repository root, and exits 1 when any invariant failed (printing the
-seed and the command that replays it).
+``--cluster``, ``faults-report-network.json`` with ``--network``) at the repository root,
+and exits 1 when any invariant failed (printing the seed and the command that replays it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.faults import cluster_scenarios, consumer_kills, runner, saga, scenarios
+from tests.faults import (
+    cluster_scenarios,
+    consumer_kills,
+    network_scenarios,
+    runner,
+    saga,
+    scenarios,
+)
 from tests.faults.harness import Harness, ScenarioResult, Topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def pick(args: argparse.Namespace, rng: random.Random) -> list[scenarios.Scenario]:
     outage = rng.uniform(20, 60) if args.full or args.soak else args.outage
-    if args.cluster:
+    if args.network:
+        chosen = network_scenarios.network_set(network_scenarios.Lengths(
+            partition_s=args.partition_s, slow_s=args.partition_s,
+            half_open_s=args.half_open_s))
+    elif args.cluster:
         chosen = cluster_scenarios.cluster_set()
     elif args.soak:
         chosen = [*scenarios.full(outage, kill_rounds=25), saga.saga_kills(25),
@@ -55,11 +68,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="outboxkit-faults-"))
     h = Harness(workdir, seed=seed, topology=Topology(args.agents, args.relays, args.consumers),
-                orders=args.orders, cluster=args.cluster)
+                orders=args.orders, cluster=args.cluster, proxied=args.network)
     started, t0 = datetime.now(UTC).isoformat(), time.monotonic()
     results: list[ScenarioResult] = []
     print(f"fault harness: seed {seed}, work dir {workdir}"
-          f"{' (cluster)' if args.cluster else ''}", flush=True)
+          f"{' (cluster)' if args.cluster else ''}{' (network)' if args.network else ''}",
+          flush=True)
     try:
         h.start()  # inside the try: a start that fails halfway still stops what it started
         deadline = t0 + args.soak * 60 if args.soak else None
@@ -84,6 +98,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         h.stop()
     rep = runner.report(h, results, started, time.monotonic() - t0,
                         full=bool(args.full or args.soak))
+    if args.network:  # the same plan needs the proxied harness again
+        rep["replay"] = rep["replay"].replace(" -m tests.faults ", " -m tests.faults --network ")
     print(runner.table(rep))
     runner.write(rep, Path(args.report or ROOT / report_file(args)))
     if not rep["ok"]:
@@ -106,6 +122,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--consumers", type=int, default=2)
     p.add_argument("--cluster", action="store_true",
                    help="production's topology: 3 Kafka nodes, PostgreSQL + synchronous standby")
+    p.add_argument("--network", action="store_true",
+                   help="network faults: every process behind a Toxiproxy proxy of its own")
+    p.add_argument("--partition-s", type=float, default=30.0,
+                   help="--network: how long a partition (and a slowed path) lasts")
+    p.add_argument("--half-open-s", type=float, default=60.0,
+                   help="--network: how long a half-open connection is held at most")
     p.add_argument("--rounds", type=int, default=1, help="repeat the chosen set N times")
     p.add_argument("--report", help="where the JSON report goes (default: faults-report.json, "
                    "or faults-report-cluster.json with --cluster, at the repository root)")
@@ -114,6 +136,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def report_file(args: argparse.Namespace) -> str:
+    if args.network:
+        return "faults-report-network.json"
     return "faults-report-cluster.json" if args.cluster else "faults-report.json"
 
 

@@ -7,6 +7,10 @@ With ``cluster=True`` the pipeline runs on production's topology instead
 failover URL, a 3-node Kafka cluster with the topic replicated 3 times, and a steady publish
 probe (:mod:`tests.faults.probe`) that measures how long each fault stops publishing.
 
+With ``proxied=True`` (the network scenarios, :mod:`tests.faults.network_scenarios`) every
+process reaches PostgreSQL and Kafka only through Toxiproxy, through proxies of its own
+(:mod:`tests.faults.network`), so a scenario can cut, slow or hang one path alone.
+
 Every random choice comes from one seeded ``random.Random``: the same seed replays the same
 scenario plan (which failpoint fires on which hit, which process is killed when). Timing
 still varies from run to run, as it does in production.
@@ -31,6 +35,7 @@ from examples.supplier_order.pipeline import PARTITIONS, Pipeline
 from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.db.migrate import migrate
 from outbox.testing.services import LocalServices
+from tests.faults.network import Network
 from tests.faults.probe import PARTITIONS as PROBE_PARTITIONS
 from tests.faults.probe import TOPIC_CONFIGS, Probe, probe_topic
 from tests.faults.topology import ClusterServices
@@ -86,13 +91,14 @@ class Harness:
     processes for a whole session."""
 
     def __init__(self, workdir: Path, *, seed: int, topology: Topology | None = None,
-                 orders: int = 12, cluster: bool = False) -> None:
+                 orders: int = 12, cluster: bool = False, proxied: bool = False) -> None:
         self.workdir, self.seed = workdir, seed
         self.cluster = ClusterServices(workdir) if cluster else None
         self.probe: Probe | None = None
         self.restarted: list[str] = []  # every process heal() restarted, in order
         self.rng = random.Random(seed)
         self.topology = topology or Topology()
+        self.net = Network(workdir, self.topology.names()) if proxied else None
         self.orders = orders
         self.services = LocalServices(workdir / "services")
         self.engine: Engine | None = None
@@ -108,10 +114,12 @@ class Harness:
         if self.cluster is not None:
             url, bootstrap = self.cluster.up(database)
         else:
-            endpoints = self.services.up()
-            bootstrap = endpoints.kafka_bootstrap
-            admin = create_engine(sqlalchemy_url(endpoints.database_url),
-                                  isolation_level="AUTOCOMMIT")
+            if self.net is not None:
+                server_url, bootstrap = self._start_proxied()
+            else:
+                endpoints = self.services.up()
+                server_url, bootstrap = endpoints.database_url, endpoints.kafka_bootstrap
+            admin = create_engine(sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT")
             with admin.connect() as conn:
                 conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
                 conn.exec_driver_sql(f"CREATE DATABASE {database}")
@@ -121,7 +129,7 @@ class Harness:
                 # fsync off the flush is a write, not a disk sync.
                 conn.exec_driver_sql(f"ALTER DATABASE {database} SET synchronous_commit = on")
             admin.dispose()
-            url = with_database(endpoints.database_url, database)
+            url = with_database(server_url, database)
         # connect_timeout: a failover URL's attempt on a node nobody answers is bounded.
         self.engine = create_engine(sqlalchemy_url(url), pool_pre_ping=True,
                                     connect_args={"connect_timeout": 3})
@@ -130,6 +138,8 @@ class Harness:
         self.pipeline = Pipeline(database_url=url, bootstrap=bootstrap,
                                  topic=topic, group=f"orders-{topic}",
                                  workdir=self.workdir / "logs")
+        if self.net is not None:
+            self.pipeline.routes = self.net.routes(url)
         if self.cluster is not None:
             self._create_cluster_topics(url, bootstrap)
         else:
@@ -142,6 +152,17 @@ class Harness:
             self.probe.start()
         self._sampler = threading.Thread(target=self._sample_duplicates, daemon=True)
         self._sampler.start()
+
+    def _start_proxied(self) -> tuple[str, str]:
+        """PostgreSQL, Toxiproxy, its proxies and a broker with a listener per client kind;
+        the direct URL and bootstrap (the harness's own: seeding and checks never go through
+        a proxy)."""
+        assert self.net is not None
+        cluster = self.services.start_postgres()
+        self.net.start()
+        self.net.proxy_postgres(cluster.port)
+        broker = self.net.start_broker(self.services.kafka_home)
+        return cluster.dsn, broker.bootstrap
 
     def _create_cluster_topics(self, url: str, bootstrap: str) -> None:
         """The scenario topic replicated 3 times with min.insync.replicas 2 (what production
@@ -168,6 +189,8 @@ class Harness:
             if self.engine is not None:
                 self.engine.dispose()
         finally:
+            if self.net is not None:
+                self.net.stop()
             if self.cluster is not None:
                 self.cluster.down()
             else:
@@ -261,3 +284,10 @@ class Harness:
 
     def report_kwargs(self) -> dict[str, Any]:
         return {"seed": self.seed, "topology": vars(self.topology)}
+
+    @property
+    def network(self) -> Network:
+        """The proxies (a network scenario on a harness started with ``proxied=True``)."""
+        if self.net is None:
+            raise RuntimeError("a network scenario needs the proxied harness (--network)")
+        return self.net
