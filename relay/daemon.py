@@ -46,6 +46,7 @@ from relay.lanes import LaneManager
 from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
 from relay.retention import purge_published
+from relay.segments import overtaken, record_bytes, segments, suspect
 from relay.settings import RelaySettings
 from relay.wakeup import Listener, WakeUp
 
@@ -647,24 +648,24 @@ class Relay:
         return ok
 
     def _publish(self, rows: list[OutboxRow]) -> tuple[list[Published], list[Failed]]:
+        """Send *rows* and sort the outcomes. Rows that may be over their topic's size limit
+        are sent alone, between the rows before and after them (relay/segments.py): a refused
+        batch in flight would let later rows of a key be written first."""
         assert self.publisher is not None
         s = self.settings
+        block = s.on_permanent_failure == "block"
         problems = self.publisher.missing_topics({r.topic for r in rows})
+        limits = self.publisher.size_limits({r.topic for r in rows} - set(problems))
         failed: list[Failed] = []
-        sendable: list[OutboxRow] = []
+        to_send: list[tuple[OutboxRow, bool]] = []
         held_keys: set[tuple[str, bytes]] = set()
         for row in rows:
             if row.topic in problems:
                 failed.append(Failed(row, problems[row.topic], True))
                 continue
-            key = (row.topic, row.key or b"")
-            if row.key is not None and key in held_keys:
+            if row.key is not None and (row.topic, row.key) in held_keys:
                 continue  # behind a refused message of its key: stays pending, order kept
-            size = (
-                len(row.payload)
-                + len(row.key or b"")
-                + sum(len(k) + len(str(v)) for k, v in row.headers.items())
-            )
+            size = record_bytes(row)
             if size > s.max_request_bytes:
                 failed.append(
                     Failed(
@@ -674,16 +675,48 @@ class Relay:
                         True,
                     )
                 )
-                if s.on_permanent_failure == "block" and row.key is not None:
-                    held_keys.add(key)
+                if block and row.key is not None:
+                    held_keys.add((row.topic, row.key))
                 continue
-            sendable.append(row)
-        published, send_failed = (
-            self.publisher.send(sendable, self._slow_acks) if sendable else ([], [])
-        )
+            to_send.append((row, suspect(row, size, limits)))
+        published: list[Published] = []
+        parts = segments(to_send)
+        for index, part in enumerate(parts):
+            # A key refused in an earlier part is held back in this one (block mode).
+            sendable = [r for r in part if r.key is None or (r.topic, r.key) not in held_keys]
+            ok, bad = self._send_part(sendable) if sendable else ([], [])
+            published += ok
+            failed += bad
+            if any(not f.permanent for f in bad):
+                # The lane's cursor stops at the first row without an answer: what comes
+                # after it is read and sent again, after it.
+                failed += [
+                    Failed(row, "not sent yet: a transient error came first", False)
+                    for later in parts[index + 1:]
+                    for row in later
+                ]
+                break
+            for f in bad:
+                self.publisher.forget_limit(f.row.topic)
+                if block and f.row.key is not None:
+                    held_keys.add((f.row.topic, f.row.key))
+        if s.on_permanent_failure == "dead-letter":
+            failed = [
+                self.publisher.dead_letter(f) if f.permanent and f.row.topic not in problems else f
+                for f in failed
+            ]
+        return published, failed
+
+    def _send_part(self, rows: list[OutboxRow]) -> tuple[list[Published], list[Failed]]:
+        """Send *rows* in one go; when the broker refused some, tell the poison from its
+        neighbours (:meth:`Publisher.isolate`)."""
+        assert self.publisher is not None
+        published, send_failed = self.publisher.send(rows, self._slow_acks)
+        failed: list[Failed] = []
         if any(f.permanent for f in send_failed):
+            self._warn_overtaken(published, send_failed)
             ok, refused, left = self.publisher.isolate(
-                send_failed, block=s.on_permanent_failure == "block"
+                send_failed, block=self.settings.on_permanent_failure == "block"
             )
             published += ok
             failed += refused
@@ -693,12 +726,24 @@ class Relay:
         elif send_failed:
             self.publisher.reset()
             failed += send_failed
-        if s.on_permanent_failure == "dead-letter":
-            failed = [
-                self.publisher.dead_letter(f) if f.permanent and f.row.topic not in problems else f
-                for f in failed
-            ]
         return published, failed
+
+    def _warn_overtaken(self, published: list[Published], failed: list[Failed]) -> None:
+        """Say so when a later row of a refused row's key was written before it: the limits
+        could not be read, or something else than the size was refused."""
+        broken = overtaken((p.row for p in published), (f.row for f in failed))
+        for refused, later in broken:
+            log.error(
+                "message %s (outbox row %s, topic %s, key %r) was refused in a batch while a "
+                "later message of its key (row %s) was written: that key's order is broken "
+                "in Kafka",
+                refused.message_id,
+                refused.id,
+                refused.topic,
+                refused.key,
+                later.id,
+                extra={"event": "relay.key_order_broken"},
+            )
 
     def _slow_acks(self, waited: float) -> None:
         self.lifecycle.beat()  # waiting on Kafka is not being stuck

@@ -26,9 +26,15 @@ from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID, HEADER_TY
 from outbox.runtime import tracing
 from outbox.runtime.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
+from relay.segments import small_limit_warning
 from relay.settings import RelaySettings
 
 log = logging.getLogger(__name__)
+
+# How long a topic's max.message.bytes is trusted. An operator who raises it gets at most an
+# extra round trip per large message until it is read again; one who lowers it, a refusal,
+# which drops the cached value at once.
+TOPIC_LIMIT_TTL_S = 60.0
 
 def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
     """The envelope's headers as Kafka headers, plus the message id and type."""
@@ -111,6 +117,8 @@ class Publisher:
         self.producer: Producer = self._backend.producer(self._options)
         self._admin: Admin | None = None
         self._known_topics: set[str] = set()
+        # topic -> (its max.message.bytes, or None when unknown; when it was read)
+        self._limits: dict[str, tuple[int | None, float]] = {}
 
     @property
     def client(self) -> str:
@@ -172,6 +180,37 @@ class Publisher:
         for topic in sorted(created):
             self._check_replication(admin, topic)
         return problems
+
+    def size_limits(self, topics: Iterable[str]) -> dict[str, int]:
+        """Each topic's max.message.bytes (the broker's refusal limit for a record batch),
+        where known. Read once a minute per topic; a failed read means no limit is applied
+        (the record is then sent with the others, as without this check)."""
+        now = time.monotonic()
+        stale = {t for t in topics if now - self._limits.get(t, (None, -TOPIC_LIMIT_TTL_S))[1]
+                 >= TOPIC_LIMIT_TTL_S}
+        if stale:
+            self._read_limits(stale, now)
+        return {t: limit for t in topics if (limit := self._limits[t][0]) is not None}
+
+    def _read_limits(self, topics: set[str], now: float) -> None:
+        try:
+            configs = self._admin_client().topic_configs(topics, ["max.message.bytes"])
+        except KafkaClientError as exc:
+            log.debug("could not read the size limits of %s: %s", sorted(topics),
+                      describe_briefly(exc))
+            configs = {}
+        for topic in topics:
+            value = (configs.get(topic) or {}).get("max.message.bytes")
+            limit = int(value) if value is not None and value.isdigit() else None
+            if limit is not None and self._limits.get(topic, (None, 0.0))[0] != limit:
+                warning = small_limit_warning(topic, limit, self.settings.producer_batch_bytes)
+                if warning:
+                    log.warning(warning, extra={"event": "relay.topic_limit_small"})
+            self._limits[topic] = (limit, now)
+
+    def forget_limit(self, topic: str) -> None:
+        """Read *topic*'s limit again before its next batch (the broker refused a record)."""
+        self._limits.pop(topic, None)
 
     def _check_replication(self, admin: Admin, topic: str) -> None:
         """Say so when a topic the relay created has fewer replicas than the cluster allows:

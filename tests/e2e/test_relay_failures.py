@@ -6,6 +6,8 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,191 @@ def _topic_exists(bootstrap: str, topic: str) -> bool:
 def _without_refusals(logs: str) -> str:
     """The logs less librdkafka's line per refused connection (hundreds in an outage)."""
     return "\n".join(line for line in logs.splitlines() if REFUSED not in line)
+
+
+# --- a refused record in the middle of a key's run (issue 32) ----------------------------------
+# Key K has 12 records in one claim, the 6th over the topic's max.message.bytes (the producer's
+# own limit, 1 MB, is far larger, so the broker is what refuses it), other keys interleaved, one
+# partition. With an idempotent producer, a batch refused in the middle of a partition's
+# sequence is what lets later records of a key land before earlier ones. What counts is the
+# order of each message's first delivery; re-sends are allowed, and reported.
+RUN = 12
+POISON_AT = 6  # K's 6th record, index 5
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the producer batches the run: the topic's limit, the sizes and the batch size."""
+
+    limit: int  # the topic's max.message.bytes
+    poison: int  # the poison's payload bytes: over the limit
+    pad: int  # random bytes in every other record
+    batch: int  # the producer's batch size
+
+
+LAYOUTS = {
+    # Batches of about 1 KB, a few records each, the poison alone in its own, with batches in
+    # flight before and after it.
+    "poison-alone": Layout(limit=4000, poison=20_000, pad=0, batch=1024),
+    # Batches of 64 KB: the poison's batch also holds the ten records before it (and a few
+    # after), the next batch the rest. Good records are refused with the poison while the
+    # batch behind them is acknowledged.
+    "poison-shares": Layout(limit=30_000, poison=60_000, pad=300, batch=64_000),
+}
+
+
+def _mid_run_batch(
+    topic: str, layout: Layout
+) -> tuple[list[Envelope], dict[str, tuple[str, int]], Envelope]:
+    """K's run with the others interleaved, each message id's (key, n), and the poison."""
+    envelopes: list[Envelope] = []
+    numbered: dict[str, tuple[str, int]] = {}
+    poison: Envelope | None = None
+    for n in range(1, RUN + 1):
+        pad = big_payload(layout.pad) if layout.pad else {}
+        payload: dict[str, object] = {"n": n, **pad}
+        if n == POISON_AT:
+            payload = {"n": n, **big_payload(layout.poison)}
+        k = Envelope(topic=topic, type="t", key="K", payload=payload)
+        other_key = f"o{n % 3}"
+        other = Envelope(topic=topic, type="t", key=other_key, payload={"n": n, **pad})
+        envelopes += [k, other]
+        numbered[str(k.message_id)] = ("K", n)
+        numbered[str(other.message_id)] = (other_key, n)
+        if n == POISON_AT:
+            poison = k
+    assert poison is not None
+    return envelopes, numbered, poison
+
+
+def _first_deliveries(
+    bootstrap: str, topic: str, numbered: dict[str, tuple[str, int]]
+) -> tuple[dict[str, list[int]], int]:
+    """Each key's numbers in the order of their first delivery, and how many re-sends."""
+    order: dict[str, list[int]] = {}
+    seen: set[str] = set()
+    duplicates = 0
+    for record in read_topic(bootstrap, topic):
+        message_id = dict(record.headers)["message-id"].decode()
+        if message_id in seen:
+            duplicates += 1
+            continue
+        seen.add(message_id)
+        key, n = numbered[message_id]
+        order.setdefault(key, []).append(n)
+    return order, duplicates
+
+
+def _others(numbered: dict[str, tuple[str, int]]) -> dict[str, list[int]]:
+    want: dict[str, list[int]] = {}
+    for key, n in numbered.values():
+        if key != "K":
+            want.setdefault(key, []).append(n)
+    return {key: sorted(ns) for key, ns in want.items()}
+
+
+def _emit_mid_run(
+    engine: Engine, bootstrap: str, layout: Layout
+) -> tuple[str, dict[str, tuple[str, int]], Envelope]:
+    topic = f"midrun-{uuid.uuid4().hex[:8]}"
+    make_topic(bootstrap, topic, **{"max.message.bytes": str(layout.limit)})
+    envelopes, numbered, poison = _mid_run_batch(topic, layout)
+    # A transaction each, so that the ids interleave the keys (emit_many groups its rows by
+    # key); all committed before the relay starts, so they are one claim.
+    for envelope in envelopes:
+        emit_batch(engine, [envelope])
+    return topic, numbered, poison
+
+
+def _relay_settings(layout: Layout) -> dict[str, int]:
+    return {"producer_batch_bytes": layout.batch, "linger_ms": 20}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_block_mode_with_a_refused_record_in_the_middle_of_a_keys_run(  # noqa: PLR0917
+    engine: Engine, kafka_bootstrap: str, relays: RelayProcesses, kafka_client: str,
+    layout: str, record_property: Callable[[str, object], None],
+) -> None:
+    topic, numbered, poison = _emit_mid_run(engine, kafka_bootstrap, LAYOUTS[layout])
+    relays.start(on_permanent_failure="block", **_relay_settings(LAYOUTS[layout]))
+    before = POISON_AT - 1
+    _wait(
+        engine,
+        lambda: count_status(engine, "failed") == 1
+        and count_status(engine, "published") >= RUN + before,
+        60,
+        "the poison marked failed, the other keys and K's records before it published",
+    )
+    time.sleep(2)  # several more claim rounds: the rest of K must stay held back
+    order, duplicates = _first_deliveries(kafka_bootstrap, topic, numbered)
+    assert order.get("K") == list(range(1, POISON_AT)), order.get("K")
+    assert {k: v for k, v in order.items() if k != "K"} == _others(numbered)
+    assert count_status(engine, "published") == RUN + before
+    assert count_status(engine, "pending") == RUN - POISON_AT
+
+    # The operator raises the topic's limit, then retries the refused message.
+    _raise_limit(kafka_bootstrap, topic)
+    with engine.begin() as conn:
+        assert retry_messages(conn) == 1
+    _wait(engine, lambda: count_status(engine, "published") == 2 * RUN, 60, "all published")
+    order, duplicates = _first_deliveries(kafka_bootstrap, topic, numbered)
+    record_property("duplicates", duplicates)
+    print(f"{kafka_client}: {duplicates} re-sent records in {topic}")
+    assert order["K"] == list(range(1, RUN + 1)), order["K"]
+    assert {k: v for k, v in order.items() if k != "K"} == _others(numbered)
+    assert count_status(engine, "failed") == 0
+    assert not _topic_exists(kafka_bootstrap, topic + ".dlq")
+    assert str(poison.message_id) in {
+        dict(r.headers)["message-id"].decode() for r in read_topic(kafka_bootstrap, topic)
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_dead_letter_mode_with_a_refused_record_in_the_middle_of_a_keys_run(  # noqa: PLR0917
+    engine: Engine, kafka_bootstrap: str, relays: RelayProcesses, kafka_client: str,
+    layout: str, record_property: Callable[[str, object], None],
+) -> None:
+    topic, numbered, poison = _emit_mid_run(engine, kafka_bootstrap, LAYOUTS[layout])
+    relays.start(**_relay_settings(LAYOUTS[layout]))
+    _wait(engine, lambda: count_status(engine, "published") == 2 * RUN - 1, 60,
+          "the rest published")
+    _wait(engine, lambda: count_status(engine, "failed") == 1, 30, "the poison dead-lettered")
+    order, duplicates = _first_deliveries(kafka_bootstrap, topic, numbered)
+    record_property("duplicates", duplicates)
+    print(f"{kafka_client}: {duplicates} re-sent records in {topic}")
+    assert order["K"] == [n for n in range(1, RUN + 1) if n != POISON_AT], order["K"]
+    assert {k: v for k, v in order.items() if k != "K"} == _others(numbered)
+    dead = read_topic(kafka_bootstrap, topic + ".dlq")
+    assert [dict(r.headers)["message-id"].decode() for r in dead] == [str(poison.message_id)]
+    assert TOO_LARGE.search(dict(dead[0].headers)["x-outboxkit-error"].decode())
+
+
+def _wait(engine: Engine, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """:func:`wait_until`, saying on a timeout where each row of the topic is."""
+    try:
+        wait_until(predicate, timeout, what)
+    except AssertionError as exc:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id, key, status, failure_state, left(last_error, 300) "
+                    "FROM outboxkit.message_status ORDER BY id"
+                )
+            ).all()
+        raise AssertionError(f"{exc}: {[tuple(r) for r in rows]}") from None
+
+
+def _raise_limit(bootstrap: str, topic: str) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": "2000000"}
+                )
+            ]
+        )
+    finally:
+        admin.close()
