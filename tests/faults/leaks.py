@@ -23,6 +23,8 @@ from sqlalchemy import Connection, text
 METRICS = ("rss_mib", "fds", "threads", "pg_connections")
 UNITS = {"rss_mib": "MiB", "fds": "descriptors", "threads": "threads",
          "pg_connections": "connections"}
+TITLES = {"rss_mib": "resident memory (RSS)", "fds": "open file descriptors",
+          "threads": "threads", "pg_connections": "PostgreSQL connections"}
 GROWTH = 0.10  # the most a metric may grow from the second quarter to the last
 # The least growth that counts, whatever the percentage: a count of 10 threads that reads 11
 # is a pool worker that happened to be alive, not a leak; a leak keeps growing and passes
@@ -84,15 +86,20 @@ def local_ports_to(pid: int, remote_port: int, root: Path = Path("/proc")) -> se
     return ports
 
 
-def pg_client_ports(conn: Connection) -> set[int]:
-    """The client ports of every TCP backend PostgreSQL has now."""
-    rows = conn.execute(text("SELECT client_port FROM pg_stat_activity "
-                             "WHERE client_port IS NOT NULL AND client_port > 0")).scalars()
-    return {int(p) for p in rows}
+def pg_client_ports(conn: Connection) -> dict[int, str]:
+    """The client port of every TCP backend PostgreSQL has now, with its state."""
+    rows = conn.execute(text("SELECT client_port, coalesce(state, '') FROM pg_stat_activity "
+                             "WHERE client_port IS NOT NULL AND client_port > 0")).all()
+    return {int(port): str(state) for port, state in rows}
 
 
-def pg_connections(pid: int, pg_port: int, client_ports: set[int]) -> int:
-    return len(local_ports_to(pid, pg_port) & client_ports)
+def pg_connections(pid: int, pg_port: int, clients: Mapping[int, str]) -> dict[str, float]:
+    """*pid*'s connections, and how many of them are idle in a transaction (not judged: a
+    connection checked out and forgotten shows there, a pool's idle one does not)."""
+    mine = [clients[p] for p in local_ports_to(pid, pg_port) if p in clients]
+    return {"pg_connections": float(len(mine)),
+            "pg_idle_in_transaction": float(sum(s.startswith("idle in transaction")
+                                                for s in mine))}
 
 
 def sample(pids: Mapping[str, int], conn: Connection, pg_port: int) -> dict[str, dict[str, float]]:
@@ -101,11 +108,9 @@ def sample(pids: Mapping[str, int], conn: Connection, pg_port: int) -> dict[str,
     out = {}
     for name, pid in pids.items():
         try:
-            stats = proc_stats(pid)
-            stats["pg_connections"] = float(pg_connections(pid, pg_port, clients))
+            out[name] = {**proc_stats(pid), **pg_connections(pid, pg_port, clients)}
         except OSError:
             continue
-        out[name] = stats
     return out
 
 

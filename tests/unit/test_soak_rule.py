@@ -92,7 +92,7 @@ def test_the_plot_has_a_panel_per_metric_and_a_line_per_process() -> None:
         assert all(len(p.get("points", "").split()) == 12 for p in lines)
         assert len([m for m in panel.iter(f"{SVG}line") if m.get("class") == "mark"]) == 3
     texts = [t.text for t in root.iter(f"{SVG}text")]
-    assert "test: rss mib" in texts
+    assert "test: resident memory (RSS)" in texts
     assert "relay-1" in texts
     # Stacked one under the other: each panel starts where the one above ends.
     tops = [float(p.get("y", 0)) for p in panels]
