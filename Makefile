@@ -3,7 +3,7 @@
 VENV := .venv/bin
 SERVICES := $(VENV)/python -m outbox.testing.services
 
-.PHONY: demo demo-agent console test lint unit bench bench-quick bench-peers faults soak bootstrap services-up services-down services-status clean
+.PHONY: demo demo-agent console test lint unit bench bench-quick bench-peers faults faults-soak soak bootstrap services-up services-down services-status clean
 
 bootstrap:
 	@bash scripts/bootstrap
@@ -60,9 +60,9 @@ bench-peers: bootstrap
 
 # The fault harness (the CI subset is part of `make test`): a table and faults-report.json,
 # then the cluster set (3 Kafka nodes, PostgreSQL + synchronous standby; ROUNDS=3 rounds):
-# faults-report-cluster.json. SEED=N replays a run; `make soak MINUTES=30` loops every
-# scenario for that long, then the cluster set for as long. Both sets run even if the first
-# fails; the target fails if either did.
+# faults-report-cluster.json. SEED=N replays a run; `make faults-soak MINUTES=30` loops
+# every scenario for that long, then the cluster set for as long. Both sets run even if the
+# first fails; the target fails if either did.
 faults: bootstrap
 	@status=0; \
 	$(VENV)/python -m tests.faults $(if $(SEED),--seed $(SEED)) || status=1; \
@@ -70,13 +70,22 @@ faults: bootstrap
 		$(if $(SEED),--seed $(SEED)) || status=1; \
 	exit $$status
 
-soak: bootstrap
+faults-soak: bootstrap
 	@status=0; \
 	$(VENV)/python -m tests.faults --soak $(or $(MINUTES),30) $(if $(SEED),--seed $(SEED)) \
 		|| status=1; \
 	$(VENV)/python -m tests.faults --cluster --soak $(or $(MINUTES),30) \
 		$(if $(SEED),--seed $(SEED)) || status=1; \
 	exit $$status
+
+# The leak soak (tests/faults/soak.py): the supplier-order pipeline under a steady load for
+# MINUTES (default 60) on throwaway services, nothing killed; every daemon's RSS, open
+# descriptors, threads and PostgreSQL connections sampled each minute. Fails if any of them
+# grows more than 10 % from the second quarter of the run to the last (the first is
+# warm-up), if a daemon dies, or if an order is lost or placed twice. Writes
+# soak-report.json and soak.svg (the curves) at the repository root.
+soak: bootstrap
+	$(VENV)/python -m tests.faults.soak --minutes $(or $(MINUTES),60)
 
 services-up: bootstrap
 	@$(SERVICES) up

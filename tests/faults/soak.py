@@ -237,7 +237,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=60)
     p.add_argument("--interval-s", type=float, default=60, help="seconds between samples")
-    p.add_argument("--rate", type=float, default=2, help="orders seeded per second")
+    # 5/s keeps every daemon busy at about a tenth of one core (agents, relays, consumers
+    # together: 0.14 core) on the 2-core test machine, so what grows is not a backlog.
+    p.add_argument("--rate", type=float, default=5, help="orders seeded per second")
     p.add_argument("--settle-s", type=float, default=180,
                    help="how long the runs may take to finish once the load stops")
     p.add_argument("--seed", type=int)
