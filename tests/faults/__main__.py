@@ -3,7 +3,7 @@
     python -m tests.faults                      # the CI subset, a random seed
     python -m tests.faults --seed 42            # replay a run
     python -m tests.faults --full               # every scenario, longer outages
-    python -m tests.faults --soak 30            # scenarios in a loop for 30 minutes
+    python -m tests.faults --soak 30            # scenarios looped 30 min (make faults-soak)
     python -m tests.faults --cluster --rounds 3 # production's topology: 3 Kafka nodes, a
                                                 # PostgreSQL primary + synchronous standby
     python -m tests.faults --network            # network faults through Toxiproxy: partitions,

@@ -5,8 +5,10 @@ hanging call, agent workers running 8 steps at once SIGKILLed mid-step, and cons
 handling 64 messages at once SIGKILLed mid-call —
 and after each, nothing lost, no effect repeated, every run settled with evidence.
 
-The seed is fixed so CI is repeatable (``OUTBOXKIT_FAULTS_SEED`` picks another); the long
-soak is ``make soak`` (``python -m tests.faults --soak 30``).
+The seed is fixed so CI is repeatable (``OUTBOXKIT_FAULTS_SEED`` picks another); the
+scenarios in a loop are ``make faults-soak`` (``python -m tests.faults --soak 30``), and the
+leak soak (no faults, every daemon's memory and handles sampled) is ``make soak``
+(``python -m tests.faults.soak``).
 """
 
 from __future__ import annotations
