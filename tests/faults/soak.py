@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -123,7 +124,9 @@ def cpu_shares(samples: list[dict[str, Any]], names: list[str]) -> dict[str, flo
 def plot(samples: list[dict[str, Any]], names: list[str], title: str,
          not_judged: tuple[str, ...] = NOT_JUDGED) -> str:
     n = len(samples)
-    times = [s["t_min"] for s in samples]
+    # To the whole second below: a sample a few milliseconds after the hour would stretch
+    # the axis to the next round step (70 minutes).
+    times = [math.floor(s["t_min"] * 60) / 60 for s in samples]
     marks = ([plots.Mark("2nd quarter", times[n // 4]), plots.Mark("3rd", times[n // 2]),
               plots.Mark("last quarter", times[3 * n // 4])] if n >= 4 else [])
     panels = []
