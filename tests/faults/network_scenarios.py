@@ -34,6 +34,7 @@ from sqlalchemy import text
 from outbox.db.dsn import CONNECT_DEFAULTS
 from outbox.kafka.api import REQUEST_TIMEOUT_MS
 from outbox.settings import OutboxSettings
+from relay.daemon import SLOW_ACKS_SECONDS
 from tests.faults.harness import Harness, ScenarioResult
 from tests.faults.network import kafka_proxy, pg_proxy
 from tests.faults.scenarios import Scenario
@@ -46,7 +47,6 @@ PATHS: dict[str, tuple[str, tuple[str, ...]]] = {  # path → (service, process 
     "consumer-kafka": ("kafka", ("consumer",)),
     "workers-pg": ("pg", ("agent", "consumer")),
     "consumer-pg": ("pg", ("consumer",)),
-    "relay-pg": ("pg", ("relay",)),
 }
 
 
@@ -422,8 +422,10 @@ def configured_timeouts(service: str) -> str:
                 f"middlebox: they cannot see a hung peer), connect_timeout "
                 f"{d['connect_timeout']} s, tcp_user_timeout {d.get('tcp_user_timeout', 0)} "
                 "ms; relay lane lease 3 s, worker lease 3 s")
-    return (f"relay request_timeout_ms {REQUEST_TIMEOUT_MS}; consumer session_timeout_ms "
-            "6000, watchdog after 2 session timeouts")
+    return (f"relay: not ready after {SLOW_ACKS_SECONDS:.0f} s without an ack, producer "
+            f"request_timeout_ms {REQUEST_TIMEOUT_MS}; consumer: request_timeout_ms "
+            f"{REQUEST_TIMEOUT_MS}, session_timeout_ms 6000 (the harness's), watchdog after 2 "
+            "session timeouts")
 
 
 # --- a relay fenced after its lease ran out -----------------------------------------------
@@ -497,7 +499,6 @@ def relay_fenced(cut_s: float = 10.0, rounds: int = 2) -> Scenario:
             "rounds with the late record fenced": state["fenced"],
             "rounds with the lanes taken over": state["took_over"],
             "duplicates in Kafka (published twice)": f.duplicates_delivered if f else None,
-            "duplicates dropped by consumers": r.duplicates_dropped,
             "per-key order violations": len(f.order_violations) if f else None,
         }
         if "healed" in state:
