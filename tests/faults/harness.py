@@ -158,8 +158,8 @@ class Harness:
         the direct URL and bootstrap (the harness's own: seeding and checks never go through
         a proxy)."""
         assert self.net is not None
+        self.net.start()  # first: no Toxiproxy is an error naming its install command
         cluster = self.services.start_postgres()
-        self.net.start()
         self.net.proxy_postgres(cluster.port)
         broker = self.net.start_broker(self.services.kafka_home)
         return cluster.dsn, broker.bootstrap
