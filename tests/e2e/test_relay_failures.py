@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient
@@ -337,7 +338,7 @@ def _emit_mid_run(
     return topic, numbered, poison
 
 
-def _relay_settings(layout: Layout) -> dict[str, int]:
+def _relay_settings(layout: Layout) -> dict[str, Any]:
     return {"producer_batch_bytes": layout.batch, "linger_ms": 20}
 
 
