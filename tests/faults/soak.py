@@ -5,15 +5,16 @@ killing anything, and a failure if any of them grows.
     python -m tests.faults.soak --minutes 60                  # what `make soak` runs
     python -m tests.faults.soak --minutes 4 --interval-s 15   # a quick look
 
-The rule (:mod:`tests.faults.leaks`): the first quarter of the samples is warm-up; the
-median of the last quarter may exceed the second quarter's by at most 10 % (and by more than
-a small floor: 2 MiB, 2 descriptors, 1 thread, 1 connection). The run also fails if a daemon
-died or the pipeline's invariants failed (the fault harness's check over every order the
-soak seeded: none lost, none placed twice, every run settled).
+The rule (:mod:`tests.faults.leaks`): the first quarter of the samples is warm-up; a metric
+fails when the median of the last quarter exceeds the second quarter's by more than 10 % and
+by more than a small floor (2 MiB, 2 descriptors, 1 thread, 1 connection). The run also
+fails if a daemon died or the pipeline's invariants failed (the fault harness's check over
+every order the soak seeded: none lost, none placed twice, every run settled).
 
-Writes ``soak-report.json`` (every sample, the verdicts, the invariants' findings) and
-``soak.svg`` (a panel per metric, a line per daemon) at the repository root, prints the
-verdicts, and exits 1 on a failure. Services and logs go to a temporary folder.
+Writes ``soak-report.json`` (every sample, the verdicts, the invariants' findings; while it
+runs, the samples so far with ``"partial": true``) and ``soak.svg`` (a panel per metric, a
+line per daemon) at the repository root, prints the verdicts, and exits 1 on a failure.
+Services and logs go to a temporary folder.
 """
 
 from __future__ import annotations
@@ -150,6 +151,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     failures: list[str] = []
     result = ScenarioResult("soak")
     load = Load(h, args.rate)
+    header = {
+        "started": started, "code": code_version(), "minutes": args.minutes,
+        "interval_s": args.interval_s, "rate_per_s": args.rate, "seed": seed,
+        "workdir": str(workdir), "topology": vars(h.topology),
+        "kafka_client": os.environ.get("OUTBOXKIT_KAFKA_CLIENT", "kafka-python"),
+    }
     print(f"leak soak: {args.minutes} min, a sample every {args.interval_s:g} s, "
           f"{args.rate:g} orders/s; work dir {workdir}", flush=True)
     try:
@@ -166,6 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {s['t_min']:6.1f} min: {s['final_runs']} runs finished, {s['open_runs']} "
                   f"open, {s['unpublished']} messages unpublished, load {s['load1']}",
                   flush=True)
+            # The samples so far, should the run be stopped before its end.
+            write_json(args.report, {**header, "partial": True, "samples": samples})
             gone = h.p.dead()
             if gone:
                 failures += [f"{n} died (exit code {h.p.procs[n].popen.returncode})"
@@ -192,11 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     failures += [f"seeding failed: {e}" for e in load.errors[:5]]
     names = judged + [n for n in NOT_JUDGED if samples and n in samples[0]["processes"]]
     rep = {
-        "started": started, "code": code_version(), "minutes": args.minutes,
-        "interval_s": args.interval_s, "rate_per_s": args.rate, "seed": seed,
-        "workdir": str(workdir),
-        "topology": vars(h.topology), "orders": len(load.run_ids),
-        "kafka_client": os.environ.get("OUTBOXKIT_KAFKA_CLIENT", "kafka-python"),
+        **header, "orders": len(load.run_ids),
         "rule": {"growth": leaks.GROWTH, "floors": leaks.FLOORS,
                  "compare": "median of the last quarter vs median of the second"},
         "verdicts": [{**vars(v), "growth": v.growth} for v in verdicts],
@@ -205,7 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "failures": failures, "ok": not failures and bool(verdicts),
         "samples": samples,
     }
-    Path(args.report).write_text(json.dumps(rep, indent=2, default=str) + "\n")
+    write_json(args.report, rep)
     if len(samples) >= 2:
         Path(args.plot).write_text(plot(samples, names, f"{args.minutes:g}-minute soak"))
     print(table(verdicts))
@@ -213,6 +218,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for f in failures:
         print(f"FAILED: {f}", file=sys.stderr)
     return rep
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def code_version() -> str:
