@@ -85,6 +85,15 @@ def _seconds(value: Any) -> float | None:
     return None if value is None else round(float(value), 2)
 
 
+# Each message of the runs :ids with its commit time and its FIRST publish (the broker's
+# proof in deliveries; a message published twice has two, and message_status shows the last).
+FIRSTS = (
+    "WITH firsts AS (SELECT m.id, m.created_at, min(p.published_at) AS published_at "
+    "FROM outboxkit.outbox_messages AS m "
+    "LEFT JOIN outboxkit.published_messages AS p ON p.id = m.id "
+    "WHERE m.run_id = ANY(:ids) GROUP BY m.id, m.created_at) ")
+
+
 def after_heal(h: Harness, healed: datetime, run_ids: list[uuid.UUID]) -> dict[str, Any]:
     """From the database's records: how soon after *healed* the first batch was published
     (by any relay), the messages committed before the heal and still unpublished then were
@@ -95,9 +104,8 @@ def after_heal(h: Harness, healed: datetime, run_ids: list[uuid.UUID]) -> dict[s
             "SELECT extract(epoch FROM min(published_at) - :t) FROM outboxkit.deliveries "
             "WHERE published_at >= :t"), {"t": healed}).scalar_one()
         pending, drained = conn.execute(text(
-            "SELECT count(*), extract(epoch FROM max(published_at) - :t) "
-            "FROM outboxkit.message_status WHERE run_id = ANY(:ids) AND created_at < :t "
-            "AND (published_at IS NULL OR published_at >= :t)"),
+            FIRSTS + "SELECT count(*), extract(epoch FROM max(published_at) - :t) FROM firsts "
+            "WHERE created_at < :t AND (published_at IS NULL OR published_at >= :t)"),
             {"t": healed, "ids": run_ids}).one()
         done = conn.execute(text(
             "SELECT extract(epoch FROM min(at) - :t) FROM outboxkit.run_transitions "
@@ -115,8 +123,8 @@ def latencies(h: Harness, run_ids: list[uuid.UUID]) -> dict[str, Any]:
     assert h.engine is not None
     with h.engine.connect() as conn:
         publish = [float(v) for v in conn.execute(text(
-            "SELECT extract(epoch FROM published_at - created_at) FROM outboxkit.message_status "
-            "WHERE run_id = ANY(:ids) AND published_at IS NOT NULL"), {"ids": run_ids}).scalars()]
+            FIRSTS + "SELECT extract(epoch FROM published_at - created_at) FROM firsts "
+            "WHERE published_at IS NOT NULL"), {"ids": run_ids}).scalars()]
         settle = [float(v) for v in conn.execute(text(
             "SELECT extract(epoch FROM max(at) FILTER (WHERE to_state = 'done') - min(at)) "
             "FROM outboxkit.run_transitions WHERE run_id = ANY(:ids) GROUP BY run_id "
