@@ -60,12 +60,15 @@ bench-peers: bootstrap
 
 # The fault harness (the CI subset is part of `make test`): a table and faults-report.json,
 # then the cluster set (3 Kafka nodes, PostgreSQL + synchronous standby; ROUNDS=3 rounds):
-# faults-report-cluster.json. SEED=N replays a run; `make faults-soak MINUTES=30` loops
-# every scenario for that long, then the cluster set for as long. Both sets run even if the
-# first fails; the target fails if either did.
+# faults-report-cluster.json, then the network set (every client behind a Toxiproxy of its
+# own: partitions, slow links, half-open connections, a relay fenced while cut from
+# PostgreSQL): faults-report-network.json. SEED=N replays a run; `make faults-soak
+# MINUTES=30` loops every scenario for that long, then the cluster set for as long. Every
+# set runs even if one before it failed; the target fails if any did.
 faults: bootstrap
 	@status=0; \
 	$(VENV)/python -m tests.faults $(if $(SEED),--seed $(SEED)) || status=1; \
+	$(VENV)/python -m tests.faults --network $(if $(SEED),--seed $(SEED)) || status=1; \
 	$(VENV)/python -m tests.faults --cluster --rounds $(or $(ROUNDS),3) \
 		$(if $(SEED),--seed $(SEED)) || status=1; \
 	exit $$status
