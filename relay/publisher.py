@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 # How long a topic's max.message.bytes is trusted. An operator who raises it gets at most an
 # extra round trip per large message until it is read again; one who lowers it, a refusal,
-# which drops the cached value at once.
+# which drops the cached value at once. A limit that could not be read is asked again sooner.
 TOPIC_LIMIT_TTL_S = 60.0
+UNKNOWN_LIMIT_TTL_S = 5.0
 
 def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
     """The envelope's headers as Kafka headers, plus the message id and type."""
@@ -183,14 +184,19 @@ class Publisher:
 
     def size_limits(self, topics: Iterable[str]) -> dict[str, int]:
         """Each topic's max.message.bytes (the broker's refusal limit for a record batch),
-        where known. Read once a minute per topic; a failed read means no limit is applied
-        (the record is then sent with the others, as without this check)."""
+        where known. Read once a minute per topic (every 5 s while it cannot be read); an
+        unknown limit means none is applied (its records are sent together, as before)."""
         now = time.monotonic()
-        stale = {t for t in topics if now - self._limits.get(t, (None, -TOPIC_LIMIT_TTL_S))[1]
-                 >= TOPIC_LIMIT_TTL_S}
+        stale = {t for t in topics if self._stale(t, now)}
         if stale:
             self._read_limits(stale, now)
         return {t: limit for t in topics if (limit := self._limits[t][0]) is not None}
+
+    def _stale(self, topic: str, now: float) -> bool:
+        if topic not in self._limits:
+            return True
+        limit, read_at = self._limits[topic]
+        return now - read_at >= (TOPIC_LIMIT_TTL_S if limit is not None else UNKNOWN_LIMIT_TTL_S)
 
     def _read_limits(self, topics: set[str], now: float) -> None:
         try:

@@ -348,11 +348,14 @@ def test_a_claimed_runs_step_retried_with_the_failed_attempts_handle_orders_twic
 
 
 # --- c) a consumer's batch --------------------------------------------------------------------
-# The batch's transaction, its handlers' effects written, waiting before its COMMIT (the
-# consumer's start-up checks have transactions of their own: not those).
+# The batch's transaction, its handlers' effects written, waiting before its COMMIT: idle in
+# it for a while (between two handlers' statements it is idle too, for microseconds: cut then,
+# the next statement's answer is lost and nothing commits). The consumer's start-up checks
+# have transactions of their own: not those.
 IN_TRANSACTION = (
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-    "AND state = 'idle in transaction' AND query LIKE '%consumer_effects%'"
+    "AND state = 'idle in transaction' AND query LIKE '%consumer_effects%' "
+    "AND clock_timestamp() - state_change > interval '300 milliseconds'"
 )
 
 
@@ -368,9 +371,9 @@ def test_a_consumers_batch_whose_commits_answer_is_lost_has_its_effects_once(
     create_effects(engine)
     consumers = ConsumerProcesses(cut.url, kafka_bootstrap, topic, tmp_path)
     port = free_port()
-    # The first batch's transaction waits 1.5 s before its COMMIT: the test cuts then.
+    # The first batch's transaction waits 2 s before its COMMIT: the test cuts then.
     consumer = consumers.start(http_port=port,
-                               OUTBOXKIT_FAILPOINTS="consumer.after_handler=sleep(1500)@1")
+                               OUTBOXKIT_FAILPOINTS="consumer.after_handler=sleep(2000)@1")
     try:
         ids = produce(kafka_bootstrap, topic, [{"n": n} for n in range(20)], partition=0)
         wait_until(lambda: count(engine, IN_TRANSACTION) > 0, 60,
