@@ -380,6 +380,7 @@ def test_block_mode_with_a_refused_record_in_the_middle_of_a_keys_run(  # noqa: 
     assert str(poison.message_id) in {
         dict(r.headers)["message-id"].decode() for r in read_topic(kafka_bootstrap, topic)
     }
+    _check_relay_logs(relays, LAYOUTS[layout])
 
 
 @pytest.mark.timeout(120)
@@ -401,6 +402,14 @@ def test_dead_letter_mode_with_a_refused_record_in_the_middle_of_a_keys_run(  # 
     dead = read_topic(kafka_bootstrap, topic + ".dlq")
     assert [dict(r.headers)["message-id"].decode() for r in dead] == [str(poison.message_id)]
     assert TOO_LARGE.search(dict(dead[0].headers)["x-outboxkit-error"].decode())
+    _check_relay_logs(relays, LAYOUTS[layout])
+
+
+def _check_relay_logs(relays: RelayProcesses, layout: Layout) -> None:
+    """No key's order broke, and a topic limit below the producer's batch size was warned of."""
+    logged = "".join(p.read_text(errors="replace") for p in relays.log_dir.glob("*.log"))
+    assert "order is broken" not in logged, logged[-5000:]
+    assert ("below the relay's producer batch size" in logged) == (layout.limit < layout.batch)
 
 
 def _wait(engine: Engine, predicate: Callable[[], bool], timeout: float, what: str) -> None:
