@@ -120,6 +120,13 @@ class ParkingLot:
         if stray:
             consumer.resume(*stray)
 
+    def clear(self) -> None:
+        """Forget everything (the client was replaced: its pauses went with it; the parked
+        messages are read again from the committed offsets, their attempts counted in the
+        database)."""
+        self._parked.clear()
+        self._retrying.clear()
+
     def partitions(self) -> set[TopicPartition]:
         """The partitions paused by a parked message."""
         return set(self._parked)

@@ -113,6 +113,7 @@ class Runner:
                                  behind=self._behind)
         self._admin: Admin | None = None
         self._listener: Attached | None = None
+        self._closing: threading.Thread | None = None  # the last client replaced, closing
         self._stall_reported = False
         self._progressed = False  # a batch was handled since the watchdog last looked
         self._stuck: Any = None  # failpoint consumer.stuck_fetch: the client whose polls stall
@@ -426,11 +427,20 @@ class Runner:
         elif verdict.working and self._stall_reported:
             self._stall_reported = False
             log.info("the Kafka client works again", extra={"event": "consumer.unstalled"})
-            self.lifecycle.set_ready(True)
+            self.lifecycle.release()
 
     def _stalled(self, verdict: Verdict) -> None:
         self._stall_reported = True
-        self.lifecycle.set_ready(False, f"the Kafka client does not work: {verdict.reason}")
+        self.lifecycle.hold(f"the Kafka client does not work: {verdict.reason}")
+        if self._closing is not None and self._closing.is_alive():
+            # The client replaced last time is still closing (stuck, maybe still in the
+            # group): another would pile up beside it. Not ready, and the liveness probe's
+            # or an operator's restart is the way out.
+            log.error("the Kafka client does not work (%s), and the one it replaced is still "
+                      "closing: not rebuilt again", verdict.reason,
+                      extra={"event": "consumer.stalled"})
+            self.watchdog.rebuilt()
+            return
         admin = self._admin_client()
         try:
             if admin is None:
@@ -448,27 +458,26 @@ class Runner:
         self.rebuild()
 
     def rebuild(self) -> None:
-        """Replace the Kafka client: what is done is committed, the partitions are given up
-        as in a revocation, the old client is closed in the background (a client stuck on
-        its coordinator may take long to close) and a new one joins the group."""
+        """Replace the Kafka client: the partitions are given up as in a revocation, the old
+        client is closed in the background (a client stuck on its coordinator may take long
+        to close) and a new one joins the group.
+
+        The offsets not yet committed are not asked of the old client: a synchronous commit
+        on a client stuck on its coordinator may never return. Their messages (what the
+        loop's asynchronous commits had not confirmed) come again, and the dedup marks drop
+        them."""
         assert self._listener is not None
         if self.keyed is None:
             self._collect(())  # the batch in hand finishes first
         old, listener = self.consumer, self._listener.inner
         self._listener.detach()  # the old client's callbacks (close()) reach nobody now
         partitions = set(old.assignment()) | set(self.offsets.pending)
-        offsets = listener.to_commit(partitions)
-        committed: dict[TopicPartition, int] = {}
-        error: BaseException | None = None
-        if offsets:
-            try:
-                old.commit(offsets)
-                committed = dict(offsets)
-            except KafkaClientError as exc:
-                error = exc  # a redelivery: the dedup marks drop what was done
-        listener.revoked(partitions, committed, error)
+        listener.to_commit(partitions)  # per-message mode: the work running ends first
+        listener.revoked(partitions, {}, None)
+        self.parking.clear()  # the new client has nothing paused to resume
         self._next.clear()
-        closing = threading.Thread(target=old.close, name="outboxkit-old-client", daemon=True)
+        closing = self._closing = threading.Thread(
+            target=old.close, name="outboxkit-old-client", daemon=True)
         closing.start()
         closing.join(timeout=5)
         self.consumer = self._make_consumer()
@@ -514,31 +523,23 @@ class Runner:
         waiting = 0
         for tp, end in ends.items():
             position = self.consumer.position(tp)
-            if position is not None:
-                waiting += max(0, end - position)
+            # No position for a whole check: the client has not even learnt where to start
+            # (a committed-offset request hanging on its coordinator), so it waits too.
+            waiting += 1 if position is None else max(0, end - position)
         return waiting
 
     def _group_view(self) -> GroupView | None:
-        """The group's committed offsets on the app's topics and what waits behind them
-        (a partition never committed counts from the start, or not at all with
-        ``auto_offset_reset=latest``); None if the brokers do not answer."""
+        """The group's state and whether this client is among its members; None if the
+        brokers do not answer."""
         admin = self._admin_client()
         if admin is None:
             return None
-        topics = set(self.app.topics)
         try:
-            committed = {tp: o for tp, o in admin.committed_offsets(self.app.group_id).items()
-                         if tp.topic in topics}
-            partitions = {TopicPartition(t, p) for t in topics
-                          for p in (self.consumer.partitions_for_topic(t) or ())}
-            ends = admin.end_offsets(partitions | set(committed), timeout_s=5)
+            state, members = admin.group_members(self.app.group_id)
         except KafkaClientError:
             self._drop_admin()
             return None
-        earliest = self.settings.auto_offset_reset == "earliest"
-        backlog = sum(max(0, end - committed.get(tp, 0 if earliest else end))
-                      for tp, end in ends.items())
-        return committed, backlog
+        return state, self.consumer.member_id() in members
 
 
 class Attached:

@@ -85,8 +85,8 @@ class ConsumerSettings(ConnectionSettings):
     watchdog_session_timeouts: float = Field(
         default=2.0, ge=0,
         description="Rebuild the Kafka client after it has done no work for this many session "
-        "timeouts although records wait (assigned, or the group's backlog standing still "
-        "while nothing is assigned), reporting not-ready meanwhile; 0: no watchdog.",
+        "timeouts although records wait (assigned and reading nothing, or out of its group), "
+        "reporting not-ready meanwhile; 0: no watchdog.",
     )
     max_poll_interval_ms: int = Field(
         default=300_000, gt=0,

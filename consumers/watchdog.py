@@ -12,16 +12,17 @@ difference:
   batch handled. The client's own high watermarks come with its fetch responses, so a
   client that stopped fetching stops seeing new records: when it says nothing waits and
   nothing was read, the brokers' end offsets are asked (at most once per check);
-* **no assignment while the group's backlog stands still**: nothing assigned, the group's
-  committed offsets behind the high watermarks, and not moving (a member of a group with
-  more members than partitions is idle on purpose: its peers' commits move, or there is
-  nothing to read). The group is asked through the admin client, once per check, only
+* **out of its group**: nothing assigned, and the group, as its coordinator describes it,
+  is stable without this client among its members, or has no member at all. A member of a
+  group with more members than partitions is idle on purpose (stable, and a member); one
+  whose group is rebalancing is joining. The coordinator is asked, once per check, only
   while nothing is assigned.
 
 Either state held for ``watchdog_session_timeouts`` session timeouts is a stall. The
 consumer then reports not-ready (``/readyz``), and if the brokers answer a metadata request
-it rebuilds its Kafka client (what is done is committed first, the partitions given up
-like a revocation); if they do not, rebuilding would not help, and the check repeats. The
+it rebuilds its Kafka client (the partitions given up like a revocation; the offsets not
+yet committed are not asked of the stuck client, so their messages come again and the
+dedup marks drop them); if they do not, rebuilding would not help, and the check repeats. The
 state is pure logic over what the loop reports, so it is tested without a broker; the
 runner (:mod:`consumers.runner`) does the asking and the rebuilding.
 """
@@ -29,14 +30,12 @@ runner (:mod:`consumers.runner`) does the asking and the rebuilding.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from outbox.kafka import TopicPartition
-
-# The group's committed offsets and its backlog (sum of high watermark - committed), or
-# None when the brokers did not answer.
-GroupView = tuple[Mapping[TopicPartition, int], int]
+# The group's state as its coordinator says it (outbox.kafka.api.group_state) and whether
+# this client is among its members; None when the brokers did not answer.
+GroupView = tuple[str, bool]
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,9 @@ class Watchdog:
     Args:
         after_s: how long a stall lasts before it counts (N session timeouts).
         check_every_s: how often the group is asked while nothing is assigned.
-        group: the group's committed offsets and backlog, or None if the brokers did not
-            answer (called on the loop's thread, at most every ``check_every_s``).
+        group: the group's state and whether this client is a member, or None if the
+            brokers did not answer (called on the loop's thread, at most every
+            ``check_every_s``).
         behind: records waiting on the client's assigned, unpaused partitions by the
             brokers' end offsets, or None if they did not answer (likewise).
         clock: ``time.monotonic`` (a test's own clock otherwise).
@@ -73,11 +73,10 @@ class Watchdog:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.after_s, self.check_every_s = after_s, check_every_s
         self._group, self._behind, self._clock = group, behind, clock
-        self._behind_seen = 0  # the brokers' last answer to ``behind``
+        self._behind_seen: int | None = 0  # the brokers' last answer to ``behind``
         self._since: float | None = None  # when the stall began (None: working or idle)
         self._why = ""
         self._next_check = 0.0
-        self._committed: Mapping[TopicPartition, int] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -98,9 +97,11 @@ class Watchdog:
         if progressed:
             return self._working()
         if assigned:
-            self._committed = None  # the group check starts afresh when unassigned again
             if waiting <= 0:
-                waiting = self._ask_behind(now)
+                found = self._ask_behind(now)
+                if found is None:  # the brokers do not answer: nothing is known
+                    return self._unsure(now, "records may wait, and the brokers do not answer")
+                waiting = found
             if waiting <= 0:
                 return self._working()  # caught up: idle, not stalled
             return self._stalling(now, f"{waiting} record(s) waiting on assigned partitions "
@@ -113,17 +114,21 @@ class Watchdog:
         self._next_check = 0.0
 
     def _working(self) -> Verdict:
-        self._since, self._why, self._committed = None, "", None
+        self._since, self._why = None, ""
         self._behind_seen = 0
         return WORKING
 
-    def _ask_behind(self, now: float) -> int:
+    def _unsure(self, now: float, why: str) -> Verdict:
+        """Nothing proves work, nothing proves a stall: a stall already counted goes on
+        (a client that stalled does not recover because the brokers went away too)."""
+        return self._stalling(now, why) if self._since is not None else UNSURE
+
+    def _ask_behind(self, now: float) -> int | None:
         """What the brokers say waits on the assigned partitions (between checks: what they
-        said last; no answer: nothing known to wait)."""
+        said last); None if they did not answer."""
         if now >= self._next_check:
             self._next_check = now + self.check_every_s
-            found = self._behind()
-            self._behind_seen = 0 if found is None else found
+            self._behind_seen = self._behind()
         return self._behind_seen
 
     def _stalling(self, now: float, why: str) -> Verdict:
@@ -141,13 +146,12 @@ class Watchdog:
         self._next_check = now + self.check_every_s
         view = self._group()
         if view is None:
-            return self._stalling(now, "no partitions assigned, and the brokers do not "
-                                       "answer") if self._since is not None else UNSURE
-        committed, backlog = view
-        moved = self._committed is not None and dict(committed) != dict(self._committed)
-        self._committed = dict(committed)
-        if backlog <= 0 or moved:
-            self._since, self._why = None, ""  # nothing to read, or the group reads it
+            return self._unsure(now, "no partitions assigned, and the brokers do not answer")
+        state, member = view
+        if state == "rebalancing" or (state == "stable" and member):
+            self._since, self._why = None, ""  # joining, or idle on purpose
             return WORKING
-        return self._stalling(now, f"no partitions assigned while the group's {backlog} "
-                                   "record(s) wait unread")
+        if state in ("stable", "empty", "dead"):
+            return self._stalling(now, f"no partitions assigned, and the group ({state}) "
+                                       "does not count this client among its members")
+        return self._unsure(now, f"no partitions assigned; the group's state is {state}")

@@ -41,6 +41,7 @@ from outbox.kafka.api import (
     TopicInvalid,
     TopicPartition,
     UnreadableRecord,
+    group_state,
 )
 from outbox.kafka.partitioner import CachedKeyPartitioner
 
@@ -344,6 +345,9 @@ class KafkaPythonConsumer:
         with contextlib.suppress(kafka_errors.KafkaError):
             self._consumer.unsubscribe()
 
+    def member_id(self) -> str | None:
+        return str(self._consumer.group_metadata().member_id or "") or None
+
     def pause(self, *partitions: TopicPartition) -> None:
         self._consumer.pause(*[KafkaTopicPartition(*tp) for tp in partitions])
 
@@ -472,6 +476,15 @@ class KafkaPythonAdmin:
             raise translated(exc) from exc
         return {TopicPartition(tp.topic, tp.partition): int(meta.offset)
                 for tp, meta in found.items() if meta.offset >= 0}
+
+    def group_members(self, group: str) -> tuple[str, set[str]]:
+        try:
+            found = self._admin.describe_groups([group]).get(group) or {}
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
+        state = str(found.get("group_state") or "")
+        members = {str(m.get("member_id")) for m in found.get("members") or []}
+        return group_state(state), members
 
     def delete_topics(self, topics: Collection[str]) -> None:
         try:

@@ -51,13 +51,14 @@ class Lifecycle:
         self._stuck_after_s = stuck_after_s
         self._last_beat: float | None = None if alive_while_starting else time.monotonic()
         self._failures = 0
+        self._held = ""  # why a part of the daemon holds it not ready (hold/release)
         self._http: HealthServer | None = None
         self._scheduler: BackgroundScheduler | None = None
 
     # --- probes ---------------------------------------------------------------------------
     def ready(self) -> bool:
-        """Serving: ready, and not stopping."""
-        return self.is_ready and not self.stopping.is_set()
+        """Serving: ready, not held back, and not stopping."""
+        return self.is_ready and not self._held and not self.stopping.is_set()
 
     def healthy(self) -> bool:
         """Alive: the loop went round within ``stuck_after_s``."""
@@ -80,7 +81,25 @@ class Lifecycle:
                                   cause or "reason unknown",
                                   extra={"event": f"{self.kind}.not_ready"})
         self.is_ready = value
-        self._ready_gauge.set(1 if value else 0)
+        self._ready_gauge.set(1 if value and not self._held else 0)
+
+    def hold(self, cause: str) -> None:
+        """Not ready because of *cause*, whatever the loop's own successes say, until
+        :meth:`release` (a watchdog's verdict must not be undone by the next batch, nor
+        undo a database failure's)."""
+        if not self._held:
+            self._log.warning("%s %s is not ready: %s", self.kind, self.name, cause,
+                              extra={"event": f"{self.kind}.not_ready"})
+        self._held = cause
+        self._ready_gauge.set(0)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = ""
+            if self.is_ready:
+                self._log.info("%s %s is ready", self.kind, self.name,
+                               extra={"event": f"{self.kind}.ready"})
+            self._ready_gauge.set(1 if self.is_ready else 0)
 
     # --- failures -------------------------------------------------------------------------
     def succeeded(self) -> None:

@@ -512,6 +512,33 @@ def test_admin_lists_the_groups_and_where_each_resumes(
         admin.close()
 
 
+def test_a_member_is_in_its_group_as_the_coordinator_describes_it_until_it_leaves(
+    client: Backend, consumers: Callable[..., Consumer], filled: Filled
+) -> None:
+    """What the consumer watchdog asks (consumers/watchdog.py): is this client among its
+    group's members?"""
+    name = group()
+    member = consumers(name)
+    assert member.member_id() is None  # not joined yet
+    member.subscribe([filled.topic], Listener())
+    poll_until(member, lambda got: len(got) >= len(filled.every))
+    admin = client.admin("contract")
+    try:
+        state, members = admin.group_members(name)
+        assert state == "stable"
+        assert member.member_id() in members
+        member.unsubscribe()  # leaves the group (what failpoint consumer.leave_group does)
+        deadline = time.monotonic() + 20
+        while admin.group_members(name)[0] != "empty":
+            assert time.monotonic() < deadline, admin.group_members(name)
+            member.poll(100, 10)
+            time.sleep(0.2)
+        assert admin.group_members(name) == ("empty", set())
+        assert admin.group_members(group())[0] == "dead"  # a group nobody ever ran
+    finally:
+        admin.close()
+
+
 def test_admin_creates_describes_measures_and_deletes_topics(client: Backend) -> None:
     admin = client.admin("contract")
     name = f"contract-admin-{uuid.uuid4().hex[:8]}"

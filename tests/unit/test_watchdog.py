@@ -4,26 +4,21 @@ proves the whole with both Kafka clients)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from consumers.watchdog import GroupView, Watchdog
-from outbox.kafka import TopicPartition
-
-TP = TopicPartition("t", 0)
+from outbox.kafka.api import group_state
 
 
 class Brokers:
     """What the runner would learn from the admin client; None: they do not answer."""
 
     def __init__(self) -> None:
-        self.committed: Mapping[TopicPartition, int] = {TP: 10}
-        self.backlog: int | None = 5
+        self.view: GroupView | None = ("empty", False)  # left alone in its group
         self.behind: int | None = 0
         self.asked = 0
 
     def group(self) -> GroupView | None:
         self.asked += 1
-        return None if self.backlog is None else (dict(self.committed), self.backlog)
+        return self.view
 
     def behind_(self) -> int | None:
         self.asked += 1
@@ -77,34 +72,55 @@ def test_a_client_that_stopped_fetching_is_caught_by_the_brokers_end_offsets() -
     assert stalls[:1] == [20.0]
 
 
-def test_unassigned_with_the_groups_backlog_standing_still_is_a_stall() -> None:
+def test_unassigned_and_alone_in_an_empty_group_is_a_stall() -> None:
     dog, _, now = make()
     stalls = run(dog, now, 25, assigned=0, waiting=0, progressed=False)
     assert stalls[:1] == [20.0]
 
 
-def test_unassigned_in_a_group_whose_peers_read_is_idle_on_purpose() -> None:
+def test_unassigned_in_a_stable_group_that_does_not_count_it_is_a_stall() -> None:
+    # Its peers took over after its session ran out; it never joined again (#5153).
     dog, brokers, now = make()
-    verdicts = []
-    while now[0] <= 60:
-        brokers.committed = {TP: 10 + int(now[0])}  # the peers commit as they go
-        verdicts.append(dog.observe(assigned=0, waiting=0, progressed=False))
-        now[0] += 1
-    assert not any(v.stalled for v in verdicts)
-    assert any(v.working for v in verdicts)
+    brokers.view = ("stable", False)
+    stalls = run(dog, now, 25, assigned=0, waiting=0, progressed=False)
+    assert stalls[:1] == [20.0]
 
 
-def test_unassigned_with_nothing_to_read_is_idle() -> None:
+def test_unassigned_member_of_a_stable_group_is_idle_on_purpose() -> None:
+    # More members than partitions: it waits its turn, whatever its peers' backlog.
     dog, brokers, now = make()
-    brokers.backlog = 0
-    assert run(dog, now, 60, assigned=0, waiting=0, progressed=False) == []
+    brokers.view = ("stable", True)
+    assert dog.observe(assigned=0, waiting=0, progressed=False).working
+    assert run(dog, now, 120, assigned=0, waiting=0, progressed=False) == []
+
+
+def test_unassigned_while_the_group_rebalances_is_joining() -> None:
+    dog, brokers, now = make()
+    brokers.view = ("rebalancing", False)
+    assert run(dog, now, 120, assigned=0, waiting=0, progressed=False) == []
 
 
 def test_brokers_that_do_not_answer_start_no_stall() -> None:
     # Nothing assigned because the brokers are away: rebuilding would not help.
     dog, brokers, now = make()
-    brokers.backlog = None
+    brokers.view = None
     assert run(dog, now, 60, assigned=0, waiting=0, progressed=False) == []
+
+
+def test_a_stall_goes_on_counting_when_the_brokers_stop_answering() -> None:
+    dog, brokers, now = make()
+    run(dog, now, 10, assigned=0, waiting=0, progressed=False)
+    brokers.view = None
+    stalls = run(dog, now, 25, assigned=0, waiting=0, progressed=False)
+    assert stalls[:1] == [20.0]
+
+
+def test_assigned_when_the_brokers_do_not_answer_is_not_called_caught_up() -> None:
+    dog, brokers, _ = make()
+    brokers.behind = None
+    verdict = dog.observe(assigned=3, waiting=0, progressed=False)
+    assert not verdict.working
+    assert not verdict.stalled
 
 
 def test_after_a_rebuild_the_new_client_gets_the_whole_delay() -> None:
@@ -119,3 +135,12 @@ def test_off_when_the_delay_is_zero() -> None:
     dog, brokers, now = make(after_s=0)
     assert run(dog, now, 100, assigned=3, waiting=9, progressed=False) == []
     assert brokers.asked == 0
+
+
+def test_both_clients_spellings_of_a_group_state_are_one() -> None:
+    assert [group_state(n) for n in ("Stable", "STABLE", "Empty", "EMPTY", "Dead", "DEAD")] == [
+        "stable", "stable", "empty", "empty", "dead", "dead"]
+    assert {group_state(n) for n in ("PreparingRebalance", "PREPARING_REBALANCING",
+                                     "CompletingRebalance", "COMPLETING_REBALANCING")} == {
+        "rebalancing"}
+    assert group_state("UNKNOWN") == group_state("") == "unknown"

@@ -20,6 +20,7 @@ from outbox.kafka.api import (
     Connection,
     KafkaClientError,
     TopicPartition,
+    group_state,
 )
 from outbox.kafka.confluent.librdkafka import (
     LATEST,
@@ -139,6 +140,15 @@ class ConfluentAdmin:
             raise translated(exc) from exc
         return {TopicPartition(tp.topic, tp.partition): int(tp.offset)
                 for tp in answer.topic_partitions or [] if tp.offset >= 0}
+
+    def group_members(self, group: str) -> tuple[str, set[str]]:
+        try:
+            futures = self._admin.describe_consumer_groups(
+                [group], request_timeout=self._timeout_s)
+            found = futures[group].result()
+        except KafkaException as exc:
+            raise translated(exc) from exc
+        return group_state(found.state.name), {m.member_id for m in found.members}
 
     def delete_topics(self, topics: Collection[str]) -> None:
         if not topics:

@@ -287,6 +287,12 @@ class ConfluentConsumer:
         with contextlib.suppress(KafkaException):
             self._consumer.unsubscribe()
 
+    def member_id(self) -> str | None:
+        try:
+            return self._consumer.memberid() or None
+        except (KafkaException, RuntimeError):
+            return None
+
     # positions
     def pause(self, *partitions: TopicPartition) -> None:
         if partitions:
