@@ -70,7 +70,7 @@ class Runner:
         self.engine: Engine = engine_for(
             # Per-message mode: a connection for each handler thread, and the loop's own.
             url, pool_size=s.concurrency + 1 if keyed else 3, max_overflow=2,
-            pool_pre_ping=True,
+            pool_pre_ping=True, answer_timeout_s=s.database_answer_timeout_seconds or None,
         ).execution_options(schema_translate_map=translate(app.outbox_settings))
         self.metrics = ConsumerMetrics()
         self.lifecycle = Lifecycle(

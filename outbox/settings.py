@@ -103,6 +103,18 @@ class _HiddenStr(str):
 
 
 
+def answer_timeout_field() -> Any:
+    """``database_answer_timeout_seconds``, the same for every daemon (outbox.db.answers)."""
+    return Field(
+        default=60.0, ge=0,
+        description="The longest any database round trip (statement, fetch, commit) waits for "
+        "PostgreSQL's answer; then the connection is closed and the call fails like a lost "
+        "connection. Finds a hung server or a middlebox that stopped forwarding, which TCP "
+        "keepalives cannot. Keep it above the longest statement (lock waits included); 0: "
+        "no bound.",
+    )
+
+
 class ConnectionSettings(BaseSettings):
     """Where a daemon (relay, consumer) finds PostgreSQL and Kafka, and how it authenticates
     to Kafka; each daemon's settings class extends this with its own ``env_prefix``, falling
@@ -118,6 +130,7 @@ class ConnectionSettings(BaseSettings):
         description="PostgreSQL URL of the outboxkit database (falls back to "
         "OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
     )
+    database_answer_timeout_seconds: float = answer_timeout_field()
     kafka_bootstrap: str = Field(
         default="",
         description="Kafka bootstrap servers, comma separated (falls back to "

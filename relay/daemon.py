@@ -95,13 +95,16 @@ class Relay:
         self.outbox = outbox_settings or OutboxSettings()
         self._url = url = required_database_url(settings)
         self.schema = self.outbox.schema_name
-        self.engine: Engine = engine_for(url, pool_size=3, max_overflow=2, pool_pre_ping=True)
+        answers = settings.database_answer_timeout_seconds or None
+        self.engine: Engine = engine_for(url, pool_size=3, max_overflow=2, pool_pre_ping=True,
+                                         answer_timeout_s=answers)
         # The claim's own connection, with the planner settings its plan needs (see claims).
         # Autocommit: a claim is one read-only statement, so BEGIN and COMMIT would be two of
         # its three round trips.
         self.claim_engine: Engine = engine_for(
             url,
             connect={"options": CLAIM_PLANNER},
+            answer_timeout_s=answers,
             pool_size=1,
             max_overflow=0,
             pool_pre_ping=True,

@@ -8,6 +8,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import sqlalchemy
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from outbox.db import answers
 
 # libpq waits for a server's first answer as long as TCP does (minutes for a host that
 # vanished without a reset, forever for one that hangs), and with several hosts it tries the
@@ -85,14 +88,29 @@ def connect_args(url: str, **extra: Any) -> dict[str, Any]:
 
 
 def engine_for(
-    url: str, *, connect: Mapping[str, Any] | None = None, **options: Any
+    url: str, *, connect: Mapping[str, Any] | None = None,
+    answer_timeout_s: float | None = None, **options: Any
 ) -> sqlalchemy.Engine:
     """The engine every outboxkit process makes on *url* (a libpq URL, several hosts
     included): :func:`sqlalchemy_url`, :func:`connect_args` with *connect* on top, and
-    *options* for :func:`sqlalchemy.create_engine`."""
-    return sqlalchemy.create_engine(
-        sqlalchemy_url(url), connect_args=connect_args(url, **(connect or {})), **options
-    )
+    *options* for :func:`sqlalchemy.create_engine`. A daemon's engine gives
+    *answer_timeout_s*: no round trip waits longer for PostgreSQL (:mod:`outbox.db.answers`)."""
+    args = connect_args(url, **(connect or {}))
+    if answer_timeout_s:
+        options["creator"] = answers.connector(libpq_url(url), answer_timeout_s, **args)
+        args = {}
+    return sqlalchemy.create_engine(sqlalchemy_url(url), connect_args=args, **options)
+
+
+def async_engine_for(url: str, *, answer_timeout_s: float | None = None,
+                     **options: Any) -> AsyncEngine:
+    """:func:`engine_for` for asyncio."""
+    args = connect_args(url)
+    if answer_timeout_s:
+        options["async_creator"] = answers.async_connector(libpq_url(url), answer_timeout_s,
+                                                           **args)
+        args = {}
+    return create_async_engine(sqlalchemy_url(url), connect_args=args, **options)
 
 
 def with_database(dsn: str, database: str) -> str:

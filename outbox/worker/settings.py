@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox.settings import answer_timeout_field
+
 
 def _default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -26,6 +28,7 @@ class WorkerSettings(BaseSettings):
         description="PostgreSQL URL of the outboxkit database (falls back to the app's "
         "database_url, then OUTBOXKIT_DATABASE_URL). Kept secret: never logged.",
     )
+    database_answer_timeout_seconds: float = answer_timeout_field()
     name: str = Field(
         default_factory=_default_name,
         min_length=1,

@@ -31,11 +31,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.app import App, Step
 from outbox.backoff import Backoff
-from outbox.db.dsn import connect_args, engine_for, redact, sqlalchemy_url
+from outbox.db.dsn import async_engine_for, engine_for, redact
 from outbox.db.execution import options, run_plan, run_plan_async
 from outbox.errors import ConfigurationError
 from outbox.runs import wakeups
@@ -155,8 +155,9 @@ class Worker:
         settings = self.settings
         registered = self.app._registered()
         self._workflows = self.app.workflows  # what every claim passes (sorted once)
-        async_engine = create_async_engine(
-            sqlalchemy_url(self.url), connect_args=connect_args(self.url),
+        answers = settings.database_answer_timeout_seconds or None
+        async_engine = async_engine_for(
+            self.url, answer_timeout_s=answers,
             # claims and the due-time query, plus one per async step in flight
             # (two for an agent's turn: its autocommit connection and its transactions)
             pool_size=2 + settings.concurrency * (
@@ -167,7 +168,7 @@ class Worker:
         pool = None
         if any(not s.is_async for s in registered):
             sync_engine = engine_for(self.url, pool_size=settings.concurrency, max_overflow=2,
-                                     pool_pre_ping=True)
+                                     pool_pre_ping=True, answer_timeout_s=answers)
             pool = concurrent.futures.ThreadPoolExecutor(settings.concurrency,
                                                          thread_name_prefix="worker-step")
         self._listener = Listener(self.url, channel(self.app.settings), self._poke.set,
