@@ -112,6 +112,11 @@ class Pipeline:
         env.pop("OUTBOXKIT_FAILPOINTS", None)
         if failpoints:
             env["OUTBOXKIT_FAILPOINTS"] = failpoints
+        # A database that stops answering is given up on after 10 s (the daemons' default is
+        # 60): within the half-open scenarios' hold, and long above any statement here.
+        env.update(OUTBOXKIT_RELAY_DATABASE_ANSWER_TIMEOUT_SECONDS="10",
+                   OUTBOXKIT_CONSUMER_DATABASE_ANSWER_TIMEOUT_SECONDS="10",
+                   OUTBOXKIT_WORKER_DATABASE_ANSWER_TIMEOUT_SECONDS="10")
         if kind == "relay":
             env.update(OUTBOXKIT_RELAY_RELAY_ID=name, OUTBOXKIT_RELAY_LANE_LEASE_SECONDS="3",
                        OUTBOXKIT_RELAY_POLL_INTERVAL_SECONDS="0.5",

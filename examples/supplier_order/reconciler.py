@@ -14,16 +14,17 @@ import signal
 import threading
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import create_engine
 
 from dedup.ledger import Ledger
 from examples.supplier_order import config
-from outbox.db.dsn import sqlalchemy_url
+from outbox.db.dsn import engine_for
 
 
 def main() -> int:
-    engine = create_engine(sqlalchemy_url(config.database_url()), pool_size=2,
-                           pool_pre_ping=True)
+    # outboxkit's connection defaults (connect timeout, keepalives), and a bound on every
+    # answer: its statements are small, so a database that hangs is noticed in 10 s.
+    engine = engine_for(config.database_url(), pool_size=2, pool_pre_ping=True,
+                        answer_timeout_s=10)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
