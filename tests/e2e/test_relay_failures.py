@@ -213,17 +213,7 @@ def test_block_mode_holds_back_the_refused_key_until_an_operator_retries(
     )
 
     # The operator raises the topic's limit, then retries the failed message.
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    try:
-        admin.alter_configs(
-            [
-                ConfigResource(
-                    ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": "2000000"}
-                )
-            ]
-        )
-    finally:
-        admin.close()
+    _raise_limit(kafka_bootstrap, topic)
     with engine.begin() as conn:
         assert retry_messages(conn) == 1
     wait_until(lambda: count_status(engine, "published") == 16, 60, "all 16 published")

@@ -11,7 +11,7 @@ import uuid
 from sqlalchemy import text
 
 from tests.faults.harness import Harness, ScenarioResult
-from tests.faults.scenarios import Scenario, _wait
+from tests.faults.scenarios import Scenario, wait_for
 
 CONCURRENCY = 64
 WAVE = 100  # orders per round, each under its own key: more than the threads of a consumer
@@ -59,7 +59,7 @@ def consumer_kills(rounds: int = 3) -> Scenario:
             items = [f"consumer-kills-{n}-{i}" for i in range(WAVE)]
             wave = h.seed_orders(f"consumer-kills-{n}", items, accounts=WAVE)
             run_ids += wave
-            if not _wait(lambda w=wave: _all_waiting(h, w), 60):
+            if not wait_for(lambda w=wave: _all_waiting(h, w), 60):
                 r.unexpected.append(f"round {n + 1}: the wave's orders were not all sent")
             time.sleep(1.0)  # the relay's last batch
             for name in consumers:
@@ -71,7 +71,7 @@ def consumer_kills(rounds: int = 3) -> Scenario:
                     seen[name] = max(seen.get(name, 0.0), h.p.metric(name, IN_FLIGHT) or 0.0)
                 return max(seen.values()) >= KILL_AT
 
-            if not _wait(busy, 60):
+            if not wait_for(busy, 60):
                 r.unexpected.append(f"round {n + 1}: no consumer had {KILL_AT} "
                                     f"messages in flight (at most {max(seen.values()):.0f})")
             victim = max(seen, key=lambda name: seen[name])

@@ -37,7 +37,7 @@ from outbox.settings import OutboxSettings
 from relay.daemon import SLOW_ACKS_SECONDS
 from tests.faults.harness import Harness, ScenarioResult
 from tests.faults.network import kafka_proxy, pg_proxy
-from tests.faults.scenarios import Scenario
+from tests.faults.scenarios import Scenario, wait_for
 
 RESUME_GOAL_S = 10.0  # publishing resumes within this long after a partition heals
 
@@ -462,7 +462,7 @@ def relay_fenced(cut_s: float = 10.0, rounds: int = 2) -> Scenario:
             h.p.stop(other)  # SIGTERM: it gives its lanes back
             mark = _log_size(h, victim)
             h.p.restart(victim, failpoints=f"relay.after_ack=sleep({STALL_MS})@1;seed={h.seed}")
-            if not _until(lambda: _owned_by(h, victim) == _lanes(), 20):
+            if not wait_for(lambda: _owned_by(h, victim) == _lanes(), 20):
                 r.error = f"{victim} did not own every lane 20 s after its restart"
                 break
             tokens = _lane_tokens(h)
@@ -470,20 +470,20 @@ def relay_fenced(cut_s: float = 10.0, rounds: int = 2) -> Scenario:
             run_ids += h.seed_orders(f"fenced-{n}", [f"fenced-{n}-item-{i}" for i in range(16)],
                                      accounts=32)
             # Its first batch reaches Kafka; then it stalls before recording it.
-            if not _until(functools.partial(_more_records, h, records), 15):
+            if not wait_for(functools.partial(_more_records, h, records), 15):
                 r.notes.append(f"round {n + 1}: {victim} published nothing within 15 s")
                 continue
             api.disable(pg_proxy(victim))
             cut_at = _db_now(h)
             h.p.restart(other)
-            _until(lambda: False, cut_s)
+            wait_for(lambda: False, cut_s)
             healed = _db_now(h)
             api.enable(pg_proxy(victim))
             now = _lane_tokens(h)
             taken = [lane for lane, (owner, token) in now.items()
                      if owner == other and token > tokens.get(lane, ("", -1))[1]]
             took_over += bool(taken)
-            said = _until(functools.partial(_said, h, victim, mark, FENCED_LOG), 20)
+            said = wait_for(functools.partial(_said, h, victim, mark, FENCED_LOG), 20)
             fenced_rounds += said
             r.notes.append(f"round {n + 1}: {victim} cut from PostgreSQL for {cut_s:.0f} s "
                            f"after Kafka acked its batch; {other} took {len(taken)} lanes; "
@@ -534,15 +534,6 @@ def _takeover(h: Harness, state: dict[str, Any]) -> dict[str, Any]:
     return {f"{state['other']} published the batch again, after the cut (s)": _seconds(again),
             f"{state['victim']}'s late record: messages": int(late[0]),
             f"{state['victim']}'s late record, after the heal (s)": _seconds(late[1])}
-
-
-def _until(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _more_records(h: Harness, than: int) -> bool:

@@ -58,7 +58,7 @@ class Scenario:
     check: Callable[[Harness, ScenarioResult], None] | None = None
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -83,7 +83,7 @@ def failpoint(name: str) -> Scenario:
         fired = False
         for _ in range(12):  # waves of orders until an armed process reaches its Nth hit
             run_ids += h.seed_orders(name.replace(".", "-"))
-            if _wait(lambda: any(not h.p.procs[n].alive for n in armed), 5):
+            if wait_for(lambda: any(not h.p.procs[n].alive for n in armed), 5):
                 fired = True
                 break
         if not fired:
@@ -262,7 +262,7 @@ def _crash_immediate(h: Harness) -> str:
     if pm is None:
         raise RuntimeError(f"no PostgreSQL runs from {h.services.postgres_dir}")
     os.kill(pm.pid, signal.SIGQUIT)
-    if not _wait(lambda: postgres.running_cluster(h.services.postgres_dir) is None, 15):
+    if not wait_for(lambda: postgres.running_cluster(h.services.postgres_dir) is None, 15):
         raise RuntimeError(f"the postmaster {pm.pid} did not stop in immediate mode in 15 s")
     h.services.start_postgres()  # pg_ctl start -w: recovery, then it accepts connections
     return f"postmaster {pm.pid} stopped in immediate mode and started again"
@@ -285,7 +285,7 @@ def _crash_backend(h: Harness, conn: psycopg.Connection[TupleRow],
         raise RuntimeError("no client backend of the harness's PostgreSQL to kill")
     pid, what = ours[min(int(draw * len(ours)), len(ours) - 1)]
     os.kill(pid, signal.SIGKILL)
-    if not _wait(lambda: _broken(conn), 15):
+    if not wait_for(lambda: _broken(conn), 15):
         raise RuntimeError(f"backend {pid} SIGKILLed, but the other backends lived on")
     return f"backend {pid} ({what!r}) SIGKILLed, every backend ended and recovered"
 
@@ -385,7 +385,7 @@ def postgres_crash(crashes: int = 3) -> Scenario:
                 run_ids += wave
                 # Until the agents emitted the wave (they wait a second after losing the
                 # database), before anything else takes the xids issued again.
-                if not _wait(lambda: _undecided(h, wave) == 0, 20):  # noqa: B023
+                if not wait_for(lambda: _undecided(h, wave) == 0, 20):  # noqa: B023
                     r.notes.append(f"crash {plan.n}: the wave after it not emitted in 20 s")
                 again = (f"xids {restarted_at}-{burnt - 1} issued again" if burnt > restarted_at
                          else f"no xid issued again (next {restarted_at}, {burnt} before)")
@@ -439,7 +439,7 @@ def _until_due(h: Harness, r: ScenarioResult, conn: psycopg.Connection[TupleRow]
         seeded = h.seed_orders(f"postgres-crash-busy-{plan.n}")
         time.sleep(plan.busy_s)
     since = _db_now(conn)
-    if not _wait(lambda: _lanes_steady(conn, h.names("relay"), since), 10):
+    if not wait_for(lambda: _lanes_steady(conn, h.names("relay"), since), 10):
         r.notes.append(f"crash {plan.n}: the relays' lanes not steady before it")
     return seeded
 
@@ -523,7 +523,7 @@ def status_down() -> Scenario:
                     "SELECT count(*) FROM outboxkit.agent_runs WHERE id = :i "
                     "AND state = 'needs-human'"), {"i": run_ids[0]}).scalar_one())
 
-        if not _wait(escalated, 60):
+        if not wait_for(escalated, 60):
             r.error = "the unknowable order was not escalated within 60 s"
         h.supplier.control(status={"mode": "normal"})
         r.fault_ended = time.monotonic()
@@ -557,7 +557,7 @@ def hanging_call(grace_s: float) -> Scenario:
                                          "times": 1}})
         run_ids = h.seed_orders("hanging-call", [item])
         scenario.expect = {run_ids[0]: "done"}
-        if not _wait(lambda: any((o.get("request") or {}).get("item") == item
+        if not wait_for(lambda: any((o.get("request") or {}).get("item") == item
                                  for o in h.supplier.all_orders()), 60):
             r.error = "the supplier never received the hanging order"
             return run_ids
@@ -654,7 +654,7 @@ def _until_in_flight(h: Harness, plan: _KillPlan, run_ids: list[uuid.UUID],
         return wrote >= plan.target or (
             first_two is not None and time.monotonic() - first_two > stall_s / 2)
 
-    return _wait(due, IN_FLIGHT_TIMEOUT_S)
+    return wait_for(due, IN_FLIGHT_TIMEOUT_S)
 
 
 def _starts(h: Harness, name: str) -> int:
@@ -667,7 +667,7 @@ def _starts(h: Harness, name: str) -> int:
 def _wait_started(h: Harness, before: dict[str, int], r: ScenarioResult) -> None:
     """Until every agent in *before* logged one more start (its claim loop runs): a wave
     seeded earlier would all go to the agents already up."""
-    if not _wait(lambda: all(_starts(h, n) > c for n, c in before.items()), 30):
+    if not wait_for(lambda: all(_starts(h, n) > c for n, c in before.items()), 30):
         r.error = r.error or f"{', '.join(before)} not started again within 30 s"
 
 
