@@ -47,6 +47,7 @@ from outbox.kafka import (
     RebalanceListener,
     TopicPartition,
     UnreadableRecord,
+    backend,
     describe_client,
 )
 from outbox.kafka import Consumer as KafkaConsumer
@@ -447,7 +448,6 @@ class Runner:
                 raise KafkaClientError("no admin client")
             admin.list_topics()
         except KafkaClientError as exc:
-            self._drop_admin()
             log.warning("the Kafka client does not work (%s), but the brokers do not answer "
                         "either (%s): not rebuilt", verdict.reason, exc,
                         extra={"event": "consumer.stalled"})
@@ -494,19 +494,18 @@ class Runner:
         self.consumer.subscribe(self.app.topics, self._listener)
 
     def _admin_client(self) -> Admin | None:
+        """The watchdog's admin client, made once and kept; None while it cannot be made."""
         if self._admin is None:
             try:
-                self._admin = self.kafka.admin(
+                # kafka-python's, whichever client consumes: librdkafka's admin requests to a
+                # group coordinator that is away aborted the process (an rd_kafka_enq_once
+                # assertion, twice in the broker outage test with librdkafka 2.16).
+                self._admin = backend("kafka-python", self.settings.kafka_connection()).admin(
                     f"outboxkit-{self.app.group_id}-watchdog",
                     request_timeout_ms=min(5000, self.settings.session_timeout_ms))
             except KafkaClientError:
                 return None
         return self._admin
-
-    def _drop_admin(self) -> None:
-        if self._admin is not None:
-            self._admin.close()
-            self._admin = None
 
     def _behind(self) -> int | None:
         """Records after this client's positions on its assigned partitions the loop has not
@@ -518,7 +517,6 @@ class Runner:
         try:
             ends = admin.end_offsets(mine, timeout_s=5)
         except KafkaClientError:
-            self._drop_admin()
             return None
         waiting = 0
         for tp, end in ends.items():
@@ -537,7 +535,6 @@ class Runner:
         try:
             state, members = admin.group_members(self.app.group_id)
         except KafkaClientError:
-            self._drop_admin()
             return None
         return state, self.consumer.member_id() in members
 

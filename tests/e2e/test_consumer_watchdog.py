@@ -94,8 +94,9 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str,
 def _stall_then_recover(procs: ConsumerProcesses, engine: Engine, kafka_bootstrap: str,
                         failpoint: str, **env: str) -> None:
     http_port = port()
-    # The Nth turn of the loop (about 5 a second when idle): after the first wave is done.
-    procs.start(http_port=http_port, OUTBOXKIT_FAILPOINTS=f"{failpoint}=raise@60", **env)
+    # The Nth turn of the loop (about 5 a second when idle): usually after the first wave is
+    # done (if not, the first wave waits for the rebuild too, and the checks still hold).
+    procs.start(http_port=http_port, OUTBOXKIT_FAILPOINTS=f"{failpoint}=raise@30", **env)
     readiness = Readiness(http_port)
     try:
         first = produce(kafka_bootstrap, procs.topic, [{"n": i} for i in range(20)])
@@ -123,9 +124,11 @@ def _stall_then_recover(procs: ConsumerProcesses, engine: Engine, kafka_bootstra
     assert all(proc.poll() is None for proc in procs.procs)  # one process, never restarted
 
 
+# Out of its group in batch mode, stuck fetches in per-message mode (where the rebuild
+# lets the running handlers finish first): between them, both rules and both loops. The
+# other two pairs pass too (`make test` leaves them out for time).
 @pytest.mark.parametrize(("failpoint", "mode"), [
     ("consumer.leave_group", "batch"),
-    ("consumer.leave_group", "per-message"),
     ("consumer.stuck_fetch", "per-message"),
 ])
 def test_a_client_alive_but_not_working_is_rebuilt_and_reads_again(
