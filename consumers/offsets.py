@@ -16,7 +16,13 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from consumers.metrics import ConsumerMetrics
-from outbox.kafka import CommitRefused, Consumer, KafkaClientError, TopicPartition
+from outbox.kafka import (
+    CommitRefused,
+    Consumer,
+    KafkaClientError,
+    RebalanceListener,
+    TopicPartition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +188,34 @@ class Rebalance:
         for tp in partitions:
             with contextlib.suppress(KeyError):
                 self.metrics.lag.remove(tp.topic, str(tp.partition))
+
+
+class Attached:
+    """The rebalance listener as one client sees it: detached when the client is replaced,
+    so that its late callbacks (its close() revoking) do not touch the new client's state."""
+
+    def __init__(self, inner: RebalanceListener) -> None:
+        self.inner = inner
+        self._attached = True
+
+    def detach(self) -> None:
+        self._attached = False
+
+    def to_commit(self, revoked: Collection[TopicPartition]) -> Mapping[TopicPartition, int]:
+        return self.inner.to_commit(revoked) if self._attached else {}
+
+    def revoked(self, partitions: Collection[TopicPartition],
+                committed: Mapping[TopicPartition, int], error: BaseException | None) -> None:
+        if self._attached:
+            self.inner.revoked(partitions, committed, error)
+
+    def lost(self, partitions: Collection[TopicPartition]) -> None:
+        if self._attached:
+            self.inner.lost(partitions)
+
+    def assigned(self, partitions: Collection[TopicPartition]) -> None:
+        if self._attached:
+            self.inner.assigned(partitions)
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:

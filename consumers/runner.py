@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -25,14 +25,15 @@ from typing import Any
 from sqlalchemy import Engine
 
 from consumers.app import Consumer
+from consumers.brokers import Brokers
 from consumers.concurrent import KeyedLoop, KeyedRebalance
 from consumers.deadletter import KafkaSender, Sent
 from consumers.metrics import ConsumerMetrics
-from consumers.offsets import OffsetTracker, Rebalance
+from consumers.offsets import Attached, OffsetTracker, Rebalance
 from consumers.parking import ParkingLot
 from consumers.processing import Position, Processor, Progress
 from consumers.unreadable import SkippedRecord, skip_unreadable
-from consumers.watchdog import GroupView, Verdict, Watchdog
+from consumers.watchdog import Verdict, Watchdog
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
@@ -40,17 +41,14 @@ from outbox.db.dsn import engine_for, redact
 from outbox.db.migrate import check_schema
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError
+from outbox.kafka import Consumer as KafkaConsumer
 from outbox.kafka import (
-    Admin,
     ConsumerOptions,
-    KafkaClientError,
     RebalanceListener,
     TopicPartition,
     UnreadableRecord,
-    backend,
     describe_client,
 )
-from outbox.kafka import Consumer as KafkaConsumer
 from outbox.runtime import Lifecycle, required_database_url
 from outbox.runtime.failpoints import FailpointTriggered, failpoint
 
@@ -109,10 +107,12 @@ class Runner:
         # (what was read before it is handled, parked, or rewound and read again).
         self._next: dict[tuple[str, int], int] = {}
         session_s = s.session_timeout_ms / 1000
-        self.watchdog = Watchdog(after_s=s.watchdog_session_timeouts * session_s,
-                                 check_every_s=session_s / 2, group=self._group_view,
-                                 behind=self._behind)
-        self._admin: Admin | None = None
+        self.brokers = Brokers(s, app.group_id)
+        self.watchdog = Watchdog(
+            after_s=s.watchdog_session_timeouts * session_s, check_every_s=session_s / 2,
+            group=lambda: self.brokers.group(self.consumer),
+            behind=lambda: self.brokers.behind(self.consumer,
+                                               self.consumer.assignment() - self._paused))
         self._listener: Attached | None = None
         self._closing: threading.Thread | None = None  # the last client replaced, closing
         self._stall_reported = False
@@ -228,8 +228,7 @@ class Runner:
 
     def _shutdown(self) -> None:
         self.lifecycle.stop_background()
-        if self._admin is not None:
-            self._admin.close()
+        self.brokers.close()
         if self.consumer is not None:
             # The database has committed everything processed: now (and only now) the offsets.
             self.offsets.commit(self.consumer)
@@ -442,14 +441,10 @@ class Runner:
                       extra={"event": "consumer.stalled"})
             self.watchdog.rebuilt()
             return
-        admin = self._admin_client()
-        try:
-            if admin is None:
-                raise KafkaClientError("no admin client")
-            admin.list_topics()
-        except KafkaClientError as exc:
+        silent = self.brokers.answer()
+        if silent is not None:
             log.warning("the Kafka client does not work (%s), but the brokers do not answer "
-                        "either (%s): not rebuilt", verdict.reason, exc,
+                        "either (%s): not rebuilt", verdict.reason, silent,
                         extra={"event": "consumer.stalled"})
             self.watchdog.rebuilt()  # the next look is a whole delay away
             return
@@ -492,76 +487,3 @@ class Runner:
     def _subscribe(self, listener: RebalanceListener) -> None:
         self._listener = Attached(listener)
         self.consumer.subscribe(self.app.topics, self._listener)
-
-    def _admin_client(self) -> Admin | None:
-        """The watchdog's admin client, made once and kept; None while it cannot be made."""
-        if self._admin is None:
-            try:
-                # kafka-python's, whichever client consumes: librdkafka's admin requests to a
-                # group coordinator that is away aborted the process (an rd_kafka_enq_once
-                # assertion, twice in the broker outage test with librdkafka 2.16).
-                self._admin = backend("kafka-python", self.settings.kafka_connection()).admin(
-                    f"outboxkit-{self.app.group_id}-watchdog",
-                    request_timeout_ms=min(5000, self.settings.session_timeout_ms))
-            except KafkaClientError:
-                return None
-        return self._admin
-
-    def _behind(self) -> int | None:
-        """Records after this client's positions on its assigned partitions the loop has not
-        paused, by the brokers' end offsets; None if they do not answer."""
-        admin = self._admin_client()
-        if admin is None:
-            return None
-        mine = self.consumer.assignment() - self._paused
-        try:
-            ends = admin.end_offsets(mine, timeout_s=5)
-        except KafkaClientError:
-            return None
-        waiting = 0
-        for tp, end in ends.items():
-            position = self.consumer.position(tp)
-            # No position for a whole check: the client has not even learnt where to start
-            # (a committed-offset request hanging on its coordinator), so it waits too.
-            waiting += 1 if position is None else max(0, end - position)
-        return waiting
-
-    def _group_view(self) -> GroupView | None:
-        """The group's state and whether this client is among its members; None if the
-        brokers do not answer."""
-        admin = self._admin_client()
-        if admin is None:
-            return None
-        try:
-            state, members = admin.group_members(self.app.group_id)
-        except KafkaClientError:
-            return None
-        return state, self.consumer.member_id() in members
-
-
-class Attached:
-    """The rebalance listener as one client sees it: detached when the client is replaced,
-    so that its late callbacks (its close() revoking) do not touch the new client's state."""
-
-    def __init__(self, inner: RebalanceListener) -> None:
-        self.inner = inner
-        self._attached = True
-
-    def detach(self) -> None:
-        self._attached = False
-
-    def to_commit(self, revoked: Collection[TopicPartition]) -> Mapping[TopicPartition, int]:
-        return self.inner.to_commit(revoked) if self._attached else {}
-
-    def revoked(self, partitions: Collection[TopicPartition],
-                committed: Mapping[TopicPartition, int], error: BaseException | None) -> None:
-        if self._attached:
-            self.inner.revoked(partitions, committed, error)
-
-    def lost(self, partitions: Collection[TopicPartition]) -> None:
-        if self._attached:
-            self.inner.lost(partitions)
-
-    def assigned(self, partitions: Collection[TopicPartition]) -> None:
-        if self._attached:
-            self.inner.assigned(partitions)

@@ -686,7 +686,8 @@ class Relay:
         parts = segments(to_send)
         for index, part in enumerate(parts):
             # A key refused in an earlier part is held back in this one (block mode).
-            sendable = [r for r in part if r.key is None or (r.topic, r.key) not in held_keys]
+            sendable = part if not held_keys else [
+                r for r in part if r.key is None or (r.topic, r.key) not in held_keys]
             ok, bad = self._send_part(sendable) if sendable else ([], [])
             published += ok
             failed += bad

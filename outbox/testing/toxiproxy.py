@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from outbox.errors import MissingToolError, ServiceError
 from outbox.testing.processes import free_port, pid_alive, stop_pid
@@ -39,6 +40,14 @@ INSTALL_HINT = (
 
 Stream = Literal["upstream", "downstream"]
 """A toxic's direction: ``upstream`` is client → server, ``downstream`` server → client."""
+
+
+def via(url: str, address: str) -> str:
+    """*url* (one host) with its host and port replaced by *address* (``host:port``)."""
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    return urlunsplit((parts.scheme, f"{userinfo}{at}{address}", parts.path, parts.query,
+                       parts.fragment))
 
 
 def bin_dir() -> Path:
@@ -131,6 +140,12 @@ class Client:
         return _proxy(self._call("POST", "/proxies",
                                  {"name": name, "listen": listen, "upstream": upstream,
                                   "enabled": True}))
+
+    def front(self, name: str, url: str) -> str:
+        """A proxy *name* in front of the server of *url* (one host, a libpq or SQLAlchemy
+        URL); *url* pointed at the proxy instead."""
+        parts = urlsplit(url)
+        return via(url, self.create(name, f"{parts.hostname}:{parts.port}").address)
 
     def get(self, name: str) -> Proxy:
         return _proxy(self._call("GET", f"/proxies/{name}"))

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
@@ -55,16 +54,6 @@ from tests.e2e.test_relay_failures import make_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTBOX = Path(sys.executable).parent / "outbox"
-
-
-@pytest.fixture(scope="module")
-def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = Server(tmp_path_factory.mktemp("toxiproxy"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @dataclass
@@ -92,13 +81,10 @@ class Cut:
 
 
 @pytest.fixture
-def cut(toxiproxy: Server, database_url: str) -> Iterator[Cut]:
-    parts = urlsplit(libpq_url(database_url))
-    api = toxiproxy.client
+def cut(toxiproxy_server: Server, database_url: str) -> Iterator[Cut]:
+    api = toxiproxy_server.client
     name = f"pg-{uuid.uuid4().hex[:8]}"
-    proxy = api.create(name, f"{parts.hostname}:{parts.port}")
-    netloc = f"{parts.username}@{proxy.address}" if parts.username else proxy.address
-    url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    url = api.front(name, libpq_url(database_url))
     try:
         yield Cut(api, name, url)
     finally:
@@ -215,7 +201,7 @@ def _steps(port: int, outcome: str) -> float:
 
 @pytest.mark.timeout(90)
 def test_a_workers_step_whose_commits_answer_is_lost_is_not_done_twice(
-    cut: Cut, engine: Engine, toxiproxy: Server, tmp_path: Path
+    cut: Cut, engine: Engine, toxiproxy_server: Server, tmp_path: Path
 ) -> None:
     port = free_port()
     env = {
@@ -225,7 +211,7 @@ def test_a_workers_step_whose_commits_answer_is_lost_is_not_done_twice(
         "OUTBOXKIT_WORKER_LEASE_SECONDS": "2",
         "OUTBOXKIT_WORKER_POLL_SECONDS": "0.5",
         "OUTBOXKIT_WORKER_LOG_LEVEL": "DEBUG",
-        "TEST_TOXIPROXY_API": toxiproxy.api,
+        "TEST_TOXIPROXY_API": toxiproxy_server.api,
         "TEST_TOXIPROXY_PROXY": cut.proxy,
     }
     log = tmp_path / "worker.log"

@@ -21,11 +21,10 @@ from __future__ import annotations
 import contextlib
 import shutil
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from outbox.testing import kafka
 from outbox.testing.processes import service_port
-from outbox.testing.toxiproxy import Client, Server
+from outbox.testing.toxiproxy import Client, Server, via
 
 KAFKA_KINDS = ("relay", "consumer")  # agents and the reconciler never talk to Kafka
 
@@ -40,14 +39,6 @@ def kafka_proxy(name: str) -> str:
 
 def _listener(name: str) -> str:
     return name.upper().replace("-", "_")
-
-
-def _via(url: str, address: str) -> str:
-    """*url* (one host) with its host and port replaced by *address*."""
-    parts = urlsplit(url)
-    userinfo, at, _ = parts.netloc.rpartition("@")
-    return urlunsplit((parts.scheme, f"{userinfo}{at}{address}", parts.path, parts.query,
-                       parts.fragment))
 
 
 class Network:
@@ -119,7 +110,7 @@ class Network:
         env: dict[str, dict[str, str]] = {}
         for _, name in self.names:
             env[name] = {"OUTBOXKIT_DATABASE_URL":
-                         _via(database_url, self.addresses[pg_proxy(name)])}
+                         via(database_url, self.addresses[pg_proxy(name)])}
         for name in self._kafka_clients():
             env[name]["OUTBOXKIT_KAFKA_BOOTSTRAP"] = self.addresses[kafka_proxy(name)]
         return env

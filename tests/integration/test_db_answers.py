@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import sqlalchemy
@@ -20,51 +19,44 @@ from outbox.testing.toxiproxy import Client, Server
 BOUND_S = 1.5
 
 
-@pytest.fixture(scope="module")
-def toxi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    srv = Server(tmp_path_factory.mktemp("toxiproxy-answers"))
-    client = srv.start()
-    try:
-        yield client
-    finally:
-        srv.stop()
+@pytest.fixture
+def toxi(toxiproxy_server: Server) -> Client:
+    return toxiproxy_server.client
 
 
 @pytest.fixture
 def proxied(toxi: Client, database_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
-    """*database_url* through a proxy of this test's own."""
-    parts = urlsplit(libpq_url(database_url))
+    """*database_url* through a proxy named after the test."""
     name = request.node.name[:40]
-    proxy = toxi.create(name, f"{parts.hostname}:{parts.port}")
-    netloc = f"{parts.username}@{proxy.address}" if parts.username else proxy.address
     try:
-        yield urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        yield toxi.front(name, libpq_url(database_url))
     finally:
         toxi.delete(name)
 
 
-def _hang(toxi: Client) -> str:
-    """The proxy stops forwarding both ways without closing anything; its name."""
-    (name,) = toxi.proxies()
+def _hang(toxi: Client, request: pytest.FixtureRequest) -> str:
+    """The test's proxy stops forwarding both ways without closing anything; its name."""
+    name = request.node.name[:40]
     toxi.timeout(name, 0, stream="downstream")
     toxi.timeout(name, 0, stream="upstream")
     return name
 
 
 def test_a_statement_without_an_answer_fails_after_the_bound_and_the_pool_recovers(
-    toxi: Client, proxied: str
+    toxi: Client, proxied: str, request: pytest.FixtureRequest
 ) -> None:
     engine = engine_for(proxied, answer_timeout_s=BOUND_S, pool_pre_ping=True)
     try:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT 1")).scalar_one() == 1
-            name = _hang(toxi)
+            name = _hang(toxi, request)
             started = time.monotonic()
             with pytest.raises(sqlalchemy.exc.OperationalError, match="did not answer within"):
                 conn.execute(text("SELECT 2"))
             waited = time.monotonic() - started
         assert BOUND_S <= waited < BOUND_S + 2
-        toxi.reset()  # the path is back (toxics gone)
+        for toxic in toxi.toxics(name):  # the path is back
+            toxi.remove_toxic(name, str(toxic["name"]))
         assert toxi.proxies()[name].enabled
         with engine.connect() as conn:  # the dead connection was dropped: a new one
             assert conn.execute(text("SELECT 3")).scalar_one() == 3
@@ -72,22 +64,22 @@ def test_a_statement_without_an_answer_fails_after_the_bound_and_the_pool_recove
         engine.dispose()
 
 
-def test_a_commit_without_an_answer_fails_after_the_bound(toxi: Client, proxied: str,
-                                                          engine: sqlalchemy.Engine) -> None:
+def test_a_commit_without_an_answer_fails_after_the_bound(
+    toxi: Client, proxied: str, engine: sqlalchemy.Engine, request: pytest.FixtureRequest
+) -> None:
     with engine.begin() as setup:
         setup.execute(text("CREATE TABLE IF NOT EXISTS public.answers_t (n int)"))
     bounded = engine_for(proxied, answer_timeout_s=BOUND_S)
     try:
         conn = bounded.connect()
         conn.execute(text("INSERT INTO public.answers_t VALUES (1)"))
-        _hang(toxi)
+        _hang(toxi, request)
         with pytest.raises(sqlalchemy.exc.OperationalError, match="did not answer within"):
             conn.commit()
         conn.invalidate()
         conn.close()
     finally:
         bounded.dispose()
-    toxi.reset()
     # The server never got the COMMIT (nothing was forwarded): the row is not there. Which of
     # the two happened is what the caller cannot know, and why the message says so.
     with engine.connect() as conn:
@@ -110,13 +102,14 @@ def test_without_a_bound_a_slow_answer_is_awaited_and_with_one_it_is_not(
         bounded.dispose()
 
 
-def test_the_async_engine_is_bounded_too(toxi: Client, proxied: str) -> None:
+def test_the_async_engine_is_bounded_too(toxi: Client, proxied: str,
+                                         request: pytest.FixtureRequest) -> None:
     async def run() -> float:
         engine = async_engine_for(proxied, answer_timeout_s=BOUND_S)
         try:
             async with engine.connect() as conn:
                 assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
-                _hang(toxi)
+                _hang(toxi, request)
                 started = time.monotonic()
                 with pytest.raises(sqlalchemy.exc.OperationalError,
                                    match="did not answer within"):

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -22,19 +21,9 @@ from outbox.testing import toxiproxy
 from outbox.testing.toxiproxy import Client, Server, ToxiproxyError
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("toxiproxy"))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.fixture
-def api(server: Server) -> Iterator[Client]:
-    client = server.client
+def api(toxiproxy_server: Server) -> Iterator[Client]:
+    client = toxiproxy_server.client
     try:
         yield client
     finally:
@@ -200,11 +189,7 @@ def test_the_api_says_what_it_refused(api: Client, echo: str) -> None:
 
 
 def test_postgresql_through_a_proxy_and_cut_off(api: Client, database_url: str) -> None:
-    parts = urlsplit(libpq_url(database_url))
-    upstream = f"{parts.hostname}:{parts.port}"
-    proxy = api.create("pg", upstream)
-    netloc = f"{parts.username}@{proxy.address}" if parts.username else proxy.address
-    proxied = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    proxied = api.front("pg", libpq_url(database_url))
     with psycopg.connect(proxied, connect_timeout=5) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
         api.disable("pg")
