@@ -148,9 +148,13 @@ class Watchdog:
         if view is None:
             return self._unsure(now, "no partitions assigned, and the brokers do not answer")
         state, member = view
-        if state == "rebalancing" or (state == "stable" and member):
-            self._since, self._why = None, ""  # joining, or idle on purpose
-            return WORKING
+        if state == "stable" and member:
+            return self._working()  # idle on purpose
+        if state == "rebalancing":
+            # Joining: no stall, but no proof of work either (a rebuilt client joins at
+            # once, and is ready again only when it reads or is given nothing to read).
+            self._since, self._why = None, ""
+            return UNSURE
         if state in ("stable", "empty", "dead"):
             return self._stalling(now, f"no partitions assigned, and the group ({state}) "
                                        "does not count this client among its members")

@@ -98,6 +98,9 @@ def test_unassigned_while_the_group_rebalances_is_joining() -> None:
     dog, brokers, now = make()
     brokers.view = ("rebalancing", False)
     assert run(dog, now, 120, assigned=0, waiting=0, progressed=False) == []
+    # ... but joining proves no work: a stall reported before is not over yet (the
+    # rebuilt client's /readyz stays not-ready until it reads or is idle in its group).
+    assert not dog.observe(assigned=0, waiting=0, progressed=False).working
 
 
 def test_brokers_that_do_not_answer_start_no_stall() -> None:
