@@ -49,11 +49,14 @@ class OffsetTracker:
         self._lock = threading.Lock()
 
     def done(self, records: Sequence[Any]) -> None:
+        # Per batch, not per record: each partition's last offset in poll order (the later
+        # one of a partition is the higher), then one update per partition.
+        last = {(r.topic, r.partition): r.offset for r in records}
         with self._lock:
-            for record in records:
-                tp = TopicPartition(record.topic, record.partition)
+            for (topic, partition), offset in last.items():
+                tp = TopicPartition(topic, partition)
                 if tp not in self._revoked:
-                    self.pending[tp] = max(self.pending.get(tp, 0), record.offset + 1)
+                    self.pending[tp] = max(self.pending.get(tp, 0), offset + 1)
 
     def advance(self, watermarks: Mapping[TopicPartition, int]) -> None:
         """Per-message mode: each partition's watermark (everything below it is done)."""

@@ -33,7 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from consumers import failures
 from consumers.app import Consumer
 from consumers.control import SkipMessage
-from consumers.decode import Decoded, decode
+from consumers.decode import Decoded, contexts, decode
 from consumers.deferred import DeferredInserts
 from consumers.errors import MalformedMessage
 from consumers.handlers import Registration
@@ -166,10 +166,11 @@ class Processor:
     # --- batch mode ----------------------------------------------------------------------
     def _batch(self, records: Sequence[Record]) -> tuple[int, _Failed | None]:
         decoded: list[Decoded] = []
+        append, registration_of = decoded.append, self.app.registrations.get
         failed: _Failed | None = None
         for index, record in enumerate(records):
             try:
-                decoded.append(decode(record, self.app.registrations.get(record.topic)))
+                append(decode(record, registration_of(record.topic)))
             except MalformedMessage as exc:
                 failed = _Failed(index, exc)
                 break
@@ -301,9 +302,8 @@ class Processor:
             if span is not None:
                 tracing.set_attributes(span, self._span_attributes(items))
             if registration.batch_handler is not None:
-                registration.batch_handler(
-                    [(d.context(conn, self.group, settings, deferred), d.payload) for d in items]
-                )
+                context = contexts(conn, self.group, settings, deferred)
+                registration.batch_handler([(context(d), d.payload) for d in items])
                 return
             assert registration.handler is not None
             (item,) = items
@@ -318,11 +318,45 @@ class Processor:
             _HandlerFailed: with the failing item's index, -1 for a batch handler's run of
                 several (which message failed is not known).
         """
-        for start, registration, run in self._calls(items):
-            try:
-                self._handle(conn, registration, run, deferred)
-            except Exception as exc:
-                raise _HandlerFailed(start if len(run) == 1 else -1, exc) from exc
+        if self._traced:
+            for start, registration, run in self._calls(items):
+                try:
+                    self._handle(conn, registration, run, deferred)
+                except Exception as exc:
+                    raise _HandlerFailed(start if len(run) == 1 else -1, exc) from exc
+            return
+        # Without spans, the batch's calls in one loop and its contexts from one factory:
+        # what _handle does per call costs more than a no-op handler itself.
+        context = contexts(conn, self.group, self.app.outbox_settings, deferred)
+        for start, registration, run in self._topic_runs(items):
+            batch_handler = registration.batch_handler
+            if batch_handler is not None:
+                try:
+                    batch_handler([(context(d), d.payload) for d in run])
+                except Exception as exc:
+                    raise _HandlerFailed(start if len(run) == 1 else -1, exc) from exc
+                continue
+            handler = registration.handler
+            assert handler is not None
+            for index, d in enumerate(run, start):
+                try:
+                    handler(context(d), d.payload)
+                except Exception as exc:
+                    raise _HandlerFailed(index, exc) from exc
+
+    def _topic_runs(
+        self, items: list[Decoded]
+    ) -> Iterator[tuple[int, Registration, list[Decoded]]]:
+        """*items* as runs of one topic: (index of the first item, registration, the run)."""
+        registrations = self.app.registrations
+        start, count = 0, len(items)
+        while start < count:
+            topic = items[start].record.topic
+            end = start + 1
+            while end < count and items[end].record.topic == topic:
+                end += 1
+            yield start, registrations[topic], items[start:end]
+            start = end
 
     def _handle_guarded(
         self, conn: Connection, items: list[Decoded]
@@ -497,11 +531,17 @@ class Processor:
         log.info("skipped %s: %s", d.message_id, exc.reason, extra={"event": "consumer.skipped"})
 
     def _done(self, items: list[Decoded]) -> None:
+        if not items:
+            return
+        topic = items[0].record.topic
+        if items[-1].record.topic == topic and all(d.record.topic == topic for d in items):
+            self.metrics.processed.labels(topic).inc(len(items))  # the usual batch: one topic
+            return
         by_topic: dict[str, int] = {}
         for d in items:
             by_topic[d.record.topic] = by_topic.get(d.record.topic, 0) + 1
-        for topic, n in by_topic.items():
-            self.metrics.processed.labels(topic).inc(n)
+        for name, n in by_topic.items():
+            self.metrics.processed.labels(name).inc(n)
 
 
 def _without_partition(records: Sequence[Record], of: Record) -> list[Record]:

@@ -82,13 +82,34 @@ def _driver_sql(name: str, settings: OutboxSettings | None) -> str:
 
 
 def _parameters(group: str, marks: Marks) -> dict[str, object]:
+    # Each column as one array literal, made by joins in C: psycopg dumps a list element by
+    # element in Python, which cost 2.5 times more CPU per mark here (the marks are most of
+    # a no-op batch's statements).
     return {
         "group": group,
-        "ids": marks.message_ids,
-        "topics": marks.topics,
-        "partitions": marks.partitions,
-        "offsets": marks.offsets,
+        "ids": text_array(marks.message_ids),
+        "topics": text_array(marks.topics),
+        "partitions": _int_array(marks.partitions),
+        "offsets": _int_array(marks.offsets),
     }
+
+
+def text_array(values: Sequence[str]) -> str:
+    """*values* as a PostgreSQL array literal (``{"a","b"}``), each element quoted.
+
+    Quoted, an element keeps its commas, braces, spaces and a ``NULL`` spelling; only ``"``
+    and ``\\`` need a backslash, and the join is looked at once to see if any does.
+    """
+    if not values:
+        return "{}"
+    joined = '","'.join(values)
+    if '"' in joined or "\\" in joined:
+        joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return '{"' + joined + '"}'
+
+
+def _int_array(values: Sequence[int]) -> str:
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def insert_new(

@@ -6,13 +6,14 @@
 
 -- name: insert_marks
 -- A batch's marks in one round trip; ON CONFLICT DO NOTHING also absorbs an id twice in the
--- batch, and RETURNING names the new ones (the others are duplicates). The arrays go in
--- binary: text arrays in text form cost a regex per element.
+-- batch, and RETURNING names the new ones (the others are duplicates). Each array is one
+-- literal made by dedup.inbox.text_array (a list dumped by psycopg, even in binary, costs
+-- Python work per element).
 INSERT INTO {schema}.consumer_inbox
     (consumer_group, message_id, topic, kafka_partition, kafka_offset)
 SELECT %(group)s, m.id, m.topic, m.part, m.off
-FROM unnest(CAST(%(ids)b AS text[]), CAST(%(topics)b AS text[]),
-            CAST(%(partitions)b AS integer[]), CAST(%(offsets)b AS bigint[]))
+FROM unnest(CAST(%(ids)s AS text[]), CAST(%(topics)s AS text[]),
+            CAST(%(partitions)s AS integer[]), CAST(%(offsets)s AS bigint[]))
      AS m(id, topic, part, off)
 ON CONFLICT (consumer_group, message_id) DO NOTHING
 RETURNING message_id
@@ -31,8 +32,8 @@ RETURNING 1
 INSERT INTO {schema}.consumer_inbox
     (consumer_group, message_id, topic, kafka_partition, kafka_offset)
 SELECT %(group)s, m.id, m.topic, m.part, m.off
-FROM unnest(CAST(%(ids)b AS text[]), CAST(%(topics)b AS text[]),
-            CAST(%(partitions)b AS integer[]), CAST(%(offsets)b AS bigint[]))
+FROM unnest(CAST(%(ids)s AS text[]), CAST(%(topics)s AS text[]),
+            CAST(%(partitions)s AS integer[]), CAST(%(offsets)s AS bigint[]))
      AS m(id, topic, part, off)
 
 -- name: unmark

@@ -6,7 +6,16 @@ import threading
 
 from sqlalchemy import Engine, text
 
-from dedup.inbox import Mark, is_marked, mark, mark_many, purge_marks, unmark
+from dedup.inbox import (
+    Mark,
+    Marks,
+    insert_new,
+    is_marked,
+    mark,
+    mark_many,
+    purge_marks,
+    unmark,
+)
 from outbox.settings import OutboxSettings
 
 SETTINGS = OutboxSettings(schema_name="outboxkit")
@@ -35,6 +44,21 @@ class TestMarks:
             batch = [m("old"), m("x", 1), m("y", 2), m("x", 3)]
             new = mark_many(conn, "g", batch, settings=SETTINGS)
         assert new == {"x", "y"}
+
+    def test_ids_with_array_syntax_are_stored_as_they_are(self, engine: Engine) -> None:
+        """The marks go as array literals: quotes, backslashes, commas, braces, spaces and a
+        NULL spelling are elements' text, not syntax."""
+        odd = ['a"b', "c\\d", "e,f", "{g}", " h ", "NULL", "i\\\"j", "k\nl"]
+        with engine.begin() as conn:
+            assert mark_many(conn, "g", [m(x, n) for n, x in enumerate(odd)],
+                             settings=SETTINGS) == set(odd)
+            insert_new(conn, "g2", Marks.of([m(x, n) for n, x in enumerate(odd)]),
+                       settings=SETTINGS)
+            stored = conn.execute(text(
+                "SELECT consumer_group, message_id, kafka_offset FROM outboxkit.consumer_inbox"
+                " WHERE consumer_group IN ('g', 'g2')")).all()
+        assert sorted(stored) == sorted(
+            [("g", x, n) for n, x in enumerate(odd)] + [("g2", x, n) for n, x in enumerate(odd)])
 
     def test_groups_are_independent(self, engine: Engine) -> None:
         with engine.begin() as conn:

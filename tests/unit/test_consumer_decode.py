@@ -202,6 +202,27 @@ class TestFastPathStaysFast:
         assert len(second_parses) == 1  # correct, just not the fast way
 
 
+class TestCommonAndCheckedWaysAgree:
+    """decode's short way for the usual message gives what the step-by-step way gives."""
+
+    def test_a_repeated_key_of_a_plain_object_is_refused(self) -> None:
+        registration = Registration("orders", payload_of(dict[str, Any]) or _payload(Loose))
+        with pytest.raises(MalformedMessage, match="duplicate key 'a'"):
+            decode(Record(b'{"a": 1, "a": 2}'), registration)
+        assert decode(Record(b'{"a": 1, "b": "x:y"}'), registration).payload == {
+            "a": 1, "b": "x:y"}
+
+    def test_the_first_non_empty_id_of_a_repeated_header_counts(self) -> None:
+        record = Record(b'{"n": 1}', headers=[("message-id", b""), ("message-id", b"m-2"),
+                                             ("message-id", b"m-3")])
+        assert decode(record, Registration("orders", _payload(Loose))).message_id == "m-2"
+
+    def test_a_null_header_is_given_as_empty_bytes(self) -> None:
+        record = Record(b'{"n": 1}', headers=[("message-id", b"m-1"), ("trace", None)])  # type: ignore[list-item]
+        assert decode(record, Registration("orders", _payload(Loose))).headers == {
+            "message-id": b"m-1", "trace": b""}
+
+
 # --- property: refused exactly when some object names a key twice ----------------------------
 
 Json = Any
