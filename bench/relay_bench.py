@@ -451,6 +451,7 @@ class Ctx:
     relays: list[subprocess.Popen[bytes]] = field(default_factory=list)
     topics: list[str] = field(default_factory=list)  # created here, deleted at the end
     pg: PgCpu | None = None
+    client: str = "kafka-python"  # the relay's client unless a phase names another (--clients)
 
     @property
     def engine_url(self) -> str:
@@ -479,7 +480,7 @@ class Relay:
             # dead tuples would land in relay.dead_tuples_per_msg.
             "OUTBOXKIT_RELAY_PUBLISHED_RETENTION_SECONDS": "0",
         }
-        for key, value in settings.items():
+        for key, value in {"kafka_client": ctx.client, **settings}.items():
             env[f"OUTBOXKIT_RELAY_{key.upper()}"] = str(value)
         if deaf:
             # The relay LISTENs on OutboxSettings.notify_channel; emits notify the default
@@ -498,6 +499,21 @@ class Relay:
         )
         ctx.relays.append(self.proc)
         self._ctx = ctx
+        self._profile(ctx, name)
+
+    def _profile(self, ctx: Ctx, name: str) -> None:
+        """With RELAYBENCH_PROFILE set, py-spy samples the relay (every thread, on-CPU only)
+        until it exits, into <logs>/relay-<name>.pyspy (collapsed stacks: flamegraph.pl or
+        speedscope read them). Profiling costs the relay some speed: not for figures."""
+        if not os.environ.get("RELAYBENCH_PROFILE"):
+            return
+        spy = Path(sys.executable).with_name("py-spy")
+        out = ctx.logs / f"relay-{name}.pyspy"
+        subprocess.Popen(  # our own child: it ends with the relay
+            [str(spy), "record", "--pid", str(self.proc.pid), "--rate", "250", "--threads",
+             "--nonblocking", "--format", "raw", "--output", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(f"  profiling relay {name} into {out}")
 
     def status(self, field_name: str) -> float:
         """A /proc/<pid>/status size in MB (VmHWM: peak RSS so far)."""
@@ -1126,7 +1142,8 @@ def in_own_database(
     logs = Path(f"/tmp/{db}-logs")  # noqa: S108
     logs.mkdir(parents=True, exist_ok=True)
     psql(admin_url, f'CREATE DATABASE "{db}"')
-    ctx = Ctx(with_database(admin_url, db), bootstrap, prefix, logs, plan["quick"])
+    ctx = Ctx(with_database(admin_url, db), bootstrap, prefix, logs, plan["quick"],
+              client=plan["clients"][0])
     try:
         shown = show(ctx.url)
         if shown["fsync"] != "on" and plan["durable"]:

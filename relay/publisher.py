@@ -22,7 +22,7 @@ from outbox.kafka import (
     TopicInvalid,
     TopicPartition,
 )
-from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID, HEADER_TYPE
+from outbox.messages.envelope import HEADER_RUN_ID
 from outbox.runtime import tracing
 from outbox.runtime.failpoints import failpoint
 from relay.claims import Failed, OutboxRow, Published
@@ -39,15 +39,7 @@ UNKNOWN_LIMIT_TTL_S = 5.0
 
 def kafka_headers(row: OutboxRow) -> list[tuple[str, bytes]]:
     """The envelope's headers as Kafka headers, plus the message id and type."""
-    headers = [
-        (HEADER_MESSAGE_ID, str(row.message_id).encode()),
-        (HEADER_TYPE, row.message_type.encode()),
-    ]
-    for name, value in row.headers.items():
-        if value is None or name in (HEADER_MESSAGE_ID, HEADER_TYPE):
-            continue
-        headers.append((name, str(value).encode()))
-    return headers
+    return row.record_headers
 
 
 def publish_span(row: OutboxRow) -> Any:
@@ -288,8 +280,11 @@ class Publisher:
         # One check per batch: without a configured tracer no per-message span work at all.
         if tracing.enabled():
             return self._send_traced(rows, on_wait)
-        outgoing = [Outgoing(r.topic, r.key, r.payload, kafka_headers(r)) for r in rows]
+        outgoing = [Outgoing(r.topic, r.key, r.payload, r.record_headers) for r in rows]
         deliveries = self._deliver(outgoing, on_wait)
+        if all(d.error is None for d in deliveries):  # the usual batch: one pass, no checks
+            return [Published(r, d.partition, d.offset)
+                    for r, d in zip(rows, deliveries, strict=True)], []
         published: list[Published] = []
         failed: list[Failed] = []
         for row, delivery in zip(rows, deliveries, strict=True):

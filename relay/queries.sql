@@ -70,16 +70,23 @@ b AS (
           AND pg_visible_in_snapshot(m.xid, c.target)
     ) AS r ON true
 )
+-- First one row per lane with its cursor (id NULL), then the lanes' rows shaped for the
+-- producer: no lane data repeated on every row (relay.claims._reads tells them apart by id).
 SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo, b.hi,
        b.incarnation, b.behind,
-       p.id, p.message_id, p.topic, p.key, p.message_type, p.payload,
-       CAST(p.headers AS text), p.created_at, p.run_id,
        -- Whether to read outbox_failures too (a blocked key, a retry): almost never.
        EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
                WHERE f.lane = ANY(CAST(%(lanes)s AS int[]))
-                 AND (f.state <> 'failed' OR f.blocking)) AS failures
+                 AND (f.state <> 'failed' OR f.blocking)) AS failures,
+       NULL::bigint, NULL::text, NULL::bytea, NULL::bytea, NULL::text, NULL::text,
+       NULL::text, NULL::float8, NULL::uuid
 FROM b
-LEFT JOIN LATERAL (
+UNION ALL
+SELECT NULL, b.lane, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       p.id, p.topic, p.key, p.payload, CAST(p.headers AS text), p.message_type,
+       CAST(p.message_id AS text), extract(epoch FROM p.created_at)::float8, p.run_id
+FROM b
+JOIN LATERAL (
     SELECT q.* FROM (
         (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
                 m.created_at, m.run_id

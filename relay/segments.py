@@ -34,7 +34,7 @@ def record_bytes(row: OutboxRow) -> int:
     return (
         len(row.payload)
         + len(row.key or b"")
-        + sum(len(k) + len(str(v)) for k, v in row.headers.items())
+        + sum([len(k) + len(v) for k, v in row.record_headers])
     )
 
 

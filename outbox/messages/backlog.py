@@ -33,6 +33,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.dialects.postgresql import TIMESTAMP as TIMESTAMPTZ
 
 from outbox.db.execution import Plan, SyncConn, run_plan
+from outbox.db.locks import FAILURES_LOCK
 from outbox.db.tables import SCHEMA, outbox_failures
 from outbox.errors import ConfigurationError, RetryRefused
 from outbox.settings import OutboxSettings, default_settings
@@ -125,13 +126,6 @@ def _messages(rows: Any) -> list[Message]:
                    else bytes(row["key"]).decode("utf-8", "backslashreplace")})
         for row in rows
     ]
-
-
-# Writes that decide a key's state in outbox_failures take turns on this transaction lock:
-# the relay's record of refused and set-aside rows, and an operator's retry. A row the relay
-# set aside as held while an operator retried its key would otherwise be held for good, with
-# nothing before it to retry. Any constant works, the same for every process of a database.
-FAILURES_LOCK = 0x6F75746661696C  # "outfail"
 
 
 def retry_plan(ids: Collection[int] | None, channel: str) -> Plan[int]:

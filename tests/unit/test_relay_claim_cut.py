@@ -18,12 +18,20 @@ SNAP, TARGET = "10:20:12", "30:30:"
 
 
 def row(lane: int, row_id: int | None, ord_: int = 1) -> tuple[Any, ...]:
-    return (ord_, lane, SNAP, TARGET, 0, 100, 200, None, False, row_id, f"m{row_id}", "t",
-            b"k", "x", b"{}", None, None, None, False)
+    """The statement's row of a message of *lane* (the lane's own row when *row_id* is None)."""
+    if row_id is None:
+        return (ord_, lane, SNAP, TARGET, 0, 100, 200, None, False, False) + (None,) * 9
+    return (None, lane) + (None,) * 8 + (row_id, "t", b"k", b"x", "{}", "type",
+                                         f"00000000-0000-0000-0000-{row_id:012d}", 0.0, None)
+
+
+def lanes(*ords: tuple[int, int]) -> list[tuple[Any, ...]]:
+    """The lanes' own rows, which come first: (lane, ord) each."""
+    return [row(lane, None, ord_) for lane, ord_ in ords]
 
 
 def test_a_lane_cut_by_the_claims_limit_is_a_prefix_not_the_whole() -> None:
-    fetched = [row(3, 5), row(3, 6)]
+    fetched = [*lanes((3, 1)), row(3, 5), row(3, 6)]
     rows, reads = _reads(fetched, {3: 7}, room=1000, more=1001, cut=True)
     assert [r.id for r in rows] == [5, 6]
     assert not reads[3].exhausted  # read on from id 6 next time
@@ -32,14 +40,14 @@ def test_a_lane_cut_by_the_claims_limit_is_a_prefix_not_the_whole() -> None:
 
 
 def test_the_same_rows_without_a_cut_are_the_whole_lane() -> None:
-    fetched = [row(3, 5), row(3, 6)]
+    fetched = [*lanes((3, 1)), row(3, 5), row(3, 6)]
     rows, reads = _reads(fetched, {3: 7}, room=1000, more=1001, cut=False)
     assert [r.id for r in rows] == [5, 6]
     assert reads[3].exhausted
 
 
 def test_a_lane_before_the_cut_one_is_whole() -> None:
-    fetched = [row(2, 1, ord_=1), row(2, 4, ord_=1), row(3, 5, ord_=2)]
+    fetched = [*lanes((2, 1), (3, 2)), row(2, 1), row(2, 4), row(3, 5)]
     rows, reads = _reads(fetched, {2: 1, 3: 7}, room=1000, more=1001, cut=True)
     assert [r.id for r in rows] == [1, 4, 5]
     assert reads[2].exhausted
@@ -47,7 +55,7 @@ def test_a_lane_before_the_cut_one_is_whole() -> None:
 
 
 def test_a_lane_with_more_rows_than_its_limit_is_not_read_to_its_end() -> None:
-    fetched = [row(3, i) for i in range(1, 5)]  # more=4: the statement's per-lane limit
+    fetched = [*lanes((3, 1)), *[row(3, i) for i in range(1, 5)]]  # more=4: per-lane limit
     rows, reads = _reads(fetched, {3: 7}, room=3, more=4)
     assert [r.id for r in rows] == [1, 2, 3]
     assert not reads[3].exhausted
@@ -55,7 +63,18 @@ def test_a_lane_with_more_rows_than_its_limit_is_not_read_to_its_end() -> None:
 
 
 def test_an_empty_lane_is_read_to_its_end() -> None:
-    rows, reads = _reads([row(3, None)], {3: 7}, room=10, more=11)
+    rows, reads = _reads(lanes((3, 1)), {3: 7}, room=10, more=11)
     assert rows == []
     assert reads[3].exhausted
     assert reads[3].ids == ()
+
+
+def test_the_lanes_after_the_cut_one_were_not_reached_and_are_not_read() -> None:
+    # Every lane's own row comes first; when the limit cut lane 3, lane 4 (after it in the
+    # same order) had no chance to bring its rows: it must not count as read to its end.
+    fetched = [*lanes((2, 1), (3, 2), (4, 3)), row(2, 1), row(3, 5)]
+    rows, reads = _reads(fetched, {2: 1, 3: 7, 4: 2}, room=1000, more=1001, cut=True)
+    assert [r.id for r in rows] == [1, 5]
+    assert reads[2].exhausted
+    assert not reads[3].exhausted
+    assert 4 not in reads  # its cursor stays where it was

@@ -14,11 +14,18 @@ NOW = datetime.now(UTC)
 
 
 def row(ord_: int, lane: int, rid: int | None) -> tuple[Any, ...]:
-    """A claim result row: the lane's cursor (snap, target, pos, lo, hi), the server's
-    incarnation and whether the cursor is ahead of it, then the message. The statement gives
-    each lane's rows in id order, its two parts merged (relay/queries.sql)."""
-    message = (rid, uuid.uuid4(), "t", b"k", "t", b"{}", {}, NOW, None) if rid else (None,) * 9
-    return (ord_, lane, "10:10:", "10:20:12", 0, 11, 19, None, False, *message)
+    """A lane's cursor (snap, target, pos, lo, hi), the server's incarnation and whether the
+    cursor is ahead of it, with one message of the lane (or none)."""
+    message = (rid, "t", b"k", b"{}", "{}", "t", str(uuid.uuid4()), NOW.timestamp(), None)
+    return (ord_, lane, "10:10:", "10:20:12", 0, 11, 19, None, False, False,
+            *(message if rid else (None,) * 9))
+
+
+def claimed(*rows: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """What the statement gives for *rows* (relay/queries.sql): each lane's own row (its
+    cursor) first, then the messages, each with its lane only; in id order per lane."""
+    lanes = {r[1]: r[:10] + (None,) * 9 for r in rows}
+    return [*lanes.values(), *[(None, r[1]) + (None,) * 8 + r[10:] for r in rows if r[10]]]
 
 
 MORE = 101  # a limit of 100, plus one to know there is more
@@ -26,14 +33,14 @@ MORE = 101  # a limit of 100, plus one to know there is more
 
 def test_a_lane_read_to_the_end_of_its_difference_is_exhausted() -> None:
     fetched = [row(1, 5, 4), row(1, 5, 11), row(1, 5, 13)]
-    rows, reads = _reads(fetched, {5: 7}, room=100, more=MORE)
+    rows, reads = _reads(claimed(*fetched), {5: 7}, room=100, more=MORE)
     assert [r.id for r in rows] == [4, 11, 13]
     assert reads[5] == LaneRead(5, Cursor(7, "10:10:", "10:20:12", 0, 11, 19), (4, 11, 13), True)
 
 
 def test_the_room_left_cuts_the_last_lane_which_is_then_not_exhausted() -> None:
     fetched = [row(1, 0, 5), row(2, 1, 6), row(2, 1, 7), row(2, 1, 8)]
-    rows, reads = _reads(fetched, {0: 1, 1: 1}, room=3, more=MORE)
+    rows, reads = _reads(claimed(*fetched), {0: 1, 1: 1}, room=3, more=MORE)
     assert [r.id for r in rows] == [5, 6, 7]
     assert reads[0].exhausted
     assert not reads[1].exhausted
@@ -41,13 +48,13 @@ def test_the_room_left_cuts_the_last_lane_which_is_then_not_exhausted() -> None:
 
 def test_a_lane_at_its_limit_is_not_exhausted() -> None:
     fetched = [row(1, 0, i) for i in (5, 6, 7)]
-    rows, reads = _reads(fetched, {0: 1}, room=10, more=3)  # limit 2: 3 came, so more exist
+    rows, reads = _reads(claimed(*fetched), {0: 1}, room=10, more=3)  # 3 came: more exist
     assert [r.id for r in rows] == [5, 6, 7]
     assert not reads[0].exhausted
 
 
 def test_an_empty_difference_is_exhausted_and_moves_the_cursor_to_its_target() -> None:
-    _, reads = _reads([row(1, 4, None)], {4: 9}, room=10, more=MORE)
+    _, reads = _reads(claimed(row(1, 4, None)), {4: 9}, room=10, more=MORE)
     assert reads[4].exhausted
     assert reads[4].ids == ()
     assert reads[4].advanced(None) == Cursor(9, "10:20:12")
