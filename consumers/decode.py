@@ -14,7 +14,7 @@ import codecs
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 from consumers.context import HandlerContext
 from consumers.deferred import DeferredInserts
 from consumers.errors import MalformedMessage
-from consumers.handlers import Registration
+from consumers.handlers import Payload, Registration
 from outbox.kafka import Record
 from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_RUN_ID
 from outbox.settings import OutboxSettings
@@ -123,43 +123,70 @@ def decode(record: Record, registration: Registration | None) -> Decoded:
             JSON (or nested too deeply to parse), wrong schema. A handler that takes
             ``bytes`` gets any value but None.
     """
-    if registration is not None:
-        fast = _decode_common(record, registration)
-        if fast is not None:
-            return fast
-    return _decode_checked(record, registration)
+    if registration is None:
+        return _decode_checked(record, registration)
+    decoded, error = decode_many((record,), {record.topic: registration})
+    if error is not None:
+        raise error
+    return decoded[0]
 
 
-def _decode_common(record: Record, registration: Registration) -> Decoded | None:
-    """:func:`decode` for the message the relay sends, or None to go the checked way.
+Decoding = tuple[list[Decoded], MalformedMessage | None]
+"""What :func:`decode_many` gives: the records decoded, up to the first malformed one's error."""
 
-    The same answers as :func:`_decode_checked` with fewer steps per message (a consumer's
-    own CPU is mostly this): the headers' dict is made once and the id looked up in it,
-    and a model's repeated keys are ruled out by a count. Anything unusual (a header named
-    twice, an id or value that is not plain bytes, a payload that does not validate) is
-    left to the checked way, which names the problem.
+
+def decode_many(
+    records: Sequence[Record], registrations: Mapping[str, Registration]
+) -> Decoding:
+    """:func:`decode` of each of *records* in turn (its topic's registration from
+    *registrations*), up to the first malformed one: the decoded, and that one's error.
+
+    The message the relay sends goes a short way, in this one loop (a consumer's own CPU
+    is mostly here): the headers' dict made once and the id looked up in it, a model's
+    repeated keys ruled out by a count. Anything unusual (a header named twice, a null
+    header, an id or value not plain bytes, a payload that does not validate, a count that
+    does not settle it) goes :func:`_decode_checked`'s way, which gives the same answer
+    and names any problem.
     """
-    pairs = record.headers or ()
-    headers = dict(pairs)
-    raw = headers.get(HEADER_MESSAGE_ID)
-    value = record.value
-    # A header named twice (the first non-empty id counts), a null header (b"" then), an id
-    # or value not plain bytes (a copy then): the checked way.
-    if (len(headers) != len(pairs) or type(raw) is not bytes or not raw
-            or len(raw) > MAX_MESSAGE_ID_BYTES or b"\x00" in raw
-            or type(value) is not bytes or None in headers.values()):
-        return None
+    decoded: list[Decoded] = []
+    append, registration_of, new = decoded.append, registrations.get, Decoded._make
+    for record in records:
+        registration = registration_of(record.topic)
+        pairs = record.headers or ()
+        headers = dict(pairs)
+        raw = headers.get(HEADER_MESSAGE_ID)
+        value = record.value
+        if (registration is None or len(headers) != len(pairs) or type(raw) is not bytes
+                or not raw or len(raw) > MAX_MESSAGE_ID_BYTES or b"\x00" in raw
+                or type(value) is not bytes or None in headers.values()):
+            payload = message_id = _CHECK
+        else:
+            payload, message_id = _payload_of(value, raw, registration.payload)
+        if payload is _CHECK:
+            try:
+                append(_decode_checked(record, registration))
+            except MalformedMessage as exc:
+                return decoded, exc
+        else:
+            append(new((record, message_id, headers, payload)))
+    return decoded, None
+
+
+_CHECK: Any = object()  # decode_many: this one goes the checked way
+
+
+def _payload_of(value: bytes, raw_id: bytes, kind: Payload) -> tuple[Any, Any]:
+    """(payload, message id) of the usual message, or (_CHECK, _CHECK)."""
     try:
-        message_id = raw.decode("utf-8")
+        message_id = raw_id.decode("utf-8")
     except UnicodeDecodeError:
-        return None
-    kind = registration.payload
+        return _CHECK, _CHECK
     if kind.raw:
-        return Decoded(record, message_id, headers, value)
+        return value, message_id
     try:
         payload = kind.validate_json(value)
     except ValidationError:
-        return None
+        return _CHECK, _CHECK
     # A model's fields set (a dict's keys) each came from a distinct key of the top object
     # (a validator that invents fields aside, as in _kept_keys_and_colons), and every key
     # of the text ends at a ':' outside strings. So as many ':' as those means no other
@@ -168,8 +195,8 @@ def _decode_common(record: Record, registration: Registration) -> Decoded | None
     top = getattr(payload, "__pydantic_fields_set__", payload if type(payload) is dict else None)
     if ((top is None or value.count(b":") != len(top))
             and _kept_keys_and_colons(payload, len(value)) != _colons(value)):
-        return None  # maybe a repeated key: the checked way parses again and says
-    return Decoded(record, message_id, headers, payload)
+        return _CHECK, _CHECK  # maybe a repeated key: the checked way parses again, says
+    return payload, message_id
 
 
 def _decode_checked(record: Record, registration: Registration | None) -> Decoded:

@@ -33,7 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from consumers import failures
 from consumers.app import Consumer
 from consumers.control import SkipMessage
-from consumers.decode import Decoded, contexts, decode
+from consumers.decode import Decoded, Decoding, contexts, decode, decode_many
 from consumers.deferred import DeferredInserts
 from consumers.errors import MalformedMessage
 from consumers.handlers import Registration
@@ -112,6 +112,7 @@ class Processor:
         records: Sequence[Record],
         retries: Collection[Position] = (),
         unsure: Sequence[Position] = (),
+        decoded: Decoding | None = None,
     ) -> Progress:
         """Handle *records* in partition order; park failed ones instead of waiting for them.
 
@@ -120,6 +121,8 @@ class Processor:
         records of partitions read from elsewhere than where this process left them (its
         start, a rebalance, a rewind): those an earlier process parked (their failure row
         says ``retrying``) are retries too, so that handling them marks them ``recovered``.
+        *decoded*: :func:`decode_many` of *records*, when the caller decoded them already
+        (the runner's loop does, while the batch before is in the database).
         """
         # Whether spans are made, looked up once per batch rather than per message: a
         # tracer provider set meanwhile is picked up from the next batch on.
@@ -146,7 +149,10 @@ class Processor:
                 pending = _without_partition(pending, record)
         while pending and not self.stop.is_set():
             if self.settings.mode == "batch":
-                ok, failed = self._batch(pending)
+                # *decoded* is of the whole batch: of use while no retry went first.
+                ok, failed = self._batch(pending, decoded if len(pending) == len(records)
+                                         else None)
+                decoded = None
             else:
                 ok, failed = self._one_by_one(pending)
             handled += ok
@@ -164,16 +170,11 @@ class Processor:
         return Progress(handled, tuple(parked))
 
     # --- batch mode ----------------------------------------------------------------------
-    def _batch(self, records: Sequence[Record]) -> tuple[int, _Failed | None]:
-        decoded: list[Decoded] = []
-        append, registration_of = decoded.append, self.app.registrations.get
-        failed: _Failed | None = None
-        for index, record in enumerate(records):
-            try:
-                append(decode(record, registration_of(record.topic)))
-            except MalformedMessage as exc:
-                failed = _Failed(index, exc)
-                break
+    def _batch(
+        self, records: Sequence[Record], decoding: Decoding | None = None
+    ) -> tuple[int, _Failed | None]:
+        decoded, malformed = decoding or decode_many(records, self.app.registrations)
+        failed = None if malformed is None else _Failed(len(decoded), malformed)
         if not decoded:
             return 0, failed
         plain = self._plain(decoded)

@@ -141,11 +141,12 @@ class TestPipelinedLoop:
         real = processor.process
         calls = [0]
 
-        def failing_third_batch(records: Any, retries: Any = (), unsure: Any = ()) -> Progress:
+        def failing_third_batch(records: Any, retries: Any = (), unsure: Any = (),
+                                decoded: Any = None) -> Progress:
             calls[0] += 1
             if calls[0] == 3:
                 raise OperationalError("SELECT 1", {}, Exception("the database went away"))
-            return real(records, retries, unsure)
+            return real(records, retries, unsure, decoded)
 
         processor.process = failing_third_batch  # type: ignore[method-assign]
         with running:
