@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,9 @@ class Progress:
 
 Position = tuple[str, int, int]  # (topic, partition, offset)
 
+HOLD_IDLE_S = 10.0
+"""A batch connection unused this long is given back and another taken (pinged)."""
+
 
 def _no_commit(records: Sequence[Record]) -> None:
     pass
@@ -95,7 +99,11 @@ class Processor:
         *,
         stop: threading.Event | None = None,
         committed: Committed = _no_commit,
+        keep_connection: bool = False,
     ) -> None:
+        """*keep_connection*: plain batches run on one connection, kept from one batch to the
+        next (see :meth:`_batch_connection`); the owner then calls :meth:`release` at its
+        end. Otherwise each batch takes one from the pool."""
         self.app = app
         self.settings = app.settings
         self.group = app.group_id
@@ -105,6 +113,9 @@ class Processor:
         self.committed = committed
         self.retries = Retries(app, engine, metrics, send_dead_letter, committed)
         self._traced = tracing.enabled()
+        self._keep = keep_connection
+        self._held: Connection | None = None  # see _batch_connection
+        self._held_since = 0.0
 
     # --- the entry point -----------------------------------------------------------------
     def process(
@@ -219,7 +230,9 @@ class Processor:
         fresh: list[Decoded] = decoded
         duplicates: list[Decoded] = []
         deferred = DeferredInserts()
-        with self.engine.connect() as conn:
+        conn = self._batch_connection()
+        clean = False  # the transaction ended as asked: the connection is kept
+        try:
             tx = conn.begin()
             try:
                 if not self._all_new(conn, decoded):
@@ -234,15 +247,42 @@ class Processor:
                 tx.commit()
             except _HandlerFailed as failure:
                 tx.rollback()
+                clean = True
                 index = -1 if failure.index < 0 else decoded.index(fresh[failure.index])
                 return index, failure.error
             except Exception as exc:  # deferred rows or the commit: let the careful path decide
                 tx.rollback()
                 return -1, exc
+            clean = True
+        finally:
+            if not (clean and self._keep):
+                self.release()  # maybe broken: the next batch takes another, pinged
         for d in duplicates:
             self._duplicate(d)
         self._done(fresh)
         return None
+
+    def _batch_connection(self) -> Connection:
+        """The connection plain batches run on, kept from one batch to the next: no pool
+        checkout and no ping (a round trip, then a wait for the interpreter's lock) per
+        batch. After an idle spell it is given back and another taken, pinged, as the pool
+        would (a server or a firewall may have dropped it meanwhile)."""
+        now = time.monotonic()
+        held = self._held
+        if held is not None and (held.invalidated or now - self._held_since > HOLD_IDLE_S):
+            self.release()
+            held = None
+        if held is None:
+            held = self._held = self.engine.connect()
+        self._held_since = now
+        return held
+
+    def release(self) -> None:
+        """Give the kept batch connection back to the pool (the runner does at its end)."""
+        held, self._held = self._held, None
+        if held is not None:
+            with suppress(Exception):  # broken: the pool drops it
+                held.close()
 
     def _mark_careful(
         self, conn: Connection, decoded: list[Decoded]

@@ -114,6 +114,7 @@ class Runner:
             app, self.engine, self.metrics, self._send, stop=self._stop,
             # Per-message mode commits each partition's watermark, not what each commit did.
             committed=self._committed_keyed if keyed else self._committed,
+            keep_connection=True,  # released in _shutdown
         )
         self.keyed: KeyedLoop | None = KeyedLoop(self) if keyed else None
         self.consumer: Any = None  # a KafkaConsumer once run() started
@@ -253,6 +254,7 @@ class Runner:
             self.offsets.commit(self.consumer)
             self.consumer.close()
         self.sender.close()
+        self.processor.release()
         self.engine.dispose()
         self.lifecycle.close()
 

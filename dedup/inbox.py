@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -130,7 +131,9 @@ def insert_new(
     columns = marks if isinstance(marks, Marks) else Marks.of(marks)
     if columns.message_ids:
         statement = _driver_sql("insert_new_marks", settings)
-        conn.exec_driver_sql(statement, _parameters(group, columns))
+        parameters = _parameters(group, columns)
+        if _first_in_transaction(conn, statement, parameters) is None:
+            conn.exec_driver_sql(statement, parameters)
 
 
 def mark(
@@ -145,20 +148,36 @@ def mark(
     statement = _driver_sql("insert_mark", settings)
     parameters = {"group": group, "id": one.message_id, "topic": one.topic,
                   "part": one.partition, "off": one.offset}
-    raw = conn.connection.driver_connection
-    if (isinstance(raw, psycopg.Connection) and not raw.autocommit and _PIPELINE
-            and raw.info.transaction_status == TransactionStatus.IDLE):
-        try:
-            with raw.pipeline():
-                cursor = raw.execute(statement, parameters)
-            return cursor.fetchone() is not None
-        except psycopg.Error as exc:
-            # As SQLAlchemy would have raised it (IntegrityError, OperationalError, ...),
-            # and a connection that broke is not handed out again by the pool.
-            if raw.closed or raw.broken:
-                conn.invalidate(exc)
-            raise DBAPIError.instance(statement, parameters, exc, psycopg.Error) from exc
+    cursor = _first_in_transaction(conn, statement, parameters)
+    if cursor is not None:
+        return cursor.fetchone() is not None
     return conn.exec_driver_sql(statement, parameters).first() is not None
+
+
+def _first_in_transaction(
+    conn: Connection, statement: str, parameters: dict[str, object]
+) -> psycopg.Cursor[Any] | None:
+    """Run *statement* with the ``BEGIN`` psycopg sends first, in one round trip (its
+    pipeline mode), when it is the transaction's first; None when it is not (or the driver
+    cannot), for the caller to run it the usual way.
+
+    Each round trip saved is a wait, and a wait for the interpreter's lock after it, which
+    the Kafka client's thread may hold for milliseconds.
+    """
+    raw = conn.connection.driver_connection
+    if not (isinstance(raw, psycopg.Connection) and not raw.autocommit and _PIPELINE
+            and raw.info.transaction_status == TransactionStatus.IDLE):
+        return None
+    try:
+        with raw.pipeline():
+            cursor = raw.execute(statement, parameters)
+    except psycopg.Error as exc:
+        # As SQLAlchemy would have raised it (IntegrityError, OperationalError, ...),
+        # and a connection that broke is not handed out again by the pool.
+        if raw.closed or raw.broken:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(statement, parameters, exc, psycopg.Error) from exc
+    return cursor
 
 
 def unmark(
