@@ -104,7 +104,8 @@ def text_array(values: Sequence[str]) -> str:
     if not values:
         return "{}"
     joined = '","'.join(values)
-    if '"' in joined or "\\" in joined:
+    # The separators' quotes aside, is there a quote or a backslash to escape?
+    if "\\" in joined or joined.count('"') != 2 * (len(values) - 1):
         joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
     return '{"' + joined + '"}'
 
