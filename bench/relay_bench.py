@@ -137,6 +137,21 @@ def process_cpu_s(pid: int) -> float:
     return math.nan
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """User + system CPU seconds so far of each thread of one process, by thread name
+    (librdkafka's rdk:*, the relay's relay-mark/relay-read/relay-listen, python: the main
+    loop); threads of one name added up."""
+    found: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = (task / "stat").read_text()
+            name = text[text.index("(") + 1:text.rindex(")")]
+            after_name = text.rsplit(")", 1)[1].split()
+            spent = (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+            found[name] = found.get(name, 0.0) + spent
+    return found
+
+
 def psql(url: str, statement: str, params: Any = None) -> Any:
     with psycopg.connect(url, autocommit=True) as conn:
         cur = conn.execute(statement, params)
@@ -885,6 +900,7 @@ class Latency:
     relay_cores: float = math.nan
     writer_cores: float = math.nan
     machine_busy: float = math.nan
+    threads: dict[str, float] = field(default_factory=dict)  # the relay's cores per thread
 
 
 def published_minus_created_ms(ctx: Ctx, topic: str) -> tuple[str, dict[str, float]]:
@@ -916,10 +932,15 @@ def latency(
         warm_up(ctx, relay, watch)
         psql(ctx.url, "CHECKPOINT")  # no checkpoint debt from earlier phases in the timing
         ticks, relay_cpu = cpu_ticks(), process_cpu_s(relay.proc.pid)
+        threads = thread_cpu_s(relay.proc.pid)
         start_at, committed, writer_cpu = run_writers(ctx, topic, rate, seconds, writers)
         last = max(t for _, t in committed)
         result.machine_busy = busy_since(ticks)
         result.relay_cores = (process_cpu_s(relay.proc.pid) - relay_cpu) / (last - start_at)
+        result.threads = {
+            name: (spent - threads.get(name, 0.0)) / (last - start_at)
+            for name, spent in thread_cpu_s(relay.proc.pid).items()
+        }
         result.writer_cores = writer_cpu / (last - start_at)
         result.achieved = len(committed) / (last - start_at)
         wait_drained(relay, watch, 1 + len(committed), timeout_s=120)
@@ -1372,6 +1393,9 @@ def phase_latency(ctx: Ctx, plan: dict[str, Any], res: Results) -> None:
             f"ms; CPU: relay {lat.relay_cores:.3f} cores, writers {lat.writer_cores:.2f}, "
             f"machine {lat.machine_busy:.0%} busy (everyone's)"
         )
+        busiest = sorted(lat.threads.items(), key=lambda item: -item[1])[:6]
+        print("    relay threads (cores): "
+              + ", ".join(f"{name} {cores:.3f}" for name, cores in busiest if cores >= 0.001))
 
 
 def phase_backlog_and_memory(ctx: Ctx, plan: dict[str, Any], res: Results) -> None:

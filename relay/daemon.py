@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
@@ -45,6 +45,7 @@ from relay.cursors import Cursor
 from relay.lanes import LaneManager
 from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
+from relay.readahead import ReadAhead
 from relay.retention import purge_published
 from relay.segments import overtaken, record_bytes, segments, suspect
 from relay.settings import RelaySettings
@@ -151,6 +152,7 @@ class Relay:
         # Recording a batch runs on this thread while the next batch is read and sent: the
         # next batch is sent only after this one was acknowledged, so order is unaffected.
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-mark")
+        self._ahead = ReadAhead()
         self._marking: Future[None] | None = None
         # Each owned lane's cursor, one batch ahead of the database's (relay/cursors.py).
         self._cursors: dict[int, Cursor] = {}
@@ -350,6 +352,7 @@ class Relay:
         self.lifecycle.stop_background()
         self._finish_marking()
         self._marker.shutdown(wait=True)
+        self._ahead.close()
         try:
             self.lanes.leave()
         except Exception as exc:
@@ -404,6 +407,8 @@ class Relay:
                 self._wait()
                 continue
             self._sparse = len(batch.rows) <= SPARSE_BATCH
+            if not self._idle and len(batch.rows) >= self.settings.batch_size:
+                self._read_ahead(lanes, batch)  # busy: the next batch is there already
             try:
                 clean = self._process(batch)
                 drained = clean and len(batch.rows) < self.settings.batch_size
@@ -450,27 +455,54 @@ class Relay:
 
     def _claim(self, owned: dict[int, int]) -> Claimed:
         """The next rows of the owned lanes, read from this relay's cursors (one batch ahead
-        of the database's while the previous batch is being recorded)."""
-        self._rotate += 1
-        with self.claim_engine.begin() as conn:
-            cursors: dict[int, Cursor | int] = {}
-            for lane, token in owned.items():
-                known = self._cursors.get(lane)
-                cursors[lane] = known if known is not None and known.token == token else token
-            batch = claim_messages(
-                conn,
-                self.schema,
-                relay_id=self.settings.relay_id,
-                cursors=cursors,
-                limit=self.settings.batch_size,
-                rotate=self._rotate,
-                incarnation=self._incarnation,
-            )
+        of the database's while the previous batch is being recorded), or read already."""
+        source = self._source(owned)
+        batch = self._ahead.take(owned, source, self._incarnation)
+        if batch is None:
+            self._rotate += 1
+            batch = self._read(source, self._rotate, self._incarnation)
         self._follow_incarnation(batch.incarnation)
         for lane, read in batch.reads.items():
             # An empty difference moves the cursor here only: nothing to record.
             self._cursors[lane] = read.cursor if read.ids else read.advanced(None)
         return batch
+
+    def _source(self, owned: dict[int, int],
+                cursors: Mapping[int, Cursor] | None = None) -> dict[int, Cursor | int]:
+        """What a claim of *owned* reads from: each lane's cursor (this relay's, or the given
+        *cursors*), or its token alone when there is none for its token."""
+        cursors = self._cursors if cursors is None else cursors
+        source: dict[int, Cursor | int] = {}
+        for lane, token in owned.items():
+            known = cursors.get(lane)
+            source[lane] = known if known is not None and known.token == token else token
+        return source
+
+    def _read(self, source: Mapping[int, Cursor | int], rotate: int,
+              incarnation: uuid.UUID | None) -> Claimed:
+        """One claim (no state of the relay changed: it also runs on the read-ahead thread)."""
+        with self.claim_engine.begin() as conn:
+            return claim_messages(
+                conn,
+                self.schema,
+                relay_id=self.settings.relay_id,
+                cursors=source,
+                limit=self.settings.batch_size,
+                rotate=rotate,
+                incarnation=incarnation,
+            )
+
+    def _read_ahead(self, owned: dict[int, int], batch: Claimed) -> None:
+        """Read the batch after *batch* while it is sent (relay/readahead.py): from the
+        cursors its lanes will have once every row of it is acknowledged."""
+        assumed = dict(self._cursors)
+        for lane, read in batch.reads.items():
+            if read.ids:
+                assumed[lane] = read.advanced(read.ids[-1])
+        self._rotate += 1
+        rotate, incarnation = self._rotate, self._incarnation
+        self._ahead.start(lambda source: self._read(source, rotate, incarnation), owned,
+                          self._source(owned, assumed), incarnation)
 
     def _follow_incarnation(self, now: uuid.UUID | None) -> None:
         """Drop the cursors read under another incarnation of the server than *now*.
@@ -526,6 +558,7 @@ class Relay:
             self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
         )
         if failed or set_aside or any(r.retry for r in batch.rows):
+            self._ahead.drop()  # it was read before these failures were recorded
             # Only clean batches are recorded beside the next claim. A refusal must be
             # recorded first: in block mode it is what holds back the later rows of its key.
             # So must retried rows: the next claim would read them again from the failures.
