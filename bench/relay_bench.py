@@ -517,7 +517,7 @@ class Relay:
         self._profile(ctx, name)
 
     def _profile(self, ctx: Ctx, name: str) -> None:
-        """With RELAYBENCH_PROFILE set, py-spy samples the relay (every thread, on-CPU only)
+        """With RELAYBENCH_PROFILE set (to "gil": only the thread holding the GIL), py-spy samples the relay (every thread, on-CPU only)
         until it exits, into <logs>/relay-<name>.pyspy (collapsed stacks: flamegraph.pl or
         speedscope read them). Profiling costs the relay some speed: not for figures."""
         if not os.environ.get("RELAYBENCH_PROFILE"):
@@ -526,7 +526,10 @@ class Relay:
         out = ctx.logs / f"relay-{name}.pyspy"
         subprocess.Popen(  # our own child: it ends with the relay
             [str(spy), "record", "--pid", str(self.proc.pid), "--rate", "250", "--threads",
-             "--nonblocking", "--format", "raw", "--output", str(out)],
+             "--nonblocking", "--format", "raw", "--output", str(out),
+             # "gil": only the thread holding the GIL, i.e. Python's own CPU (py-spy's idle
+             # detection counts some waits in C as busy).
+             *(["--gil"] if os.environ["RELAYBENCH_PROFILE"] == "gil" else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"  profiling relay {name} into {out}")
 

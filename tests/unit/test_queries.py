@@ -24,9 +24,14 @@ SELECT 2
 class TestParse:
     def test_queries_by_name_without_their_description(self) -> None:
         assert parse(SOURCE, "f.sql") == {
-            "first": "SELECT 1 -- a comment inside the statement stays\n",
+            "first": "SELECT 1\n",  # comments inside the statement are not sent either
             "second": "SELECT 2\n",
         }
+
+    def test_indentation_and_comments_are_left_out_but_not_from_string_literals(self) -> None:
+        found = parse("-- name: q\nSELECT 'a -- b' AS x,  -- why\n    'it''s' -- too\n"
+                      "    -- a line of its own\nFROM t\n", "f.sql")
+        assert found == {"q": "SELECT 'a -- b' AS x,\n'it''s'\nFROM t\n"}
 
     def test_two_queries_of_one_name_are_refused(self) -> None:
         with pytest.raises(ValueError, match=r"f\.sql: two queries are named 'first'"):
