@@ -517,7 +517,8 @@ class Relay:
         self._profile(ctx, name)
 
     def _profile(self, ctx: Ctx, name: str) -> None:
-        """With RELAYBENCH_PROFILE set (to "gil": only the thread holding the GIL), py-spy samples the relay (every thread, on-CPU only)
+        """With RELAYBENCH_PROFILE set, py-spy samples the relay (every thread, on-CPU only; with
+        RELAYBENCH_PROFILE=gil, only the thread holding the GIL)
         until it exits, into <logs>/relay-<name>.pyspy (collapsed stacks: flamegraph.pl or
         speedscope read them). Profiling costs the relay some speed: not for figures."""
         if not os.environ.get("RELAYBENCH_PROFILE"):
