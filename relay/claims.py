@@ -363,8 +363,9 @@ def record(
         conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
     rows = [p.row for p in published]
     lane_tokens = {lane: _token(cursors, lane) for lane in {r.lane for r in rows}}
-    row = conn.execute(
-        sql("relay", "record_batch", schema),
+    # Driver SQL: no SQLAlchemy compilation for the one statement of every batch.
+    row = conn.exec_driver_sql(
+        driver_sql("relay", "record_batch", schema),
         {
             "lanes": _array([r.lane for r in rows]),
             "tokens": _array([lane_tokens[r.lane] for r in rows]),
@@ -374,12 +375,12 @@ def record(
             "relay_id": relay_id,
             "incarnation": incarnation,
             "durable": durable,
-            "c_lanes": lanes,
-            "c_tokens": [cursors[lane][0].token for lane in lanes],
+            "c_lanes": _array(lanes),
+            "c_tokens": _array([cursors[lane][0].token for lane in lanes]),
             "c_snaps": [cursors[lane][0].snapshot for lane in lanes],
             "c_targets": [cursors[lane][0].target for lane in lanes],
-            "c_pos": [cursors[lane][0].pos for lane in lanes],
-            "c_n": [cursors[lane][1] for lane in lanes],
+            "c_pos": _array([cursors[lane][0].pos for lane in lanes]),
+            "c_n": _array([cursors[lane][1] for lane in lanes]),
         },
     ).one()
     if retried:

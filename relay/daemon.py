@@ -116,6 +116,17 @@ class Relay:
             isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
         )
+        # A clean batch's record is one statement, its own transaction: an autocommit pool
+        # of its own (no isolation level set and reset around every record).
+        self.record_engine: Engine = engine_for(
+            url,
+            answer_timeout_s=answers,
+            pool_size=1,
+            max_overflow=1,
+            ping_after_idle_s=PING_AFTER_IDLE_S,
+            isolation_level="AUTOCOMMIT",
+            pool_reset_on_return=None,
+        )
         self.metrics = RelayMetrics()
         # Capped from the first delay: an initial delay over the maximum waits the maximum.
         self.backoff = Backoff(
@@ -367,6 +378,7 @@ class Relay:
             self._listener.stop()
         self.engine.dispose()
         self.claim_engine.dispose()
+        self.record_engine.dispose()
         self.lifecycle.close()
 
     # --- the loop -----------------------------------------------------------------------
@@ -679,8 +691,8 @@ class Relay:
             with self.engine.begin() as conn:
                 yield conn
             return
-        with self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+        with self.record_engine.connect() as conn:
+            yield conn
 
     def _finish_marking(self) -> bool:
         """Wait for the batch being recorded; False when recording it failed."""

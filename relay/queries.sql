@@ -153,42 +153,43 @@ LIMIT :limit
 
 -- name: record_batch
 -- One statement records a clean batch: the proof per lane, and the lanes' cursors, fenced.
+-- Run as driver SQL (relay.claims.record).
 WITH v AS (
-    SELECT * FROM unnest(CAST(:lanes AS int[]), CAST(:tokens AS bigint[]), CAST(:ids AS bigint[]),
-                         CAST(:partitions AS int[]), CAST(:offsets AS bigint[]))
+    SELECT * FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]), CAST(%(ids)s AS bigint[]),
+                         CAST(%(partitions)s AS int[]), CAST(%(offsets)s AS bigint[]))
          AS v(lane, token, id, partition, kafka_offset)
 ),
 proof AS (
     INSERT INTO {schema}.deliveries
         (lane, relay_id, token, first_id, last_id, ids, partitions, offsets)
-    SELECT lane, :relay_id, token, min(id), max(id), array_agg(id ORDER BY id),
+    SELECT lane, %(relay_id)s, token, min(id), max(id), array_agg(id ORDER BY id),
            array_agg(partition ORDER BY id), array_agg(kafka_offset ORDER BY id)
     FROM v WHERE id IS NOT NULL GROUP BY lane, token
     RETURNING lane
 ),
 locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
     SELECT lane FROM {schema}.relay_lanes
-    WHERE lane = ANY(CAST(:c_lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
+    WHERE lane = ANY(CAST(%(c_lanes)s AS int[])) AND owner = %(relay_id)s ORDER BY lane FOR UPDATE
 ),
 moved AS (
     UPDATE {schema}.relay_lanes AS l
     SET cursor_snapshot = CAST(c.snap AS pg_snapshot),
         batch_snapshot = CAST(c.target AS pg_snapshot), batch_pos = c.pos,
         published_count = l.published_count + c.n, last_error = NULL, last_error_at = NULL
-    FROM unnest(CAST(:c_lanes AS int[]), CAST(:c_tokens AS bigint[]), CAST(:c_snaps AS text[]),
-                CAST(:c_targets AS text[]), CAST(:c_pos AS bigint[]), CAST(:c_n AS bigint[]))
+    FROM unnest(CAST(%(c_lanes)s AS int[]), CAST(%(c_tokens)s AS bigint[]), CAST(%(c_snaps)s AS text[]),
+                CAST(%(c_targets)s AS text[]), CAST(%(c_pos)s AS bigint[]), CAST(%(c_n)s AS bigint[]))
          AS c(lane, token, snap, target, pos, n), locked AS k
-    WHERE l.lane = c.lane AND k.lane = c.lane AND l.token = c.token AND l.owner = :relay_id
+    WHERE l.lane = c.lane AND k.lane = c.lane AND l.token = c.token AND l.owner = %(relay_id)s
       -- Only on the server the batch was read from (relay/history.py): a cursor from
       -- before a crash-restart or a promotion may count re-issued transaction ids as seen.
       AND EXISTS (SELECT 1 FROM {schema}.relay_server
-                  WHERE incarnation = CAST(:incarnation AS uuid))
+                  WHERE incarnation = CAST(%(incarnation)s AS uuid))
     RETURNING l.lane
 )
 SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM moved) AS moved,
        -- A clean batch's record need not wait for the WAL flush (see the daemon): said in the
        -- statement itself, so that it can run alone, as its own transaction.
-       set_config('synchronous_commit', CASE WHEN :durable THEN 'on' ELSE 'off' END, true)
+       set_config('synchronous_commit', CASE WHEN %(durable)s THEN 'on' ELSE 'off' END, true)
            AS synchronous_commit
 
 -- name: lock_failures
