@@ -286,7 +286,7 @@ class Runner:
                 self._forget_revoked(assigned)
                 # Decoded here, while the handler thread waits on PostgreSQL for the batch
                 # in hand: a third of a batch's CPU moved off the handler thread's path.
-                decoded = decode_many(records, self.app.registrations) if records else None
+                decoded = self._decode_ahead(records)
                 if not self._collect(records):
                     continue
                 # Polled before a partition of the batch in hand was parked: read again later.
@@ -438,6 +438,18 @@ class Runner:
             return []
         records: list[Any] = self.consumer.poll(timeout_ms, self.settings.max_poll_records)
         return records
+
+    def _decode_ahead(self, records: list[Any]) -> Decoding | None:
+        """The batch decoded on the loop's thread, or None: the handler's thread decodes it
+        then, where any error a model's validator raises (not only a validation error) is
+        the batch's failure, rewound and backed off, not the loop's end."""
+        if not records:
+            return None
+        try:
+            return decode_many(records, self.app.registrations)
+        except Exception as exc:
+            log.debug("decoding ahead failed (%s): the batch is decoded with its handling", exc)
+            return None
 
     def watch(self, assigned: Collection[TopicPartition], lags: dict[TopicPartition, int],
               paused: set[TopicPartition], *, progressed: bool) -> None:

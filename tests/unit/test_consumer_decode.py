@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, ConfigDict, RootModel
+from pydantic import BaseModel, ConfigDict, RootModel, field_validator
 
 from consumers import decode as decode_module
 from consumers.decode import decode
@@ -279,3 +280,29 @@ def test_refused_exactly_when_an_object_repeats_a_key(
         assert "duplicate key" in refused(value, Anything)
     else:
         assert decoded(value, Anything) == Anything(data=json.loads(text)["data"])
+
+
+class Touchy(BaseModel):
+    n: int
+
+    @field_validator("n")
+    @classmethod
+    def _no_sevens(cls, value: int) -> int:
+        if value == 7:
+            raise TypeError("a validator's own error, not a ValidationError")
+        return value
+
+
+def test_a_validator_error_while_decoding_ahead_leaves_the_batch_to_its_handling() -> None:
+    # The loop decodes a polled batch ahead of its handling; a model's validator may raise
+    # anything. That must not end the loop: the batch is decoded with its handling then, where
+    # the error is the batch's failure (rewound, backed off), as before decoding moved.
+    from consumers.runner import Runner  # noqa: PLC0415 - the runner's imports are heavy
+
+    registrations = {"orders": Registration("orders", _payload(Touchy))}
+    loop = SimpleNamespace(app=SimpleNamespace(registrations=registrations))
+    assert Runner._decode_ahead(loop, [Record(b'{"n": 7}')]) is None  # type: ignore[arg-type]
+    fine = Runner._decode_ahead(loop, [Record(b'{"n": 8}')])  # type: ignore[arg-type]
+    assert fine is not None
+    with pytest.raises(TypeError):
+        decode_module.decode_many([Record(b'{"n": 7}')], registrations)  # type: ignore[list-item]

@@ -33,6 +33,14 @@ class TestParse:
                       "    -- a line of its own\nFROM t\n", "f.sql")
         assert found == {"q": "SELECT 'a -- b' AS x,\n'it''s'\nFROM t\n"}
 
+    @pytest.mark.parametrize("body", [
+        "SELECT 'a\n  -- kept\n' AS x  -- a literal over lines\n",
+        "SELECT $$ -- kept $$ AS x\n",
+        "SELECT E'it\\'s -- kept' AS x\n",
+    ])
+    def test_a_statement_it_cannot_read_safely_is_sent_as_written(self, body: str) -> None:
+        assert parse("-- name: q\n" + body, "f.sql") == {"q": body}
+
     def test_two_queries_of_one_name_are_refused(self) -> None:
         with pytest.raises(ValueError, match=r"f\.sql: two queries are named 'first'"):
             parse(SOURCE + "\n-- name: first\nSELECT 3\n", "f.sql")
