@@ -33,7 +33,7 @@ from tests.e2e.consumer_support import (
     scrape,
 )
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("kafka_client")]
+pytestmark = [pytest.mark.timeout(180)]
 SESSION_S = 6  # the processes' session timeout (ConsumerProcesses)
 
 
@@ -124,15 +124,19 @@ def _stall_then_recover(procs: ConsumerProcesses, engine: Engine, kafka_bootstra
     assert all(proc.poll() is None for proc in procs.procs)  # one process, never restarted
 
 
-# Out of its group in batch mode, stuck fetches in per-message mode (where the rebuild
-# lets the running handlers finish first): between them, both rules and both loops. The
-# other two pairs pass too (`make test` leaves them out for time).
-@pytest.mark.parametrize(("failpoint", "mode"), [
-    ("consumer.leave_group", "batch"),
-    ("consumer.stuck_fetch", "per-message"),
+# Out of its group in batch mode with confluent (librdkafka #5153 is its client's), stuck
+# fetches in per-message mode (where the rebuild lets the running handlers finish first)
+# with kafka-python: between them, both rules, both loops and both clients. The other six
+# pairs pass too (`make test` leaves them out for time: -k watchdog with the pairs below
+# widened run them).
+@pytest.mark.parametrize(("client", "failpoint", "mode"), [
+    ("confluent", "consumer.leave_group", "batch"),
+    ("kafka-python", "consumer.stuck_fetch", "per-message"),
 ])
-def test_a_client_alive_but_not_working_is_rebuilt_and_reads_again(
-    procs: ConsumerProcesses, engine: Engine, kafka_bootstrap: str, failpoint: str, mode: str
+def test_a_client_alive_but_not_working_is_rebuilt_and_reads_again(  # noqa: PLR0917
+    procs: ConsumerProcesses, engine: Engine, kafka_bootstrap: str, client: str,
+    failpoint: str, mode: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("OUTBOXKIT_KAFKA_CLIENT", client)  # the consumer process inherits it
     _stall_then_recover(procs, engine, kafka_bootstrap, failpoint,
                         OUTBOXKIT_CONSUMER_MODE=mode)
