@@ -519,6 +519,9 @@ class Runner:
         self._subscribe(listener)
         self.metrics.rebuilds.inc()
         self.watchdog.rebuilt()
+        # The old client's batch, finished above, is no work of the new one: only the new
+        # client's reading ends the stall (and lifts /readyz's hold).
+        self._progressed = False
         log.warning("the Kafka client was rebuilt%s", "" if not closing.is_alive()
                     else " (the old one still closing, in the background)",
                     extra={"event": "consumer.rebuilt"})
