@@ -77,7 +77,7 @@ class Readiness:
         self._thread.join(timeout=5)
 
     def unready_s(self) -> float:
-        """How long it said not-ready after having said ready (about: samples times the interval)."""
+        """How long it said not-ready after having said ready (samples times the interval)."""
         said = [ready for _, ready in self.seen]
         first = said.index(True) if True in said else len(said)
         return SAMPLE_S * sum(1 for ready in said[first:] if not ready)
