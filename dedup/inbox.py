@@ -19,6 +19,7 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from outbox.db.arrays import int_array, text_array
 from outbox.db.hashing import stable_hash64
 from outbox.db.queries import driver_sql, sql
 from outbox.settings import OutboxSettings, default_settings
@@ -90,28 +91,9 @@ def _parameters(group: str, marks: Marks) -> dict[str, object]:
         "group": group,
         "ids": text_array(marks.message_ids),
         "topics": text_array(marks.topics),
-        "partitions": _int_array(marks.partitions),
-        "offsets": _int_array(marks.offsets),
+        "partitions": int_array(marks.partitions),
+        "offsets": int_array(marks.offsets),
     }
-
-
-def text_array(values: Sequence[str]) -> str:
-    """*values* as a PostgreSQL array literal (``{"a","b"}``), each element quoted.
-
-    Quoted, an element keeps its commas, braces, spaces and a ``NULL`` spelling; only ``"``
-    and ``\\`` need a backslash, and the join is looked at once to see if any does.
-    """
-    if not values:
-        return "{}"
-    joined = '","'.join(values)
-    # The separators' quotes aside, is there a quote or a backslash to escape?
-    if "\\" in joined or joined.count('"') != 2 * (len(values) - 1):
-        joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
-    return '{"' + joined + '"}'
-
-
-def _int_array(values: Sequence[int]) -> str:
-    return "{" + ",".join(map(str, values)) + "}"
 
 
 def insert_new(

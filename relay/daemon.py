@@ -103,30 +103,12 @@ class Relay:
         self.engine: Engine = engine_for(url, pool_size=3, max_overflow=2,
                                          ping_after_idle_s=PING_AFTER_IDLE_S,
                                          answer_timeout_s=answers)
-        # The claim's own connection, with the planner settings its plan needs (see claims).
-        # Autocommit: a claim is one read-only statement, so BEGIN and COMMIT would be two of
-        # its three round trips.
-        self.claim_engine: Engine = engine_for(
-            url,
-            connect={"options": CLAIM_PLANNER},
-            answer_timeout_s=answers,
-            pool_size=1,
-            max_overflow=0,
-            ping_after_idle_s=PING_AFTER_IDLE_S,
-            isolation_level="AUTOCOMMIT",
-            pool_reset_on_return=None,  # nothing to roll back: a round trip saved per claim
-        )
-        # A clean batch's record is one statement, its own transaction: an autocommit pool
-        # of its own (no isolation level set and reset around every record).
-        self.record_engine: Engine = engine_for(
-            url,
-            answer_timeout_s=answers,
-            pool_size=1,
-            max_overflow=1,
-            ping_after_idle_s=PING_AFTER_IDLE_S,
-            isolation_level="AUTOCOMMIT",
-            pool_reset_on_return=None,
-        )
+        # Two autocommit pools of their own: a claim is one read-only statement, so BEGIN and
+        # COMMIT would be two of its three round trips (and its connection carries the planner
+        # settings its plan needs, see claims); a clean batch's record is one statement, its
+        # own transaction (no isolation level set and reset around every record).
+        self.claim_engine = self._autocommit_engine(connect={"options": CLAIM_PLANNER})
+        self.record_engine = self._autocommit_engine(overflow=1)
         self.metrics = RelayMetrics()
         # Capped from the first delay: an initial delay over the maximum waits the maximum.
         self.backoff = Backoff(
@@ -172,6 +154,21 @@ class Relay:
         self.publisher: Publisher | None = None
         self._scheduler: BackgroundScheduler | None = None
         self._listener: Listener | None = None
+
+    def _autocommit_engine(self, *, connect: dict[str, str] | None = None,
+                           overflow: int = 0) -> Engine:
+        """One connection (plus *overflow*) in autocommit: nothing to roll back on its
+        return to the pool, a round trip saved per use."""
+        return engine_for(
+            self._url,
+            connect=connect,
+            answer_timeout_s=self.settings.database_answer_timeout_seconds or None,
+            pool_size=1,
+            max_overflow=overflow,
+            ping_after_idle_s=PING_AFTER_IDLE_S,
+            isolation_level="AUTOCOMMIT",
+            pool_reset_on_return=None,
+        )
 
     # --- probes -------------------------------------------------------------------------
     def ready(self) -> bool:
