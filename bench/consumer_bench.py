@@ -86,6 +86,7 @@ from outbox.db.migrate import migrate
 from outbox.messages.ids import uuid7
 
 CLIENTS = ("kafka-python", "confluent")
+PHASES = ("noop", "one", "deferred", "batch")  # (n), (b), (f), (c): the handlers
 # Issue 15's goals. kafka-python, against its raw consumer: the README's per-message handler
 # in batch mode (consumer.batch_ratio) and a batch handler. confluent-kafka (its raw consumer
 # is several times faster, so PostgreSQL is the limit): absolute rates.
@@ -153,12 +154,50 @@ class Window:
         return took, cores, (busy - self.ticks[0]) / max(1, total - self.ticks[1])
 
 
+class BackendCpu:
+    """CPU seconds the client backends of one database spent (PostgreSQL on this machine:
+    /proc/<pid>/stat): the consumer's connections, not the other databases' work."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.before: dict[int, float] = {}
+
+    def _pids(self) -> list[int]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
+        return [row[0] for row in rows]
+
+    @staticmethod
+    def _cpu(pid: int) -> float | None:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None  # not on this machine, or gone
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def start(self) -> None:
+        self.before = {pid: cpu for pid in self._pids()
+                       if (cpu := self._cpu(pid)) is not None}
+
+    def stop(self) -> float:
+        """CPU seconds since start() (a backend that ended meanwhile is not counted)."""
+        total = 0.0
+        for pid in self._pids():
+            cpu = self._cpu(pid)
+            if cpu is not None:
+                total += cpu - self.before.get(pid, 0.0)
+        return total if self.before or total else math.nan
+
+
 @dataclass
 class Rate:
     per_s: float
     cores: float
     busy: float
     seconds: float = math.nan  # from the first processed message to the last
+    db_cpu_s: float = math.nan  # CPU of the consumer's PostgreSQL backends meanwhile
 
 
 # --- the workload ----------------------------------------------------------------------------
@@ -313,7 +352,7 @@ def consumer_rate(
 
         app.register(topic, write_one)
     with kafka_client(client):  # for the whole run: the runner may resolve it late
-        rate, done = run_until(Runner(app), topic, n, limit_s=900)
+        rate, done = run_until(Runner(app), topic, n, limit_s=900, url=url)
     if done < n:
         raise SystemExit(f"{mode} consumer ({client}) did not process {n} messages in 900 s")
     return rate
@@ -326,6 +365,7 @@ def run_until(
     *,
     limit_s: float,
     began: threading.Event | None = None,
+    url: str | None = None,
 ) -> tuple[Rate, float]:
     """Run *runner* until it processed *n* messages of *topic* or *limit_s* passed.
 
@@ -338,6 +378,7 @@ def run_until(
     thread.start()
     counter = runner.metrics.processed.labels(topic)
     started, first_count, window = False, 0.0, Window()
+    backends = BackendCpu(url) if url else None
     deadline = time.monotonic() + limit_s
     done = 0.0
     try:
@@ -347,14 +388,17 @@ def run_until(
                 # From *began* on, everything processed counts (none was before it).
                 started, first_count = True, done if began is None else 0.0
                 window.start()
+                if backends is not None:
+                    backends.start()
             if done >= n:
                 break
             time.sleep(0.005)
         if not started:
             return Rate(0.0, math.nan, math.nan, limit_s), done
         took, cores, busy = window.stop()
+        db_cpu = backends.stop() if backends is not None else math.nan
         return Rate((done - first_count) / took if took > 0 else math.nan, cores, busy,
-                    took), done
+                    took, db_cpu), done
     finally:
         runner.stop()
         thread.join(timeout=60)
@@ -477,6 +521,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "one whose backend is missing is skipped with a note",
     )
     p.add_argument("--no-isolation", action="store_true", help="skip (e): a shorter run")
+    p.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help="of (n), (b), (f), (c), which to run, comma separated: noop, one, deferred, "
+        "batch (default all; (a) always runs, the ratios' ceiling)",
+    )
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--state-dir", help="where the throwaway services live (kept if given)")
     p.add_argument("--database-url", help="an existing PostgreSQL server (admin URL)")
@@ -489,6 +539,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    args.phases = [c.strip() for c in args.phases.split(",") if c.strip()]
+    if set(args.phases) - set(PHASES):
+        p.error(f"--phases takes {', '.join(PHASES)}")
     unknown = sorted(set(args.clients) - set(CLIENTS))
     if unknown or not args.clients:
         p.error(f"--clients takes {' and/or '.join(CLIENTS)}, not {', '.join(unknown) or '{}'}")
@@ -557,6 +610,7 @@ def measure(
     rounds: int,
     clients: Sequence[str],
     isolation: bool,
+    phases: Sequence[str] = PHASES,
 ) -> Results:
     """(a) to (e), in a database and topics of their own, dropped at the end."""
     name = f"consumerbench_{uuid.uuid4().hex[:8]}"
@@ -594,15 +648,16 @@ def measure(
 
                 log(f"round {round_}/{rounds}: (a) raw {client} consumer")
                 mine.raw.append(raw_rate(client, bootstrap, topic, n, mpr))
-                log(f"round {round_}/{rounds}: (n) {client}, batch mode, no-op handler")
-                mine.noop.append(rate("noop"))
-                log(f"round {round_}/{rounds}: (b) {client}, batch mode, per-message handler")
-                mine.batch.append(rate("one"))
-                log(f"round {round_}/{rounds}: (f) {client}, batch mode, per-message handler, "
-                    "ctx.defer_insert")
-                mine.deferred.append(rate("deferred"))
-                log(f"round {round_}/{rounds}: (c) {client}, batch mode, batch handler")
-                mine.batch_handler.append(rate("batch"))
+                for phase, label, into in (
+                    ("noop", "(n) {}, batch mode, no-op handler", mine.noop),
+                    ("one", "(b) {}, batch mode, per-message handler", mine.batch),
+                    ("deferred", "(f) {}, batch mode, per-message handler, ctx.defer_insert",
+                     mine.deferred),
+                    ("batch", "(c) {}, batch mode, batch handler", mine.batch_handler),
+                ):
+                    if phase in phases:
+                        log(f"round {round_}/{rounds}: {label.format(client)}")
+                        into.append(rate(phase))
             if isolation:
                 isolation_round(results, url=url, bootstrap=bootstrap, topics=(idle, stuck), k=k,
                                 mpr=mpr, round_=round_, rounds=rounds)
@@ -627,6 +682,8 @@ def spent(rates: Sequence[Rate]) -> str:
 
 def ratio_of(ceilings: Sequence[Rate], rates: Sequence[Rate]) -> float:
     """The median of each round's ratio (the ceiling measured just before the consumer)."""
+    if not rates:
+        return math.nan  # a phase not run (--phases)
     return median([b.per_s / a.per_s for a, b in zip(ceilings, rates, strict=True)])
 
 
@@ -686,6 +743,12 @@ def client_figures(client: str, mine: ClientResults, cpus: int) -> list[Figure]:
         own = median([r.cores / r.per_s * 1e6 for r in rates if r.per_s > 0])
         figures.append(Figure(f"{prefix}.{phase}.process_cpu_us_per_msg", own, "us",
                               note="this process's CPU per message, median of rounds"))
+        if phase != "raw":
+            db = median([r.db_cpu_s / (r.per_s * r.seconds) * 1e6 for r in rates
+                         if r.per_s > 0 and math.isfinite(r.db_cpu_s)])
+            figures.append(Figure(f"{prefix}.{phase}.db_cpu_us_per_msg", db, "us",
+                                  note="the consumer's PostgreSQL backends' CPU per message, "
+                                       "median of rounds"))
     return figures
 
 
@@ -753,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.rounds or (1 if args.quick else 3)
         try:
             results = measure(admin_url, bootstrap, n, mpr, k=k, rounds=rounds,
-                              clients=clients, isolation=not args.no_isolation)
+                              clients=clients, isolation=not args.no_isolation,
+                              phases=args.phases)
         finally:
             restore()
     machine["loadavg_end"] = os.getloadavg()
