@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, RootTransaction
 from sqlalchemy.exc import IntegrityError
 
 from consumers import failures
@@ -41,7 +41,15 @@ from consumers.handlers import Registration
 from consumers.metrics import ConsumerMetrics
 from consumers.parking import Parked
 from consumers.retries import Committed, Retries, SendDeadLetter
-from dedup.inbox import Mark, Marks, insert_new, mark, mark_many, unmark
+from dedup.inbox import (
+    Mark,
+    Marks,
+    commit_then_insert_new,
+    insert_new,
+    mark,
+    mark_many,
+    unmark,
+)
 from outbox.kafka import Record
 from outbox.messages.envelope import HEADER_RUN_ID
 from outbox.runtime import tracing
@@ -87,6 +95,17 @@ def _no_commit(records: Sequence[Record]) -> None:
     pass
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """The next batch's marks, inserted with the last batch's commit: its transaction is
+    open on the kept connection (``tx``) until that batch is handled in it or withdrawn."""
+
+    records: Sequence[Record]
+    decoding: Decoding
+    conn: Connection
+    tx: RootTransaction
+
+
 class Processor:
     """Processes records in order; ``committed`` is called after each database commit."""
 
@@ -116,6 +135,10 @@ class Processor:
         self._keep = keep_connection
         self._held: Connection | None = None  # see _batch_connection
         self._held_since = 0.0
+        # The batch the loop will hand over next, offered while this one is handled (see
+        # offer), and that batch once its marks went in with this one's commit.
+        self._offer: tuple[Sequence[Record], Decoding] | None = None
+        self._ahead: _Ahead | None = None
 
     # --- the entry point -----------------------------------------------------------------
     def process(
@@ -135,6 +158,19 @@ class Processor:
         *decoded*: :func:`decode_many` of *records*, when the caller decoded them already
         (the runner's loop does, while the batch before is in the database).
         """
+        try:
+            return self._process(records, retries, unsure, decoded)
+        except BaseException:
+            self.withdraw()  # marks inserted ahead (with a commit of this call) go at once
+            raise
+
+    def _process(
+        self,
+        records: Sequence[Record],
+        retries: Collection[Position],
+        unsure: Sequence[Position],
+        decoded: Decoding | None,
+    ) -> Progress:
         # Whether spans are made, looked up once per batch rather than per message: a
         # tracer provider set meanwhile is picked up from the next batch on.
         self._traced = tracing.enabled()
@@ -147,6 +183,12 @@ class Processor:
         handled = 0
         heads = [r for r in pending if (r.topic, r.partition, r.offset) in retries] if (
             retries) else []
+        ahead = self._ahead
+        if ahead is not None and (heads or ahead.records is not records
+                                  or ahead.decoding is not decoded or self.stop.is_set()):
+            # Not the batch whose marks went in ahead (the loop kept part of it, a retry goes
+            # first on another connection, or stopping): those marks are rolled back first.
+            self.withdraw()
         for record in heads:
             if self.stop.is_set():
                 return Progress(handled, tuple(parked))
@@ -161,8 +203,8 @@ class Processor:
         while pending and not self.stop.is_set():
             if self.settings.mode == "batch":
                 # *decoded* is of the whole batch: of use while no retry went first.
-                ok, failed = self._batch(pending, decoded if len(pending) == len(records)
-                                         else None)
+                whole = len(pending) == len(records)
+                ok, failed = self._batch(pending, decoded if whole else None, last=whole)
                 decoded = None
             else:
                 ok, failed = self._one_by_one(pending)
@@ -182,13 +224,16 @@ class Processor:
 
     # --- batch mode ----------------------------------------------------------------------
     def _batch(
-        self, records: Sequence[Record], decoding: Decoding | None = None
+        self, records: Sequence[Record], decoding: Decoding | None = None, *,
+        last: bool = False,
     ) -> tuple[int, _Failed | None]:
+        """*last*: nothing of this :meth:`process` call comes after this batch if it goes
+        through whole, so its commit may take the next batch's marks (:meth:`offer`)."""
         decoded, malformed = decoding or decode_many(records, self.app.registrations)
         failed = None if malformed is None else _Failed(len(decoded), malformed)
         if not decoded:
             return 0, failed
-        plain = self._plain(decoded)
+        plain = self._plain(decoded, mark_next=last and malformed is None)
         if plain is None:
             self.committed(records[: len(decoded)])
             return len(decoded), failed
@@ -217,7 +262,9 @@ class Processor:
         self.committed(records[:count_to])
         return count_to, failed
 
-    def _plain(self, decoded: list[Decoded]) -> tuple[int, BaseException] | None:
+    def _plain(
+        self, decoded: list[Decoded], *, mark_next: bool = False
+    ) -> tuple[int, BaseException] | None:
         """The common case first: the batch in one transaction without savepoints.
 
         A savepoint costs two round trips per message and almost no batch has a failure,
@@ -226,16 +273,29 @@ class Processor:
         raised, or -1 when that is not known, and the error). Handlers' database writes roll
         back with it; their outside effects must be idempotent anyway (the operations
         ledger), as with any redelivery.
+
+        The batch's marks may be in already, inserted with the last batch's commit
+        (``_ahead``); and with *mark_next*, this commit takes the next batch's marks if the
+        loop offered it (:meth:`offer`): a round trip per batch fewer.
         """
         fresh: list[Decoded] = decoded
         duplicates: list[Decoded] = []
         deferred = DeferredInserts()
-        conn = self._batch_connection()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.decoding[0] is decoded:
+            conn, tx = ahead.conn, ahead.tx  # the marks are in, in this transaction
+            self._held_since = time.monotonic()
+        else:
+            if ahead is not None:  # not this batch (process() withdraws those first)
+                with suppress(Exception):
+                    ahead.tx.rollback()
+            conn, tx = self._batch_connection(), None
         clean = False  # the transaction ended as asked: the connection is kept
         try:
-            tx = conn.begin()
+            if tx is None:
+                tx = conn.begin()
             try:
-                if not self._all_new(conn, decoded):
+                if ahead is None and not self._all_new(conn, decoded):
                     tx.rollback()  # some were marked: the careful insert says which
                     tx = conn.begin()
                     fresh, duplicates = self._mark_careful(conn, decoded)
@@ -244,7 +304,11 @@ class Processor:
                 # path writes each message's rows in its savepoint and finds it.
                 deferred.write(conn)
                 failpoint("consumer.after_handler")
-                tx.commit()
+                following = self._offered() if mark_next and not duplicates else None
+                if following is None:
+                    tx.commit()
+                else:
+                    self._commit_marking(conn, tx, following)
             except _HandlerFailed as failure:
                 tx.rollback()
                 clean = True
@@ -262,6 +326,59 @@ class Processor:
         self._done(fresh)
         return None
 
+    # --- the next batch's marks with this one's commit ----------------------------------
+    def offer(self, records: Sequence[Record] | None, decoding: Decoding | None = None) -> None:
+        """The batch the loop polled behind the one in hand, decoded; None: no offer.
+
+        Called on the loop's thread while the handler thread handles the batch before: if
+        that batch's commit comes after the offer, it inserts these marks in the same round
+        trip (``COMMIT; BEGIN; INSERT``), and the batch, handed over next as offered, is
+        handled in that transaction. The loop must hand it over as offered, or have
+        :meth:`withdraw` run on the handler thread, before anything else: its marks' row
+        locks would hold up whoever reads these messages next.
+        """
+        self._offer = None if records is None or decoding is None else (records, decoding)
+
+    def _offered(self) -> tuple[Sequence[Record], Decoding] | None:
+        """The offered batch if its marks can go in with this commit (on the kept connection,
+        all decoded, no id twice: what the plain insert takes)."""
+        offer, self._offer = self._offer, None
+        if offer is None or not self._keep or self.settings.mode != "batch":
+            return None
+        decoded, malformed = offer[1]
+        if malformed is not None or not decoded or (
+                len({d.message_id for d in decoded}) < len(decoded)):
+            return None
+        return offer
+
+    def _commit_marking(
+        self, conn: Connection, tx: RootTransaction, following: tuple[Sequence[Record], Decoding]
+    ) -> None:
+        """Commit *tx* with the *following* batch's marks in the same round trip."""
+        records, decoding = following
+        marked = commit_then_insert_new(conn, self.group, _marks(decoding[0]),
+                                        settings=self.app.outbox_settings)
+        if marked is None:
+            tx.commit()
+        elif marked:
+            self._ahead = _Ahead(records, decoding, conn, tx)  # tx is the next batch's now
+        else:
+            # Committed; a mark of the next batch was there already (a redelivery): that
+            # transaction is rolled back and the batch goes the usual way.
+            tx.rollback()
+
+    def withdraw(self) -> None:
+        """Roll back the marks inserted ahead for a batch that will not be handled as offered
+        (on the handler thread, which owns the connection)."""
+        self._offer = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            ahead.tx.rollback()
+        except Exception:  # broken: the connection goes, and its transaction with it
+            self.release()
+
     def _batch_connection(self) -> Connection:
         """The connection plain batches run on, kept from one batch to the next: no pool
         checkout and no ping (a round trip, then a wait for the interpreter's lock) per
@@ -278,7 +395,9 @@ class Processor:
         return held
 
     def release(self) -> None:
-        """Give the kept batch connection back to the pool (the runner does at its end)."""
+        """Give the kept batch connection back to the pool (the runner does at its end);
+        marks inserted ahead are rolled back with it."""
+        self._ahead = self._offer = None
         held, self._held = self._held, None
         if held is not None:
             with suppress(Exception):  # broken: the pool drops it

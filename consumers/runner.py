@@ -287,18 +287,29 @@ class Runner:
                 # Decoded here, while the handler thread waits on PostgreSQL for the batch
                 # in hand: a third of a batch's CPU moved off the handler thread's path.
                 decoded = self._decode_ahead(records)
-                if not self._collect(records):
+                # The batch in hand may commit with this one's marks (Processor.offer): it is
+                # then handed over as offered, or withdrawn before anything else runs.
+                offered = decoded is not None and self._in_hand is not None
+                if offered:
+                    self.processor.offer(records, decoded)
+                collected = self._collect(records)
+                self.processor.offer(None)  # the handler thread is idle: nothing takes it now
+                if not collected:
+                    if offered:
+                        self._handler_thread.submit(self.processor.withdraw)
                     continue
                 # Polled before a partition of the batch in hand was parked: read again later.
                 kept = self.parking.without_parked(records)
                 if kept is not records:
-                    records, decoded = kept, None
+                    records, decoded = kept, None  # not as offered: process() withdraws it
                 if records:
                     retries = self.parking.retries_in(records)
                     future = self._handler_thread.submit(
                         self._handle, records, retries, self._unsure(records), decoded
                     )
                     self._in_hand = (future, records, retries)
+                elif offered:
+                    self._handler_thread.submit(self.processor.withdraw)
                 self.offsets.commit_async(self.consumer)
                 lag = self.update_lag(assigned)
                 handled, self._progressed = self._progressed, False
@@ -307,6 +318,9 @@ class Runner:
                            progressed=bool(records) or handled or busy)
         finally:
             self._collect(())  # stopping: the batch in hand finishes (or gives up) first
+            # Marks inserted ahead for a batch not handled go now, not at the connection's
+            # release (after the client left its group, when others may read the messages).
+            self._handler_thread.submit(self.processor.withdraw)
             self._handler_thread.shutdown(wait=True)
 
     def _poll_timeout_ms(self) -> int:

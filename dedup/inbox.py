@@ -119,6 +119,56 @@ def insert_new(
             conn.exec_driver_sql(statement, parameters)
 
 
+def commit_then_insert_new(
+    conn: Connection,
+    group: str,
+    marks: Sequence[Mark] | Marks,
+    *,
+    settings: OutboxSettings | None = None,
+) -> bool | None:
+    """Commit the caller's transaction and, in the same round trip, begin the next one with
+    *marks* inserted as :func:`insert_new` does (``COMMIT; BEGIN; INSERT ...`` as one
+    simple query: PostgreSQL runs the three in order, the ``BEGIN`` and the marks only if
+    the commit succeeded).
+
+    Returns None when the driver cannot (not psycopg, or no marks): nothing was sent, and
+    the caller commits the usual way. True: committed, and a new transaction is open on the
+    connection holding the marks; SQLAlchemy's transaction object the caller holds stands
+    for that one now (commit or roll it back as the next transaction). False: committed,
+    but a mark was there already (or the insert failed otherwise): the new transaction is
+    aborted and the caller must roll it back (SQLAlchemy's transaction object), which
+    leaves the commit done.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the commit failed (nothing committed, as
+            ``Transaction.commit`` raises it), or its answer was lost (the connection broke:
+            whether it committed is unknown, as with any commit).
+    """
+    columns = marks if isinstance(marks, Marks) else Marks.of(marks)
+    raw = conn.connection.driver_connection
+    if not (columns.message_ids and isinstance(raw, psycopg.Connection) and not raw.autocommit
+            and raw.info.transaction_status == TransactionStatus.INTRANS):
+        return None
+    statement = "COMMIT; BEGIN; " + _driver_sql("insert_new_marks", settings)
+    parameters = _parameters(group, columns)
+    try:
+        # A client-side cursor merges the parameters into the text: the simple query
+        # protocol, the only one that takes several statements in one message.
+        with psycopg.ClientCursor(raw) as cursor:
+            cursor.execute(statement, parameters, prepare=False)
+    except psycopg.Error as exc:
+        if _status(raw) == TransactionStatus.INERROR:
+            return False  # the commit went through (BEGIN ran after it); the marks did not
+        if raw.closed or raw.broken:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(statement, parameters, exc, psycopg.Error) from exc
+    return True
+
+
+def _status(raw: psycopg.Connection[Any]) -> TransactionStatus:
+    return raw.info.transaction_status
+
+
 def mark(
     conn: Connection, group: str, one: Mark, *, settings: OutboxSettings | None = None
 ) -> bool:

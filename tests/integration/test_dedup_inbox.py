@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
 
 from dedup.inbox import (
     Mark,
     Marks,
+    commit_then_insert_new,
     insert_new,
     is_marked,
     mark,
@@ -96,6 +99,69 @@ class TestMarks:
         for t in threads:
             t.join()
         assert sorted(results) == [False, False, False, True]
+
+
+class TestCommitThenInsertNew:
+    """The last transaction's commit and the next one's marks in one round trip."""
+
+    @staticmethod
+    def stored(engine: Engine, group: str) -> set[str]:
+        with engine.connect() as conn:
+            return set(conn.execute(text(
+                "SELECT message_id FROM outboxkit.consumer_inbox WHERE consumer_group = :g"),
+                {"g": group}).scalars())
+
+    def test_commits_then_holds_the_next_marks_in_an_open_transaction(
+        self, engine: Engine
+    ) -> None:
+        odd = ['a"b', "c\\d", "e,f", "{g}", " h ", "NULL", "it's", "k\nl"]
+        with engine.connect() as conn:
+            tx = conn.begin()
+            mark(conn, "g", m("first"), settings=SETTINGS)
+            assert commit_then_insert_new(
+                conn, "g", [m(x, n) for n, x in enumerate(odd)], settings=SETTINGS) is True
+            assert tx.is_active  # SQLAlchemy's transaction stands for the new one
+            assert self.stored(engine, "g") == {"first"}  # committed; the next not yet
+            assert is_marked(conn, "g", "it's", settings=SETTINGS)
+            tx.commit()
+        assert self.stored(engine, "g") == {"first", *odd}
+
+    def test_a_mark_already_there_leaves_the_commit_done_and_the_next_aborted(
+        self, engine: Engine
+    ) -> None:
+        with engine.begin() as conn:
+            mark(conn, "g", m("seen"), settings=SETTINGS)
+        with engine.connect() as conn:
+            tx = conn.begin()
+            mark(conn, "g", m("mine"), settings=SETTINGS)
+            assert commit_then_insert_new(conn, "g", [m("new"), m("seen", 1)],
+                                          settings=SETTINGS) is False
+            tx.rollback()  # the aborted next transaction
+            assert self.stored(engine, "g") == {"seen", "mine"}
+            with conn.begin():  # the connection is usable again
+                assert not is_marked(conn, "g", "new", settings=SETTINGS)
+
+    def test_a_failed_commit_raises_and_inserts_nothing(self, engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "CREATE TABLE public.late (n integer, CONSTRAINT late_n UNIQUE (n) "
+                "DEFERRABLE INITIALLY DEFERRED)"))
+        with engine.connect() as conn:
+            tx = conn.begin()
+            mark(conn, "g", m("doomed"), settings=SETTINGS)
+            conn.execute(text("INSERT INTO public.late VALUES (1), (1)"))  # checked at COMMIT
+            with pytest.raises(IntegrityError):
+                commit_then_insert_new(conn, "g", [m("next")], settings=SETTINGS)
+            tx.rollback()
+        assert self.stored(engine, "g") == set()
+
+    def test_without_a_transaction_or_marks_nothing_is_sent(self, engine: Engine) -> None:
+        with engine.connect() as conn:
+            assert commit_then_insert_new(conn, "g", [m("x")], settings=SETTINGS) is None
+            with conn.begin():
+                mark(conn, "g", m("y"), settings=SETTINGS)
+                assert commit_then_insert_new(conn, "g", [], settings=SETTINGS) is None
+        assert self.stored(engine, "g") == {"y"}
 
 
 class TestRetention:

@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from consumers import Consumer, HandlerContext, RetryLater, SkipMessage
 from consumers.deadletter import Sent
+from consumers.decode import decode_many
 from consumers.failures import list_failures
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor, Progress
 from dedup.ledger import Applied, Evidence, Ledger
+from outbox.db.dsn import sqlalchemy_url
 from outbox.db.schema import translate
 from outbox.messages.envelope import Envelope
 from outbox.settings import OutboxSettings
@@ -235,6 +237,115 @@ class TestTransactions:
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_inbox") == 4
         assert metrics.registry.get_sample_value(
             "outboxkit_consumer_skipped_total", {"topic": TOPIC}) == 2
+
+
+class TestMarksAhead:
+    """The next batch's marks go in with the last batch's commit (Processor.offer): what it
+    handles is the same, and marks for a batch not handled as offered are rolled back."""
+
+    @staticmethod
+    def kept(app: Consumer, engine: Engine, **kwargs: Any) -> Processor:
+        return Processor(app, engine, kwargs.pop("metrics", ConsumerMetrics()), FakeSender(),
+                         keep_connection=True, **kwargs)
+
+    @staticmethod
+    def marked(engine: Engine) -> int:
+        return count(engine, "SELECT count(*) FROM outboxkit.consumer_inbox")
+
+    def test_the_offered_batch_is_marked_with_the_commit_and_handled_in_that_transaction(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        committed: list[Any] = []
+        processor = self.kept(app, bound, committed=committed.extend)
+        first = [record(i, {"n": i}) for i in range(3)]
+        second = [record(i, {"n": i}) for i in range(3, 6)]
+        decoded = decode_many(second, app.registrations)
+        processor.offer(second, decoded)
+        try:
+            assert processor.process(first).handled == 3
+            # The first batch committed; the second's marks wait in an open transaction.
+            assert self.marked(bound) == 3
+            assert count(bound, "SELECT count(*) FROM pg_stat_activity WHERE state = "
+                                "'idle in transaction' AND datname = current_database()") == 1
+            assert processor.process(second, decoded=decoded).handled == 3
+        finally:
+            processor.release()
+        assert committed == first + second
+        assert self.marked(bound) == 6
+        assert count(bound, "SELECT count(*) FROM public.effects") == 6
+
+    def test_a_retry_going_first_withdraws_the_marks_ahead(self, bound: Engine,
+                                                           database_url: str) -> None:
+        """A retry is handled alone on another connection: the marks inserted ahead for its
+        batch are rolled back first, or its own mark would wait on them (here lock_timeout
+        turns that wait into a failed attempt)."""
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        waits = create_engine(sqlalchemy_url(database_url),
+                              connect_args={"options": "-c lock_timeout=2000"})
+        waiting = waits.execution_options(schema_translate_map=translate(OutboxSettings()))
+        processor = self.kept(app, waiting)
+        first = [record(0, {"n": 0})]
+        second = [record(i, {"n": i}) for i in range(1, 4)]
+        decoded = decode_many(second, app.registrations)
+        processor.offer(second, decoded)
+        try:
+            assert processor.process(first).handled == 1
+            head = second[0]
+            progress = processor.process(second, {(head.topic, head.partition, head.offset)},
+                                         decoded=decoded)
+        finally:
+            processor.release()
+            waits.dispose()
+        assert progress.handled == 3
+        assert not progress.parked
+        assert count(bound, "SELECT count(*) FROM outboxkit.consumer_failures") == 0
+        assert self.marked(bound) == 4
+
+    def test_a_batch_not_handed_over_as_offered_leaves_no_marks(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        processor = self.kept(app, bound)
+        first = [record(0, {"n": 0})]
+        second = [record(i, {"n": i}) for i in range(1, 4)]
+        processor.offer(second, decode_many(second, app.registrations))
+        try:
+            assert processor.process(first).handled == 1
+            processor.withdraw()  # what the runner does when it drops the batch
+            assert self.marked(bound) == 1
+            # Part of it, as the parking lot may keep: handled, none taken for a duplicate.
+            assert processor.process(second[1:]).handled == 2
+        finally:
+            processor.release()
+        assert self.marked(bound) == 3
+        assert count(bound, "SELECT count(*) FROM public.effects") == 3
+
+    def test_an_offered_batch_already_marked_goes_the_careful_way(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        metrics = ConsumerMetrics()
+        processor = self.kept(app, bound, metrics=metrics)
+        done = [record(0, {"n": 0})]
+        assert processor.process(done).handled == 1
+        again = [record(1, {"n": 0}, done[0].headers[0][1].decode()), record(2, {"n": 2})]
+        decoded = decode_many(again, app.registrations)
+        processor.offer(again, decoded)
+        try:
+            assert processor.process([record(3, {"n": 3})]).handled == 1
+            assert processor.process(again, decoded=decoded).handled == 2
+        finally:
+            processor.release()
+        with bound.connect() as conn:
+            effects = sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
+        assert effects == [0, 2, 3]
+        assert metrics.registry.get_sample_value(
+            "outboxkit_consumer_duplicates_total", {"topic": TOPIC}) == 1
 
 
 class TestAttemptsSurviveRestarts:
