@@ -301,15 +301,22 @@ def _reads(
                 rows_of = found[r[1]] = []
             rows_of.append(r)
     last = fetched[-1][1] if cut and fetched else None
+    # The lanes' rows come in the order their messages are read (the same scan of the same
+    # lanes): the lanes after the cut one were not reached. Their rows are unread, but their
+    # target and its id range (lo, hi) hold: kept in the cursor, the next claim does not
+    # compute the range again (a scan of the lane's (lane, xid) index each time: with a
+    # backlog over many lanes, most of PostgreSQL's work per claim).
+    unreached: set[int] = set()
     if last is not None:
-        # The lanes' rows come in the order their messages are read (the same scan of the
-        # same lanes): the lanes after the cut one were not reached, so not read at all.
         order = list(heads)
-        heads = {lane: heads[lane] for lane in order[: order.index(last) + 1]}
+        unreached = set(order[order.index(last) + 1:])
     rows: list[OutboxRow] = []
     reads: dict[int, LaneRead] = {}
     for lane, head in sorted(heads.items(), key=lambda item: item[1][0]):
         cursor = Cursor(tokens[lane], head[2], head[3], head[4], head[5], head[6])
+        if lane in unreached:
+            reads[lane] = LaneRead(lane, cursor, (), exhausted=False)
+            continue
         merged = found.get(lane, [])
         complete = len(merged) < more and lane != last
         taken = merged[: max(0, room - len(rows))]

@@ -77,4 +77,9 @@ def test_the_lanes_after_the_cut_one_were_not_reached_and_are_not_read() -> None
     assert [r.id for r in rows] == [1, 5]
     assert reads[2].exhausted
     assert not reads[3].exhausted
-    assert 4 not in reads  # its cursor stays where it was
+    assert not reads[4].exhausted
+    assert reads[4].ids == ()
+    # Its position stays; the difference's target and id range are kept for the next claim.
+    kept = reads[4].advanced(None)
+    assert (kept.snapshot, kept.target, kept.pos) == (SNAP, TARGET, 0)
+    assert (kept.floor, kept.ceil) == (100, 200)
