@@ -352,7 +352,10 @@ def consumer_rate(
 
         app.register(topic, write_one)
     with kafka_client(client):  # for the whole run: the runner may resolve it late
-        rate, done = run_until(Runner(app), topic, n, limit_s=900, url=url)
+        # As `outbox consume` runs it (a process of its own: with kafka-python, a 0.5 ms
+        # thread switch interval while it runs; put back after, for the raw consumers).
+        runner = Runner(app, own_process=True)
+        rate, done = run_until(runner, topic, n, limit_s=900, url=url)
     if done < n:
         raise SystemExit(f"{mode} consumer ({client}) did not process {n} messages in 900 s")
     return rate

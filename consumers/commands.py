@@ -48,7 +48,8 @@ def consume_command(app_path: str, settings: ConsumerSettings) -> None:
     prog = click.get_current_context().command_path
     # Past the shutdown bound: whatever was committed in PostgreSQL but not in Kafka is
     # redelivered and dropped by the dedup marks.
-    sys.exit(run_daemon(prog, lambda: Runner(load_app(app_path, settings)), settings))
+    sys.exit(run_daemon(prog, lambda: Runner(load_app(app_path, settings), own_process=True),
+                        settings))
 
 
 def load_app(path: str, settings: ConsumerSettings) -> Consumer:

@@ -48,6 +48,14 @@ class ConsumerSettings(ConnectionSettings):
         "partition's running messages before its offset is committed without them.",
     )
     max_poll_records: int = Field(default=500, gt=0, le=50_000, description="Batch size.")
+    switch_interval_ms: float | None = Field(
+        default=None, gt=0, le=100,
+        description="Python's thread switch interval while the consumer runs "
+        "(sys.setswitchinterval): how long a thread whose database or Kafka answer arrived "
+        "may wait for the interpreter's lock. Default: 0.5 ms when run as its own process "
+        "(outbox consume, python -m consumers) with kafka-python, whose parsing takes turns "
+        "with the handlers on that lock; otherwise the interpreter's own (5 ms).",
+    )
     poll_timeout_ms: int = Field(default=500, gt=0, description="How long one poll waits.")
     max_attempts: int = Field(
         default=5, gt=0, le=1000, description="Attempts before a failing message is dead-lettered."

@@ -8,7 +8,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -101,3 +101,50 @@ def test_a_bad_flag_value_is_one_line_and_exit_2(run: object) -> None:
     assert done.code == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert "invalid setting max_attempts" in done.stderr
+
+
+def test_the_command_runs_the_consumer_as_a_process_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What lets the runner tune the interpreter for it (switch_interval_ms)."""
+    made: list[dict[str, object]] = []
+
+    def run_daemon(prog: str, make: Callable[[], object], settings: object) -> int:
+        make()
+        return 0
+
+    monkeypatch.setattr("consumers.commands.run_daemon", run_daemon)
+    monkeypatch.setattr("consumers.commands.Runner",
+                        lambda app, **options: made.append(options))
+    done = python_m_consumers("tests.e2e.consumer_app:app")
+    assert done.code == 0, done.stderr
+    assert made == [{"own_process": True}]
+
+
+@pytest.mark.parametrize(("given", "client", "own_process", "expected"), [
+    (None, "kafka-python", True, 0.5),
+    (None, "confluent", True, None),  # librdkafka parses without the interpreter's lock
+    (None, "kafka-python", False, None),  # embedded: the program's interpreter, left alone
+    (2.0, "confluent", False, 2.0),  # asked for
+])
+def test_the_switch_interval_a_runner_sets(
+    given: float | None, client: str, own_process: bool, expected: float | None
+) -> None:
+    from consumers.runner import switch_interval_ms  # noqa: PLC0415
+    from consumers.settings import ConsumerSettings  # noqa: PLC0415
+
+    settings = ConsumerSettings(switch_interval_ms=given, kafka_client=client)
+    assert switch_interval_ms(settings, own_process=own_process) == expected
+
+
+def test_the_runner_sets_the_switch_interval_and_gives_back_the_one_before() -> None:
+    from consumers.runner import _switch_interval  # noqa: PLC0415
+
+    before = sys.getswitchinterval()
+    try:
+        assert _switch_interval(None) is None
+        assert sys.getswitchinterval() == before
+        assert _switch_interval(0.5) == pytest.approx(before * 1000)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
