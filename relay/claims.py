@@ -369,17 +369,11 @@ def record(
     if entries or retried:
         # First, before any lane row is locked: an operator's retry takes this lock first too.
         conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
-    rows = [p.row for p in published]
-    lane_tokens = {lane: _token(cursors, lane) for lane in {r.lane for r in rows}}
     # Driver SQL: no SQLAlchemy compilation for the one statement of every batch.
     row = conn.exec_driver_sql(
         driver_sql("relay", "record_batch", schema),
         {
-            "lanes": int_array([r.lane for r in rows]),
-            "tokens": int_array([lane_tokens[r.lane] for r in rows]),
-            "ids": int_array([r.id for r in rows]),
-            "partitions": int_array([p.partition for p in published]),
-            "offsets": int_array([p.offset for p in published]),
+            **_proofs(published, cursors),
             "relay_id": relay_id,
             "incarnation": incarnation,
             "durable": durable,
@@ -399,6 +393,41 @@ def record(
             conn, schema, entries, relay_id=relay_id, incarnation=incarnation, tokens=known
         )
     return list(row.moved or [])
+
+
+def _proofs(
+    published: Sequence[Published], cursors: Mapping[int, tuple[Cursor, int]]
+) -> dict[str, str]:
+    """The ``deliveries`` rows of a batch, as record_batch takes them: one per lane, its ids in
+    order with their partitions and offsets, each list an array literal."""
+    lanes: dict[int, list[Published]] = {}
+    for p in published:
+        of_lane = lanes.get(p.row.lane)
+        if of_lane is None:
+            of_lane = lanes[p.row.lane] = []
+        of_lane.append(p)
+    firsts, lasts, ids, partitions, offsets = [], [], [], [], []
+    for of_lane in lanes.values():
+        lane_ids = [p.row.id for p in of_lane]
+        in_order = sorted(lane_ids)
+        if in_order != lane_ids:  # retried rows come first, whatever their ids
+            of_lane.sort(key=lambda p: p.row.id)
+            lane_ids = in_order
+        firsts.append(lane_ids[0])
+        lasts.append(lane_ids[-1])
+        ids.append(int_array(lane_ids))
+        partitions.append(int_array([p.partition for p in of_lane]))
+        offsets.append(int_array([p.offset for p in of_lane]))
+    return {
+        "lanes": int_array(list(lanes)),
+        "tokens": int_array([_token(cursors, lane) for lane in lanes]),
+        "first_ids": int_array(firsts),
+        "last_ids": int_array(lasts),
+        # Literals of literals: an element without a space, comma or quote needs no quotes.
+        "ids": "{" + ",".join(f'"{a}"' for a in ids) + "}",
+        "partitions": "{" + ",".join(f'"{a}"' for a in partitions) + "}",
+        "offsets": "{" + ",".join(f'"{a}"' for a in offsets) + "}",
+    }
 
 
 def _token(cursors: Mapping[int, tuple[Cursor, int]], lane: int) -> int:

@@ -84,7 +84,7 @@ FROM b
 UNION ALL
 SELECT NULL, b.lane, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        p.id, p.topic, p.key, p.payload, CAST(p.headers AS text), p.message_type,
-       CAST(p.message_id AS text), extract(epoch FROM p.created_at)::float8, p.run_id
+       CAST(p.message_id AS text), date_part('epoch', p.created_at), p.run_id
 FROM b
 JOIN LATERAL (
     SELECT q.* FROM (
@@ -153,18 +153,20 @@ LIMIT :limit
 
 -- name: record_batch
 -- One statement records a clean batch: the proof per lane, and the lanes' cursors, fenced.
+-- The proof comes grouped by the relay (relay.claims._proofs): one element per (lane, token),
+-- its ids in order with their partitions and offsets as array literals, parsed here per row
+-- (grouping and sorting a thousand unnested rows here cost PostgreSQL twice as much).
 -- Run as driver SQL (relay.claims.record).
-WITH v AS (
-    SELECT * FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]), CAST(%(ids)s AS bigint[]),
-                         CAST(%(partitions)s AS int[]), CAST(%(offsets)s AS bigint[]))
-         AS v(lane, token, id, partition, kafka_offset)
-),
-proof AS (
+WITH proof AS (
     INSERT INTO {schema}.deliveries
         (lane, relay_id, token, first_id, last_id, ids, partitions, offsets)
-    SELECT lane, %(relay_id)s, token, min(id), max(id), array_agg(id ORDER BY id),
-           array_agg(partition ORDER BY id), array_agg(kafka_offset ORDER BY id)
-    FROM v WHERE id IS NOT NULL GROUP BY lane, token
+    SELECT p.lane, %(relay_id)s, p.token, p.first_id, p.last_id, CAST(p.ids AS bigint[]),
+           CAST(p.partitions AS int[]), CAST(p.offsets AS bigint[])
+    FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(tokens)s AS bigint[]),
+                CAST(%(first_ids)s AS bigint[]), CAST(%(last_ids)s AS bigint[]),
+                CAST(%(ids)s AS text[]), CAST(%(partitions)s AS text[]),
+                CAST(%(offsets)s AS text[]))
+         AS p(lane, token, first_id, last_id, ids, partitions, offsets)
     RETURNING lane
 ),
 locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.claims import _reads
+from relay.claims import OutboxRow, Published, _proofs, _reads
+from relay.cursors import Cursor
 
 SNAP, TARGET = "10:20:12", "30:30:"
 
@@ -83,3 +84,22 @@ def test_the_lanes_after_the_cut_one_were_not_reached_and_are_not_read() -> None
     kept = reads[4].advanced(None)
     assert (kept.snapshot, kept.target, kept.pos) == (SNAP, TARGET, 0)
     assert (kept.floor, kept.ceil) == (100, 200)
+
+
+def test_a_batchs_proof_is_one_row_per_lane_its_ids_in_order() -> None:
+    def sent(lane: int, row_id: int, partition: int, offset: int) -> Published:
+        row = OutboxRow(row_id, "m", "t", b"k", "type", b"x", "{}", 0.0, lane)
+        return Published(row, partition, offset)
+
+    # A retried row (id 3) is sent before the lane's claimed rows (ids 5 and 9).
+    published = [sent(2, 3, 1, 40), sent(4, 6, 0, 10), sent(2, 5, 0, 11), sent(2, 9, 1, 41)]
+    proofs = _proofs(published, {2: (Cursor(7, SNAP), 2), 4: (Cursor(8, SNAP), 1)})
+    assert proofs == {
+        "lanes": "{2,4}",
+        "tokens": "{7,8}",
+        "first_ids": "{3,6}",
+        "last_ids": "{9,6}",
+        "ids": '{"{3,5,9}","{6}"}',
+        "partitions": '{"{1,0,1}","{0}"}',
+        "offsets": '{"{40,11,41}","{10}"}',
+    }
