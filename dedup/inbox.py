@@ -149,19 +149,22 @@ def commit_then_insert_new(
     if not (columns.message_ids and isinstance(raw, psycopg.Connection) and not raw.autocommit
             and raw.info.transaction_status == TransactionStatus.INTRANS):
         return None
-    statement = "COMMIT; BEGIN; " + _driver_sql("insert_new_marks", settings)
+    statement = _driver_sql("insert_new_marks", settings)
     parameters = _parameters(group, columns)
     try:
-        # A client-side cursor merges the parameters into the text: the simple query
-        # protocol, the only one that takes several statements in one message.
-        with psycopg.ClientCursor(raw) as cursor:
-            cursor.execute(statement, parameters, prepare=False)
+        # One round trip in psycopg's pipeline mode: PostgreSQL runs the three in order and,
+        # after an error, skips the rest up to the pipeline's end. The BEGIN is explicit
+        # (psycopg adds one only to a connection it knows idle, and this one is not yet).
+        with raw.pipeline():
+            raw.execute("COMMIT")
+            raw.execute("BEGIN")
+            raw.execute(statement, parameters)
     except psycopg.Error as exc:
         if _status(raw) == TransactionStatus.INERROR:
             return False  # the commit went through (BEGIN ran after it); the marks did not
         if raw.closed or raw.broken:
             conn.invalidate(exc)
-        raise DBAPIError.instance(statement, parameters, exc, psycopg.Error) from exc
+        raise DBAPIError.instance("COMMIT", {}, exc, psycopg.Error) from exc
     return True
 
 
