@@ -526,7 +526,7 @@ class Relay:
         spy = Path(sys.executable).with_name("py-spy")
         out = ctx.logs / f"relay-{name}.pyspy"
         subprocess.Popen(  # our own child: it ends with the relay
-            [str(spy), "record", "--pid", str(self.proc.pid), "--rate", "250", "--threads",
+            [str(spy), "record", "--pid", str(self.proc.pid), "--rate", os.environ.get("RELAYBENCH_RATE", "250"), "--threads",
              "--nonblocking", "--format", "raw", "--output", str(out),
              # "gil": only the thread holding the GIL, i.e. Python's own CPU (py-spy's idle
              # detection counts some waits in C as busy).

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -218,6 +219,7 @@ class Relay:
         self.lifecycle.serve_http(s.http_host, s.http_port, self.metrics.registry)
         self._listener = Listener(libpq_url(self._url), self.outbox.notify_channel, self.wake)
         self._listener.start()
+        threading.Thread(target=self._open_pools, name="relay-open", daemon=True).start()
         try:
             self._connect()
             self._start_scheduler()
@@ -232,6 +234,7 @@ class Relay:
             try:
                 if self.publisher is None:
                     self.publisher = self._make_publisher()
+                    self.publisher.list_topics_ahead()
                 self.lanes.heartbeat()
                 self.lifecycle.succeeded()
                 return
@@ -239,6 +242,17 @@ class Relay:
                 raise
             except Exception as exc:
                 self.lifecycle.back_off(self._transient(exc, "start-up"))
+
+    def _open_pools(self) -> None:
+        """Connect the claim's and the record's pools while the producer is made and the
+        lanes taken: the first batch need not wait for two more connections."""
+        for engine in (self.claim_engine, self.record_engine):
+            try:
+                with engine.connect():
+                    pass
+            except Exception as exc:  # the loop connects again, and reports it
+                log.debug("connecting ahead failed: %s", describe_briefly(exc))
+                return
 
     def _make_publisher(self) -> Publisher:
         try:

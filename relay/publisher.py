@@ -7,6 +7,7 @@ producer); the partition and offset it got are the proof recorded with it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -109,7 +110,9 @@ class Publisher:
         )
         self.producer: Producer = self._backend.producer(self._options)
         self._admin: Admin | None = None
+        self._admin_lock = threading.Lock()
         self._known_topics: set[str] = set()
+        self._listing: threading.Thread | None = None
         # topic -> (its max.message.bytes, or None when unknown; when it was read)
         self._limits: dict[str, tuple[int | None, float]] = {}
 
@@ -131,12 +134,36 @@ class Publisher:
             self._admin.close()
 
     def _admin_client(self) -> Admin:
-        if self._admin is None:
-            self._admin = self._backend.admin(f"outboxkit-relay-admin-{self.settings.relay_id}")
-        return self._admin
+        with self._admin_lock:
+            if self._admin is None:
+                self._admin = self._backend.admin(
+                    f"outboxkit-relay-admin-{self.settings.relay_id}")
+            return self._admin
+
+    def list_topics_ahead(self) -> None:
+        """Start learning which topics exist, on a thread, while the relay does its first
+        claim: at start-up the first batch would otherwise wait for the admin client's
+        connection and a metadata round trip (tens of ms before the first record)."""
+        self._listing = threading.Thread(target=self._list_topics, name="relay-topics",
+                                         daemon=True)
+        self._listing.start()
+
+    def _list_topics(self) -> None:
+        try:
+            listed = self._admin_client().list_topics()
+        except Exception as exc:  # missing_topics asks again, and reports it
+            log.debug("listing the topics ahead failed: %s", describe_briefly(exc))
+            return
+        self._known_topics = self._known_topics | listed
+
+    def _listed(self) -> None:
+        if self._listing is not None:
+            self._listing.join()
+            self._listing = None
 
     def missing_topics(self, topics: Iterable[str]) -> dict[str, str]:
         """Topics that do not exist and could not be created, with the reason for each."""
+        self._listed()
         unknown = set(topics) - self._known_topics
         if not unknown:
             return {}

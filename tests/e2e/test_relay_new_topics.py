@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
 
 from relay.claims import OutboxRow
 from relay.publisher import Publisher
@@ -50,3 +52,24 @@ def test_the_first_batch_to_a_topic_it_created_meets_ready_leaders(
             admin.close()
     refused = [r.getMessage() for r in caplog.records if "NotLeaderForPartition" in r.getMessage()]
     assert refused == []
+
+
+def test_the_topics_listed_at_start_up_answer_the_first_batch(
+    publisher: Publisher, kafka_bootstrap: str
+) -> None:
+    # The relay lists the broker's topics on a thread while it claims its first batch: that
+    # batch's check finds its topic known, without waiting for the admin client.
+    topic = f"listed-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        publisher.list_topics_ahead()
+        assert publisher.missing_topics(set()) == {}  # waits for the listing
+        admin.delete_topics([topic])
+        # Known from the listing: not asked again (a deleted topic would be created anew).
+        assert topic in publisher._known_topics
+        assert publisher.missing_topics({topic}) == {}
+    finally:
+        with contextlib.suppress(Exception):
+            admin.delete_topics([topic])
+        admin.close()
