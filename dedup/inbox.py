@@ -127,11 +127,12 @@ def commit_then_insert_new(
     settings: OutboxSettings | None = None,
 ) -> bool | None:
     """Commit the caller's transaction and, in the same round trip, begin the next one with
-    *marks* inserted as :func:`insert_new` does (``COMMIT; BEGIN; INSERT ...`` as one
-    simple query: PostgreSQL runs the three in order, the ``BEGIN`` and the marks only if
-    the commit succeeded).
+    *marks* inserted as :func:`insert_new` does (``COMMIT``, ``BEGIN`` and the ``INSERT`` in
+    psycopg's pipeline mode: PostgreSQL runs the three in order, the ``BEGIN`` and the
+    marks only if the commit succeeded).
 
-    Returns None when the driver cannot (not psycopg, or no marks): nothing was sent, and
+    Returns None when the driver cannot (not psycopg, no pipeline mode in its libpq, or no
+    marks): nothing was sent, and
     the caller commits the usual way. True: committed, and a new transaction is open on the
     connection holding the marks; SQLAlchemy's transaction object the caller holds stands
     for that one now (commit or roll it back as the next transaction). False: committed,
@@ -146,8 +147,8 @@ def commit_then_insert_new(
     """
     columns = marks if isinstance(marks, Marks) else Marks.of(marks)
     raw = conn.connection.driver_connection
-    if not (columns.message_ids and isinstance(raw, psycopg.Connection) and not raw.autocommit
-            and raw.info.transaction_status == TransactionStatus.INTRANS):
+    if not (columns.message_ids and _PIPELINE and isinstance(raw, psycopg.Connection)
+            and not raw.autocommit and raw.info.transaction_status == TransactionStatus.INTRANS):
         return None
     statement = _driver_sql("insert_new_marks", settings)
     parameters = _parameters(group, columns)
