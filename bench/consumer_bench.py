@@ -156,17 +156,17 @@ class Window:
 
 class BackendCpu:
     """CPU seconds the client backends of one database spent (PostgreSQL on this machine:
-    /proc/<pid>/stat): the consumer's connections, not the other databases' work."""
+    /proc/<pid>/stat): the consumer's connections, not the other databases' work. Its own
+    connection is opened before the measured window (start() and stop() only query)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
+        self.conn = psycopg.connect(url, autocommit=True)
         self.before: dict[int, float] = {}
 
     def _pids(self) -> list[int]:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall()
         return [row[0] for row in rows]
 
     @staticmethod
@@ -189,6 +189,9 @@ class BackendCpu:
             if cpu is not None:
                 total += cpu - self.before.get(pid, 0.0)
         return total if self.before or total else math.nan
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 @dataclass
@@ -377,11 +380,11 @@ def run_until(
     value is how many were processed. A run cut by the limit is measured up to the limit:
     a consumer held up for good gets a rate, not an endless wait.
     """
+    backends = BackendCpu(url) if url else None  # connected before the window, not in it
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     counter = runner.metrics.processed.labels(topic)
     started, first_count, window = False, 0.0, Window()
-    backends = BackendCpu(url) if url else None
     deadline = time.monotonic() + limit_s
     done = 0.0
     try:
@@ -405,6 +408,8 @@ def run_until(
     finally:
         runner.stop()
         thread.join(timeout=60)
+        if backends is not None:
+            backends.close()
 
 
 @dataclass
