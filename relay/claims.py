@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
-from outbox.db.arrays import int_array
+from outbox.db.arrays import bool_array, int_array, text_array
+from outbox.db.driver import driver_cursor
 from outbox.db.locks import FAILURES_LOCK
 from outbox.db.queries import driver_sql, sql
 from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_TYPE
@@ -196,15 +197,16 @@ def claim_messages(
     tokens = {
         lane: c.token if isinstance(c, Cursor) else c for lane, c in zip(order, known, strict=True)
     }
+    # Arrays as literals: psycopg dumps a list element by element in Python.
     params: dict[str, Any] = {
-        "lanes": order,
-        "tokens": [tokens[lane] for lane in order],
-        "known": [isinstance(c, Cursor) for c in known],
-        "snaps": [c.snapshot if isinstance(c, Cursor) else None for c in known],
-        "targets": [c.target if isinstance(c, Cursor) else None for c in known],
-        "pos": [c.pos if isinstance(c, Cursor) else 0 for c in known],
-        "floors": [c.floor if isinstance(c, Cursor) else None for c in known],
-        "ceils": [c.ceil if isinstance(c, Cursor) else None for c in known],
+        "lanes": int_array(order),
+        "tokens": int_array([tokens[lane] for lane in order]),
+        "known": bool_array([isinstance(c, Cursor) for c in known]),
+        "snaps": text_array([c.snapshot if isinstance(c, Cursor) else None for c in known]),
+        "targets": text_array([c.target if isinstance(c, Cursor) else None for c in known]),
+        "pos": int_array([c.pos if isinstance(c, Cursor) else 0 for c in known]),
+        "floors": int_array([c.floor if isinstance(c, Cursor) else None for c in known]),
+        "ceils": int_array([c.ceil if isinstance(c, Cursor) else None for c in known]),
         "relay_id": relay_id,
         "incarnation": incarnation,
         "more": limit + 1,
@@ -234,15 +236,11 @@ def claim_messages(
 
 
 def _fetch(conn: Connection, schema: str, params: dict[str, Any]) -> Sequence[Any]:
-    # Executed through SQLAlchemy, so a database error is a SQLAlchemyError (the loop backs
-    # off on those) and a dropped connection is invalidated; but the rows are read from the
-    # driver's cursor as plain tuples: decoding a thousand Row objects cost a sixth of the
-    # relay's loop.
-    result = conn.exec_driver_sql(driver_sql("relay", "claim_messages", schema), params)
-    try:
-        return result.cursor.fetchall()
-    finally:
-        result.close()
+    # On psycopg's cursor, rows as plain tuples (decoding a thousand Row objects cost a
+    # sixth of the relay's loop); errors still SQLAlchemy's (the loop backs off on those).
+    with driver_cursor(conn) as cursor:
+        cursor.execute(driver_sql("relay", "claim_messages", schema), params)
+        return cursor.fetchall()
 
 
 def _retries(conn: Connection, schema: str, lanes: list[int], limit: int) -> list[OutboxRow]:
@@ -370,21 +368,21 @@ def record(
         # First, before any lane row is locked: an operator's retry takes this lock first too.
         conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
     # Driver SQL: no SQLAlchemy compilation for the one statement of every batch.
-    row = conn.exec_driver_sql(
-        driver_sql("relay", "record_batch", schema),
-        {
+    with driver_cursor(conn) as cursor:
+        cursor.execute(driver_sql("relay", "record_batch", schema), {
             **_proofs(published, cursors),
             "relay_id": relay_id,
             "incarnation": incarnation,
             "durable": durable,
             "c_lanes": int_array(lanes),
             "c_tokens": int_array([cursors[lane][0].token for lane in lanes]),
-            "c_snaps": [cursors[lane][0].snapshot for lane in lanes],
-            "c_targets": [cursors[lane][0].target for lane in lanes],
+            "c_snaps": text_array([cursors[lane][0].snapshot for lane in lanes]),
+            "c_targets": text_array([cursors[lane][0].target for lane in lanes]),
             "c_pos": int_array([cursors[lane][0].pos for lane in lanes]),
             "c_n": int_array([cursors[lane][1] for lane in lanes]),
-        },
-    ).one()
+        })
+        row = cursor.fetchone()
+    assert row is not None  # the statement's one row
     if retried:
         conn.execute(sql("relay", "forget_failures", schema), {"ids": retried})
     if entries:
@@ -392,7 +390,7 @@ def record(
         _copy_failures(
             conn, schema, entries, relay_id=relay_id, incarnation=incarnation, tokens=known
         )
-    return list(row.moved or [])
+    return list(row[1] or [])  # (proofs, moved lanes, synchronous_commit)
 
 
 def _proofs(
