@@ -60,6 +60,9 @@ BACKLOG_CAP = 1_000_000
 # The relay's role may not read it (least privilege), or the schema predates it.
 OPERATIONS_UNREADABLE = frozenset({"42501", "42P01"})  # insufficient privilege, no such table
 
+# A batch's outcome: (published, refused, set aside, each lane's new cursor and rows passed).
+Outcome = tuple[list[Published], list[Failed], list[OutboxRow], dict[int, tuple[Cursor, int]]]
+
 # A batch of at most this many rows is light traffic: the next wake-up while idle lingers.
 SPARSE_BATCH = 2
 
@@ -578,16 +581,7 @@ class Relay:
             self._cursors.clear()
             return False
         if self._idle:
-            # Light traffic: recorded here. Handed to the marking thread, the record costs a
-            # thread's wake-up and sleep more per batch, which on these machines weighs as
-            # much as the statement's Python; nothing is claimed meanwhile anyway.
-            self._marking = Future[None]()
-            try:
-                self._mark(*outcome, block, incarnation=batch.incarnation, tokens=batch.tokens)
-            except Exception as exc:  # _finish_marking reports it, as from the thread
-                self._marking.set_exception(exc)
-            else:
-                self._marking.set_result(None)
+            self._marking = self._mark_here(outcome, block, batch)
         else:
             self._marking = self._marker.submit(
                 self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
@@ -662,6 +656,26 @@ class Relay:
             {lane: (cursor, counts[lane]) for lane, cursor in moved.items()},
         )
 
+    def _mark_here(self, outcome: Outcome, block: bool, batch: Claimed) -> Future[None]:
+        """Light traffic: the batch recorded on the loop's thread. Handed to the marking
+        thread, the record costs a thread's wake-up and sleep more per batch, which on these
+        machines weighs as much as the statement's Python; nothing is claimed meanwhile
+        anyway. One try only: when the database does not take it, the marking thread keeps
+        trying (with back-off) while the loop goes on beating, as for a busy relay."""
+        done = Future[None]()
+        try:
+            self._mark(*outcome, block, incarnation=batch.incarnation, tokens=batch.tokens,
+                       retry=False)
+        except SQLAlchemyError:
+            return self._marker.submit(
+                self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
+            )
+        except Exception as exc:  # _finish_marking reports it, as from the thread
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
+
     def _all_published(
         self, batch: Claimed, published: list[Published]
     ) -> tuple[list[Published], list[Failed], list[OutboxRow], dict[int, tuple[Cursor, int]]]:
@@ -693,10 +707,12 @@ class Relay:
         *,
         incarnation: uuid.UUID | None,
         tokens: dict[int, int],
+        retry: bool = True,
     ) -> None:
         """Record a batch's outcome (on the marking thread) and count it."""
         self._record(
-            published, failed, set_aside, moves, block, incarnation=incarnation, tokens=tokens
+            published, failed, set_aside, moves, block, incarnation=incarnation, tokens=tokens,
+            retry=retry,
         )
         failpoint("relay.after_mark")
         now = time.time()
@@ -857,11 +873,13 @@ class Relay:
         *,
         incarnation: uuid.UUID | None,
         tokens: dict[int, int],
+        retry: bool = True,
     ) -> None:
-        """Record what Kafka said and move the cursors; keep trying, since giving up means
-        re-sending. The statement moves no cursor of a lane taken over meanwhile, nor any
-        after the server restarted from a crash or a standby was promoted since the batch was
-        read (*incarnation*): its cursors may count re-issued transaction ids as seen."""
+        """Record what Kafka said and move the cursors; keep trying (unless not *retry*:
+        the error is raised), since giving up means re-sending. The statement moves no cursor
+        of a lane taken over meanwhile, nor any after the server restarted from a crash or a
+        standby was promoted since the batch was read (*incarnation*): its cursors may count
+        re-issued transaction ids as seen."""
         attempt = 0
         while True:
             try:
@@ -896,6 +914,8 @@ class Relay:
                     )
                 return
             except SQLAlchemyError as exc:
+                if not retry:
+                    raise
                 attempt += 1
                 self._transient(exc, "marking published rows")
                 if self._stop.is_set() and attempt >= 3:

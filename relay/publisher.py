@@ -130,8 +130,11 @@ class Publisher:
     def close(self, timeout_s: float = 10.0) -> None:
         # Unacknowledged records stay pending in the outbox: the next relay sends them.
         self.producer.close(timeout_s=timeout_s)
-        if self._admin is not None:
-            self._admin.close()
+        if self._listing is not None:  # stopped during the start-up listing
+            self._listing.join(timeout=timeout_s)
+        with self._admin_lock:
+            if self._admin is not None:
+                self._admin.close()
 
     def _admin_client(self) -> Admin:
         with self._admin_lock:

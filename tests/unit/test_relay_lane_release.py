@@ -47,3 +47,32 @@ def test_nothing_waits_when_no_lane_is_to_be_given_back(monkeypatch: pytest.Monk
     finally:
         gate.set()
         relay._marker.shutdown(wait=True)
+
+
+def test_a_light_batch_the_database_refuses_is_recorded_by_the_marking_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # While idle the record runs on the loop's thread, one try only: during an outage the
+    # loop must go on (beating, backing off), and the marking thread keep trying.
+    from sqlalchemy.exc import OperationalError  # noqa: PLC0415
+
+    from relay.claims import Claimed  # noqa: PLC0415
+
+    relay = Relay(RelaySettings(database_url="postgresql://u@127.0.0.1:1/x",
+                                kafka_bootstrap="127.0.0.1:1"))
+    calls: list[tuple[bool, str]] = []
+
+    def record(*_: object, retry: bool = True, **__: object) -> None:
+        calls.append((retry, threading.current_thread().name))
+        if not retry:
+            raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(relay, "_record", record)
+    try:
+        marking = relay._mark_here(([], [], [], {}), False, Claimed([], {}, {}))
+        marking.result(timeout=5)
+    finally:
+        relay._marker.shutdown(wait=True)
+    assert calls[0] == (False, threading.current_thread().name)  # tried here, once
+    assert calls[1][0] is True  # then handed over: the marking thread retries
+    assert calls[1][1].startswith("relay-mark")
