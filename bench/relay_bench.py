@@ -518,7 +518,8 @@ class Relay:
 
     def _profile(self, ctx: Ctx, name: str) -> None:
         """With RELAYBENCH_PROFILE set, py-spy samples the relay (every thread, on-CPU only; with
-        RELAYBENCH_PROFILE=gil, only the thread holding the GIL)
+        RELAYBENCH_PROFILE=gil, only the thread holding the GIL; RELAYBENCH_RATE samples a second,
+        250 unless set)
         until it exits, into <logs>/relay-<name>.pyspy (collapsed stacks: flamegraph.pl or
         speedscope read them). Profiling costs the relay some speed: not for figures."""
         if not os.environ.get("RELAYBENCH_PROFILE"):
@@ -526,7 +527,8 @@ class Relay:
         spy = Path(sys.executable).with_name("py-spy")
         out = ctx.logs / f"relay-{name}.pyspy"
         subprocess.Popen(  # our own child: it ends with the relay
-            [str(spy), "record", "--pid", str(self.proc.pid), "--rate", os.environ.get("RELAYBENCH_RATE", "250"), "--threads",
+            [str(spy), "record", "--pid", str(self.proc.pid),
+             "--rate", os.environ.get("RELAYBENCH_RATE", "250"), "--threads",
              "--nonblocking", "--format", "raw", "--output", str(out),
              # "gil": only the thread holding the GIL, i.e. Python's own CPU (py-spy's idle
              # detection counts some waits in C as busy).
