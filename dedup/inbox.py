@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError
 
 from outbox.db.arrays import int_array, text_array
+from outbox.db.driver import translated
 from outbox.db.hashing import stable_hash64
 from outbox.db.queries import driver_sql, sql
 from outbox.settings import OutboxSettings, default_settings
@@ -163,9 +163,7 @@ def commit_then_insert_new(
     except psycopg.Error as exc:
         if _status(raw) == TransactionStatus.INERROR:
             return False  # the commit went through (BEGIN ran after it); the marks did not
-        if raw.closed or raw.broken:
-            conn.invalidate(exc)
-        raise DBAPIError.instance("COMMIT", {}, exc, psycopg.Error) from exc
+        raise translated(conn, exc, "COMMIT", {}) from exc
     return True
 
 
@@ -209,11 +207,7 @@ def _first_in_transaction(
         with raw.pipeline():
             cursor = raw.execute(statement, parameters)
     except psycopg.Error as exc:
-        # As SQLAlchemy would have raised it (IntegrityError, OperationalError, ...),
-        # and a connection that broke is not handed out again by the pool.
-        if raw.closed or raw.broken:
-            conn.invalidate(exc)
-        raise DBAPIError.instance(statement, parameters, exc, psycopg.Error) from exc
+        raise translated(conn, exc, statement, parameters) from exc
     return cursor
 
 

@@ -404,7 +404,11 @@ def _proofs(
         if of_lane is None:
             of_lane = lanes[p.row.lane] = []
         of_lane.append(p)
-    firsts, lasts, ids, partitions, offsets = [], [], [], [], []
+    firsts: list[int] = []
+    lasts: list[int] = []
+    ids: list[str] = []
+    partitions: list[str] = []
+    offsets: list[str] = []
     for of_lane in lanes.values():
         lane_ids = [p.row.id for p in of_lane]
         in_order = sorted(lane_ids)
@@ -421,10 +425,10 @@ def _proofs(
         "tokens": int_array([_token(cursors, lane) for lane in lanes]),
         "first_ids": int_array(firsts),
         "last_ids": int_array(lasts),
-        # Literals of literals: an element without a space, comma or quote needs no quotes.
-        "ids": "{" + ",".join(f'"{a}"' for a in ids) + "}",
-        "partitions": "{" + ",".join(f'"{a}"' for a in partitions) + "}",
-        "offsets": "{" + ",".join(f'"{a}"' for a in offsets) + "}",
+        # Literals of literals: each lane's array literal an element of a text[].
+        "ids": text_array(ids),
+        "partitions": text_array(partitions),
+        "offsets": text_array(offsets),
     }
 
 

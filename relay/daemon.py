@@ -615,7 +615,7 @@ class Relay:
         set_aside: list[OutboxRow],
         *,
         block: bool,
-    ) -> tuple[list[Published], list[Failed], list[OutboxRow], dict[int, tuple[Cursor, int]]]:
+    ) -> Outcome:
         """What to record, and each lane's new cursor (moved here at once).
 
         A lane's cursor passes its rows up to the first one Kafka did not answer for good
@@ -678,7 +678,7 @@ class Relay:
 
     def _all_published(
         self, batch: Claimed, published: list[Published]
-    ) -> tuple[list[Published], list[Failed], list[OutboxRow], dict[int, tuple[Cursor, int]]]:
+    ) -> Outcome:
         """:meth:`_sort_outcome` of the usual batch, every row acknowledged: each lane's
         cursor passes all its rows."""
         moved: dict[int, tuple[Cursor, int]] = {}

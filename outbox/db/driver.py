@@ -10,7 +10,7 @@ connection is invalidated, so callers keep one failure path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -21,16 +21,25 @@ from sqlalchemy.exc import DBAPIError
 @contextlib.contextmanager
 def driver_cursor(conn: Connection) -> Iterator[psycopg.Cursor[tuple[Any, ...]]]:
     """A cursor of *conn*'s psycopg connection, inside whatever transaction *conn* has."""
-    fairy = conn.connection
-    driver = fairy.driver_connection
+    driver = conn.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     try:
         with driver.cursor() as cursor:
             yield cursor
     except psycopg.Error as exc:
-        gone = conn.dialect.is_disconnect(exc, fairy.dbapi_connection, None)  # type: ignore[arg-type]
-        if gone:
-            conn.invalidate(exc)
-        raise DBAPIError.instance(
-            None, None, exc, psycopg.Error, connection_invalidated=gone, dialect=conn.dialect
-        ) from exc
+        raise translated(conn, exc) from exc
+
+
+def translated(conn: Connection, exc: psycopg.Error, statement: str | None = None,
+               parameters: Mapping[str, Any] | None = None) -> DBAPIError:
+    """*exc*, raised by psycopg on *conn*'s connection, as SQLAlchemy would have raised it
+    (``IntegrityError``, ``OperationalError``, ...); a connection that broke is invalidated,
+    so that the pool does not hand it out again."""
+    driver = conn.connection.driver_connection
+    gone = isinstance(driver, psycopg.Connection) and (driver.closed or driver.broken)
+    if gone:
+        conn.invalidate(exc)
+    error = DBAPIError.instance(statement, parameters, exc, psycopg.Error,
+                                connection_invalidated=gone, dialect=conn.dialect)
+    assert isinstance(error, DBAPIError)  # psycopg's errors are all DB-API errors
+    return error
