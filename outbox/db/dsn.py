@@ -125,17 +125,21 @@ def _ping_after_idle(engine: sqlalchemy.Engine, seconds: float) -> None:
     @event.listens_for(engine, "checkout")
     def _taken(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         since = record.info.get("outboxkit_idle_since")
-        if since is None or time.monotonic() - since < seconds:
-            return
-        autocommit = dbapi_connection.autocommit
-        try:
-            dbapi_connection.autocommit = True  # no transaction left open by the ping
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            dbapi_connection.autocommit = autocommit
-        except Exception as error:
-            # The pool throws this connection away and checks out another (a new one).
-            raise exc.DisconnectionError(f"a pooled connection is gone: {error}") from error
+        if since is not None and time.monotonic() - since >= seconds:
+            ping(dbapi_connection)  # if gone, the pool checks out another (a new one)
+
+
+def ping(dbapi_connection: Any) -> None:
+    """One round trip on a psycopg connection that may have died while idle; raises
+    :class:`sqlalchemy.exc.DisconnectionError` when it did."""
+    autocommit = dbapi_connection.autocommit
+    try:
+        dbapi_connection.autocommit = True  # no transaction left open by the ping
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        dbapi_connection.autocommit = autocommit
+    except Exception as error:
+        raise exc.DisconnectionError(f"a pooled connection is gone: {error}") from error
 
 
 def async_engine_for(url: str, *, answer_timeout_s: float | None = None,
