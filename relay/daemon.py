@@ -395,6 +395,7 @@ class Relay:
             self.publisher.close(timeout_s=5)
         if self._listener is not None:
             self._listener.stop()
+        self.wake.close()
         self._claims.close()
         self._records.close()
         self.engine.dispose()
