@@ -63,7 +63,7 @@ class WakeUp:
         self._lock = threading.Lock()
         self._lanes: set[int] = set()
         self._everything = False
-        # A byte in the pipe wakes the loop's select(); at most one is ever unread.
+        # A byte in the pipe wakes the loop's poll(); at most one is ever unread.
         self._read_end, self._write_end = os.pipe()
         os.set_blocking(self._read_end, False)
         os.set_blocking(self._write_end, False)
@@ -107,10 +107,11 @@ class WakeUp:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            try:
-                select.select(watched, [], [], left)
-            except OSError:  # its socket closed under us: detach has written to the pipe
-                continue
+            # poll(), not select(): no limit on the descriptors' numbers.
+            poller = select.poll()
+            for fd in watched:
+                poller.register(fd, select.POLLIN)
+            poller.poll(left * 1000)  # a socket closed under us: detach wrote to the pipe
 
     def is_set(self) -> bool:
         with self._lock:
