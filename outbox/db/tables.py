@@ -27,7 +27,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 from sqlalchemy.types import UserDefinedType
 
-SCHEMA = "outboxkit"
+from outbox.db.schema import SCHEMA
+
 metadata = MetaData(schema=SCHEMA)
 
 RUN_STATES = ("queued", "running", "waiting", "done", "failed", "needs-human")
