@@ -136,8 +136,11 @@ class Processor:
         self._held: Connection | None = None  # see _batch_connection
         self._held_since = 0.0
         # The batch the loop will hand over next, offered while this one is handled (see
-        # offer), and that batch once its marks went in with this one's commit.
+        # offer), and that batch once its marks went in with this one's commit. The offer is
+        # set by the loop's thread and taken by the handler thread's commit, under the lock;
+        # nothing else on the handler thread touches it (withdraw, a dropped connection).
         self._offer: tuple[Sequence[Record], Decoding] | None = None
+        self._offer_lock = threading.Lock()
         self._ahead: _Ahead | None = None
 
     # --- the entry point -----------------------------------------------------------------
@@ -320,7 +323,7 @@ class Processor:
             clean = True
         finally:
             if not (clean and self._keep):
-                self.release()  # maybe broken: the next batch takes another, pinged
+                self._drop_connection()  # maybe broken: the next batch takes another, pinged
         for d in duplicates:
             self._duplicate(d)
         self._done(fresh)
@@ -337,12 +340,16 @@ class Processor:
         :meth:`withdraw` run on the handler thread, before anything else: its marks' row
         locks would hold up whoever reads these messages next.
         """
-        self._offer = None if records is None or decoding is None else (records, decoding)
+        offer = None if records is None or decoding is None else (records, decoding)
+        with self._offer_lock:
+            self._offer = offer
 
     def _offered(self) -> tuple[Sequence[Record], Decoding] | None:
         """The offered batch if its marks can go in with this commit (on the kept connection,
-        all decoded, no id twice: what the plain insert takes)."""
-        offer, self._offer = self._offer, None
+        all decoded, no id twice: what the plain insert takes); taken, so that one offer
+        goes with one commit at most."""
+        with self._offer_lock:  # an offer made meanwhile is not cleared unseen
+            offer, self._offer = self._offer, None
         if offer is None or not self._keep or self.settings.mode != "batch":
             return None
         decoded, malformed = offer[1]
@@ -369,15 +376,21 @@ class Processor:
 
     def withdraw(self) -> None:
         """Roll back the marks inserted ahead for a batch that will not be handled as offered
-        (on the handler thread, which owns the connection)."""
-        self._offer = None
+        (on the handler thread, which owns the connection).
+
+        Only those: the loop may have offered its next batch meanwhile (a withdraw it
+        submitted runs after that, or process() withdraws while the batch behind is offered
+        already), and that offer stands. What is ahead when this runs is the withdrawn
+        batch's: the handler thread runs the loop's tasks in the order submitted, and only a
+        commit of a batch handed over after the withdrawn one could put another there.
+        """
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return
         try:
             ahead.tx.rollback()
         except Exception:  # broken: the connection goes, and its transaction with it
-            self.release()
+            self._drop_connection()
 
     def _batch_connection(self) -> Connection:
         """The connection plain batches run on, kept from one batch to the next: no pool
@@ -387,7 +400,7 @@ class Processor:
         now = time.monotonic()
         held = self._held
         if held is not None and (held.invalidated or now - self._held_since > HOLD_IDLE_S):
-            self.release()
+            self._drop_connection()
             held = None
         if held is None:
             held = self._held = self.engine.connect()
@@ -395,9 +408,15 @@ class Processor:
         return held
 
     def release(self) -> None:
-        """Give the kept batch connection back to the pool (the runner does at its end);
-        marks inserted ahead are rolled back with it."""
-        self._ahead = self._offer = None
+        """Give the kept batch connection back to the pool (the runner does at its end,
+        its loop and handler thread done); marks inserted ahead are rolled back with it."""
+        self.offer(None)
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        """The kept connection given back (maybe broken: the pool drops it), and with it the
+        marks inserted ahead; an offer stands (the loop's, see :meth:`offer`)."""
+        self._ahead = None
         held, self._held = self._held, None
         if held is not None:
             with suppress(Exception):  # broken: the pool drops it

@@ -1,0 +1,109 @@
+"""The next batch's marks with the last batch's commit (Processor.offer), on real PostgreSQL:
+an offer made while marks ahead are withdrawn stands (records built by hand, no Kafka)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from consumers.decode import decode_many
+from consumers.metrics import ConsumerMetrics
+from consumers.processing import Processor
+from outbox.db.schema import translate
+from outbox.settings import OutboxSettings
+from tests.integration.test_dedup_processing import (
+    TOPIC,
+    FakeSender,
+    app_for,
+    count,
+    record,
+    write,
+)
+
+SETTINGS = OutboxSettings()
+
+IDLE_IN_TRANSACTION = ("SELECT count(*) FROM pg_stat_activity WHERE state = "
+                       "'idle in transaction' AND datname = current_database()")
+
+
+@pytest.fixture
+def bound(engine: Engine) -> Engine:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.effects (n integer NOT NULL)"))
+    return engine.execution_options(schema_translate_map=translate(SETTINGS))
+
+
+def kept(app: Any, engine: Engine, **kwargs: Any) -> Processor:
+    return Processor(app, engine, ConsumerMetrics(), FakeSender(), keep_connection=True,
+                     **kwargs)
+
+
+def marked(engine: Engine) -> int:
+    return count(engine, "SELECT count(*) FROM outboxkit.consumer_inbox")
+
+
+def effects(engine: Engine) -> list[int]:
+    with engine.connect() as conn:
+        return sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
+
+
+
+class TestAnOfferMadeMeanwhileStands:
+    """withdraw() rolls back the marks inserted ahead and nothing else: the loop's offer of
+    the batch behind, made before the withdraw ran on the handler thread, is still taken by
+    the next commit (review finding L4: withdraw cleared it)."""
+
+    def test_process_withdrawing_the_marks_ahead_keeps_the_offer_of_the_batch_behind(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        processor = kept(app, bound)
+        first = [record(0, {"n": 0})]
+        second = [record(i, {"n": i}) for i in range(1, 4)]
+        third = [record(i, {"n": i}) for i in range(4, 6)]
+        processor.offer(second, decode_many(second, app.registrations))
+        try:
+            assert processor.process(first).handled == 1  # second's marks went in ahead
+            processor.offer(None)  # the loop collected the first batch
+            # Part of the second is handed over (the parking lot kept the rest), and the loop
+            # offers the third behind it; process() withdraws the second's marks first.
+            decoded = decode_many(third, app.registrations)
+            processor.offer(third, decoded)
+            assert processor.process(second[1:]).handled == 2
+            assert count(bound, IDLE_IN_TRANSACTION) == 1  # the third's marks, ahead
+            assert processor.process(third, decoded=decoded).handled == 2
+        finally:
+            processor.release()
+        assert marked(bound) == 5
+        assert effects(bound) == [0, 2, 3, 4, 5]
+
+    def test_a_withdraw_running_after_the_next_offer_leaves_that_offer(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        """The loop dropped the second batch and submitted the withdraw, then handed over
+        another and offered the one behind it before the handler thread got to the withdraw."""
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        processor = kept(app, bound)
+        first = [record(0, {"n": 0})]
+        dropped = [record(1, {"n": 1})]
+        other = [record(2, {"n": 2})]
+        behind = [record(3, {"n": 3})]
+        processor.offer(dropped, decode_many(dropped, app.registrations))
+        try:
+            assert processor.process(first).handled == 1
+            processor.offer(None)
+            decoded = decode_many(behind, app.registrations)
+            processor.offer(behind, decoded)
+            processor.withdraw()
+            assert processor.process(other).handled == 1
+            assert count(bound, IDLE_IN_TRANSACTION) == 1  # the marks of the one behind
+            assert processor.process(behind, decoded=decoded).handled == 1
+        finally:
+            processor.release()
+        assert marked(bound) == 3
+        assert effects(bound) == [0, 2, 3]
+
