@@ -1,5 +1,6 @@
 """The next batch's marks with the last batch's commit (Processor.offer), on real PostgreSQL:
-an offer made while marks ahead are withdrawn stands (records built by hand, no Kafka)."""
+an offer made while marks ahead are withdrawn stands, and a connection broken inside the
+pipelined commit leaves nothing half-written (records built by hand, no Kafka)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,19 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
+from consumers import HandlerContext
 from consumers.decode import decode_many
 from consumers.metrics import ConsumerMetrics
 from consumers.processing import Processor
+from dedup.inbox import Mark, commit_then_insert_new, mark
 from outbox.db.schema import translate
 from outbox.settings import OutboxSettings
 from tests.integration.test_dedup_processing import (
     TOPIC,
     FakeSender,
+    Item,
     app_for,
     count,
     record,
@@ -48,6 +53,12 @@ def effects(engine: Engine) -> list[int]:
     with engine.connect() as conn:
         return sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
 
+
+def terminate(engine: Engine, pid: int) -> None:
+    """End backend *pid* from another connection, and wait until it is gone."""
+    with engine.connect() as other:
+        assert other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"),
+                             {"pid": pid}).scalar_one()
 
 
 class TestAnOfferMadeMeanwhileStands:
@@ -107,3 +118,56 @@ class TestAnOfferMadeMeanwhileStands:
         assert marked(bound) == 3
         assert effects(bound) == [0, 2, 3]
 
+
+class TestBrokenInsideThePipeline:
+    """The backend is terminated after a batch's statements, before its commit with the next
+    batch's marks (COMMIT; BEGIN; INSERT in one round trip)."""
+
+    def test_the_commit_raises_operational_error_with_the_connection_invalidated(
+        self, engine: Engine
+    ) -> None:
+        with engine.connect() as conn:
+            tx = conn.begin()
+            mark(conn, "g", Mark("mine", "t", 0, 0), settings=SETTINGS)
+            terminate(engine, conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            with pytest.raises(OperationalError) as raised:
+                commit_then_insert_new(conn, "g", [Mark("next", "t", 0, 1)], settings=SETTINGS)
+            assert raised.value.connection_invalidated
+            assert conn.invalidated
+            tx.rollback()
+        assert marked(engine) == 0  # neither the batch's mark nor the next one's
+
+    def test_the_batch_is_handled_again_and_the_next_one_finds_no_marks(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        app = app_for(database_url, "batch")
+        killed: list[int] = []
+
+        def write_then_die(ctx: HandlerContext, item: Item) -> None:
+            write(ctx, item)
+            if item.n == 2 and not killed:  # the batch's last message, its first attempt
+                killed.append(ctx.conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+                terminate(bound, killed[0])
+
+        app.register(TOPIC, write_then_die)
+        committed: list[Any] = []
+        processor = kept(app, bound, committed=committed.extend)
+        first = [record(i, {"n": i}) for i in range(3)]
+        second = [record(i, {"n": i}) for i in range(3, 6)]
+        decoded = decode_many(second, app.registrations)
+        processor.offer(second, decoded)
+        try:
+            # The commit failed: the batch is handled again on another connection.
+            progress = processor.process(first)
+            assert (progress.handled, progress.parked) == (3, ())
+            assert killed
+            assert effects(bound) == [0, 1, 2]
+            assert marked(bound) == 3
+            assert count(bound, IDLE_IN_TRANSACTION) == 0  # no marks of the next batch
+            assert processor.process(second, decoded=decoded).handled == 3
+        finally:
+            processor.release()
+        assert committed == first + second
+        assert effects(bound) == [0, 1, 2, 3, 4, 5]
+        assert marked(bound) == 6
+        assert count(bound, "SELECT count(*) FROM outboxkit.consumer_failures") == 0
