@@ -285,7 +285,9 @@ class Processor:
         duplicates: list[Decoded] = []
         deferred = DeferredInserts()
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.decoding[0] is decoded:
+        marked = ahead is not None and ahead.decoding[0] is decoded
+        if marked:
+            assert ahead is not None
             conn, tx = ahead.conn, ahead.tx  # the marks are in, in this transaction
             self._held_since = time.monotonic()
         else:
@@ -298,7 +300,7 @@ class Processor:
             if tx is None:
                 tx = conn.begin()
             try:
-                if ahead is None and not self._all_new(conn, decoded):
+                if not marked and not self._all_new(conn, decoded):
                     tx.rollback()  # some were marked: the careful insert says which
                     tx = conn.begin()
                     fresh, duplicates = self._mark_careful(conn, decoded)

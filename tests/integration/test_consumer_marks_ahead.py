@@ -171,3 +171,26 @@ class TestBrokenInsideThePipeline:
         assert effects(bound) == [0, 1, 2, 3, 4, 5]
         assert marked(bound) == 6
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_failures") == 0
+
+
+def test_a_batch_meeting_marks_ahead_not_its_own_is_marked_as_usual(
+    bound: Engine, database_url: str
+) -> None:
+    """process() withdraws marks ahead that are not the batch's before handling it; the
+    batch's plain transaction, reached with them still there, rolls them back and marks the
+    batch itself (it took their presence for its own marks)."""
+    app = app_for(database_url, "batch")
+    app.register(TOPIC, write)
+    processor = kept(app, bound)
+    first = [record(0, {"n": 0})]
+    second = [record(i, {"n": i}) for i in range(1, 4)]
+    processor.offer(second, decode_many(second, app.registrations))
+    try:
+        assert processor.process(first).handled == 1
+        processor.offer(None)
+        assert processor._batch(second[1:]) == (2, None)  # not through process()
+        assert processor.process(second[1:]).handled == 2  # delivered again: duplicates
+    finally:
+        processor.release()
+    assert marked(bound) == 3
+    assert effects(bound) == [0, 2, 3]
