@@ -284,17 +284,8 @@ class Processor:
         fresh: list[Decoded] = decoded
         duplicates: list[Decoded] = []
         deferred = DeferredInserts()
-        ahead, self._ahead = self._ahead, None
-        marked = ahead is not None and ahead.decoding[0] is decoded
-        if marked:
-            assert ahead is not None
-            conn, tx = ahead.conn, ahead.tx  # the marks are in, in this transaction
-            self._held_since = time.monotonic()
-        else:
-            if ahead is not None:  # not this batch (process() withdraws those first)
-                with suppress(Exception):
-                    ahead.tx.rollback()
-            conn, tx = self._batch_connection(), None
+        conn, tx = self._take_ahead(decoded)
+        marked = tx is not None  # the marks are in, in this transaction
         clean = False  # the transaction ended as asked: the connection is kept
         try:
             if tx is None:
@@ -316,6 +307,11 @@ class Processor:
                     self._commit_marking(conn, tx, following)
             except _HandlerFailed as failure:
                 tx.rollback()
+                if marked and conn.invalidated:
+                    # The connection broke while it held the marks between batches; the
+                    # handler's statement was its first use since, as the marks' insert is
+                    # otherwise. Not the message's failure: the careful path, on another.
+                    return -1, failure.error
                 clean = True
                 index = -1 if failure.index < 0 else decoded.index(fresh[failure.index])
                 return index, failure.error
@@ -330,6 +326,18 @@ class Processor:
             self._duplicate(d)
         self._done(fresh)
         return None
+
+    def _take_ahead(self, decoded: list[Decoded]) -> tuple[Connection, RootTransaction | None]:
+        """The connection for *decoded*'s plain transaction, and that transaction if the
+        batch's marks went in ahead (None: begin one and insert them)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.decoding[0] is decoded:
+            self._held_since = time.monotonic()
+            return ahead.conn, ahead.tx
+        if ahead is not None:  # not this batch (process() withdraws those first)
+            with suppress(Exception):
+                ahead.tx.rollback()
+        return self._batch_connection(), None
 
     # --- the next batch's marks with this one's commit ----------------------------------
     def offer(self, records: Sequence[Record] | None, decoding: Decoding | None = None) -> None:

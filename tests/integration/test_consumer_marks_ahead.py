@@ -172,6 +172,33 @@ class TestBrokenInsideThePipeline:
         assert marked(bound) == 6
         assert count(bound, "SELECT count(*) FROM outboxkit.consumer_failures") == 0
 
+    def test_a_connection_lost_while_holding_the_marks_ahead_is_no_handler_failure(
+        self, bound: Engine, database_url: str
+    ) -> None:
+        """Terminated between batches, idle in the transaction holding the next batch's
+        marks: its handler's first statement meets the broken connection. The batch is
+        handled again on another connection, with no attempt counted and nothing parked, as
+        when the marks' own insert meets a broken connection."""
+        app = app_for(database_url, "batch")
+        app.register(TOPIC, write)
+        processor = kept(app, bound)
+        first = [record(0, {"n": 0})]
+        second = [record(i, {"n": i}) for i in range(1, 4)]
+        decoded = decode_many(second, app.registrations)
+        processor.offer(second, decoded)
+        try:
+            assert processor.process(first).handled == 1
+            with bound.connect() as conn:
+                holding = conn.execute(text(IDLE_IN_TRANSACTION.replace("count(*)", "pid")))
+                terminate(bound, holding.scalar_one())
+            progress = processor.process(second, decoded=decoded)
+        finally:
+            processor.release()
+        assert (progress.handled, progress.parked) == (3, ())
+        assert count(bound, "SELECT count(*) FROM outboxkit.consumer_failures") == 0
+        assert marked(bound) == 4
+        assert effects(bound) == [0, 1, 2, 3]
+
 
 def test_a_batch_meeting_marks_ahead_not_its_own_is_marked_as_usual(
     bound: Engine, database_url: str
