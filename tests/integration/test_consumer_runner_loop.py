@@ -1,0 +1,291 @@
+"""The runner's loop around the marks inserted ahead (Processor.offer/withdraw): the real
+Runner on real PostgreSQL, its Kafka client a scripted stand-in (each poll returns the next
+batch given), so that a batch is polled exactly while the one before it is in hand."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import Engine, text
+
+import consumers.processing
+import consumers.runner
+from consumers import Consumer, HandlerContext, Runner
+from consumers.parking import Parked
+from outbox.kafka import Record, TopicPartition
+from tests.e2e.consumer_support import settings
+
+TOPIC = "items"
+
+IDLE_IN_TRANSACTION = ("SELECT count(*) FROM pg_stat_activity WHERE state = "
+                       "'idle in transaction' AND datname = current_database()")
+
+
+class Item(BaseModel):
+    n: int
+
+
+def record(partition: int, offset: int, n: int) -> Record:
+    headers = [("message-id", str(uuid.uuid4()).encode())]
+    return Record(TOPIC, partition, offset, -1, b"k", json.dumps({"n": n}).encode(), headers)
+
+
+class ScriptedKafka:
+    """The runner's Kafka client: poll *k* runs ``hooks[k]`` (on the loop's thread), then
+    returns the next of ``batches``, or nothing once they are all taken."""
+
+    def __init__(self, partitions: int = 2) -> None:
+        self.assigned = {TopicPartition(TOPIC, p) for p in range(partitions)}
+        self.batches: list[list[Record]] = []
+        self.hooks: dict[int, Callable[[], None]] = {}
+        self.polls = 0
+        self.seeks: list[tuple[TopicPartition, int]] = []
+        self._paused: set[TopicPartition] = set()
+
+    def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
+        self.polls += 1
+        hook = self.hooks.get(self.polls)
+        if hook is not None:
+            hook()
+        if self.batches:
+            return self.batches.pop(0)
+        time.sleep(0.01)
+        return []
+
+    def subscribe(self, topics: Any, listener: Any) -> None:
+        pass
+
+    def unsubscribe(self) -> None:
+        pass
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        pass
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int], callback: Any) -> None:
+        callback(offsets, None)
+
+    def member_id(self) -> str | None:
+        return "scripted"
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self._paused.update(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._paused.difference_update(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self._paused)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        self.seeks.append((partition, offset))
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def position(self, partition: TopicPartition) -> int | None:
+        return None
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return None
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return {tp.partition for tp in self.assigned}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def effects(engine: Engine) -> Callable[[], list[int]]:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.effects (n integer NOT NULL)"))
+
+    def read() -> list[int]:
+        with engine.connect() as conn:
+            return sorted(conn.execute(text("SELECT n FROM public.effects")).scalars())
+
+    return read
+
+
+@pytest.fixture
+def pipelined(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
+    """What each commit taking the next batch's marks answered (True: they went in)."""
+    answers: list[bool | None] = []
+    real = consumers.processing.commit_then_insert_new
+
+    def spy(*args: Any, **kwargs: Any) -> bool | None:
+        answers.append(real(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(consumers.processing, "commit_then_insert_new", spy)
+    return answers
+
+
+def make_runner(
+    database_url: str, kafka: ScriptedKafka, monkeypatch: pytest.MonkeyPatch,
+    **overrides: Any,
+) -> tuple[Runner, threading.Event]:
+    """A runner whose first handled message (n == 0) waits until the loop offered the batch
+    polled behind it: that batch's marks then go in with its commit."""
+    app = Consumer(f"g-{uuid.uuid4().hex[:6]}", settings=settings(
+        database_url, "127.0.0.1:1", dedup_retention_seconds=0, watchdog_session_timeouts=0,
+        **overrides))
+    offered = threading.Event()
+
+    def write(ctx: HandlerContext, item: Item) -> None:
+        if item.n == 0:
+            assert offered.wait(5), "the loop offered no batch"
+        ctx.conn.execute(text("INSERT INTO public.effects (n) VALUES (:n)"), {"n": item.n})
+
+    app.register(TOPIC, write)
+    monkeypatch.setattr(consumers.runner, "_freeze_startup_objects", lambda: None)
+    runner = Runner(app)
+    runner._make_consumer = lambda: kafka  # type: ignore[method-assign]
+    offer = runner.processor.offer
+
+    def offering(records: Any, decoding: Any = None) -> None:
+        offer(records, decoding)
+        if records is not None:
+            offered.set()
+
+    runner.processor.offer = offering  # type: ignore[method-assign]
+    return runner, offered
+
+
+@contextmanager
+def running(runner: Runner) -> Iterator[list[BaseException]]:
+    """run() in a thread; stopped and joined at the end (the errors it raised, listed)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield errors
+    finally:
+        runner.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the runner did not stop"
+
+
+def looking(engine: Engine, runner: Runner, seen: list[int], done: threading.Event
+            ) -> Callable[[], None]:
+    """A poll's hook: once what the loop gave the handler thread is done, the sessions idle
+    in a transaction (marks held ahead) are counted."""
+
+    def look() -> None:
+        assert runner._handler_thread is not None
+        runner._handler_thread.submit(lambda: None).result(timeout=10)
+        with engine.connect() as conn:
+            seen.append(int(conn.execute(text(IDLE_IN_TRANSACTION)).scalar_one()))
+        done.set()
+
+    return look
+
+
+def marked(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM outboxkit.consumer_inbox"))
+                   .scalar_one())
+
+
+class TestMarksAheadNotHandedOver:
+    """A batch polled while the one before it was in hand, its marks inserted with that
+    one's commit, then not handed over as offered: the marks are rolled back."""
+
+    def test_a_batch_kept_back_whole_by_the_parking_lot(
+        self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
+        pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """All of it is of a parked partition (fetched before the pause took effect): nothing
+        is handed over, and the loop has the marks withdrawn."""
+        kafka = ScriptedKafka()
+        runner, _ = make_runner(database_url, kafka, monkeypatch)
+        runner.parking.park(kafka, Parked(TOPIC, 1, 0, time.monotonic() + 600))
+        kafka.batches = [[record(0, 0, 0), record(0, 1, 1)],
+                         [record(1, 0, 10), record(1, 1, 11)]]
+        seen: list[int] = []
+        done = threading.Event()
+        kafka.hooks[3] = looking(engine, runner, seen, done)
+        with running(runner) as errors:
+            assert done.wait(10)
+        assert not errors
+        assert pipelined == [True]  # the second batch's marks went in with the first's commit
+        assert seen == [0]  # and were rolled back once it was not handed over
+        assert effects() == [0, 1]
+        assert marked(engine) == 2
+
+    def test_a_batch_handed_over_in_part(
+        self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
+        pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Part of it is of a parked partition: the rest is handled, and the parked records
+        are neither handled nor marked."""
+        kafka = ScriptedKafka()
+        runner, _ = make_runner(database_url, kafka, monkeypatch)
+        runner.parking.park(kafka, Parked(TOPIC, 1, 0, time.monotonic() + 600))
+        kafka.batches = [[record(0, 0, 0), record(0, 1, 1)],
+                         [record(0, 2, 2), record(1, 0, 10)]]
+        seen: list[int] = []
+        done = threading.Event()
+        kafka.hooks[3] = looking(engine, runner, seen, done)
+        with running(runner) as errors:
+            assert done.wait(10)
+        assert not errors
+        assert pipelined == [True]
+        assert seen == [0]
+        assert effects() == [0, 1, 2]
+        assert marked(engine) == 3
+
+    def test_a_batch_dropped_because_the_one_before_failed_after_its_commit(
+        self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
+        pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The batch in hand committed (with the next one's marks), then failed: both are
+        read again from the first one; no marks are held meanwhile, and each message has
+        its effect once. (process() withdraws them as it fails, and the loop has them
+        withdrawn as it drops the batch: either is enough.)"""
+        kafka = ScriptedKafka(partitions=1)
+        runner, _ = make_runner(database_url, kafka, monkeypatch)
+        committed = runner.processor.committed
+        failed: list[int] = []
+
+        def fail_once(records: Any) -> None:
+            committed(records)
+            if not failed:
+                failed.append(len(records))
+                raise RuntimeError("after the commit")
+
+        runner.processor.committed = fail_once
+        first = [record(0, 0, 0), record(0, 1, 1)]
+        second = [record(0, 2, 2), record(0, 3, 3)]
+        kafka.batches = [first, second, first + second]  # read again from where it rewound
+        seen: list[int] = []
+        done = threading.Event()
+        kafka.hooks[3] = looking(engine, runner, seen, done)
+        with running(runner) as errors:
+            assert done.wait(10)
+            deadline = time.monotonic() + 10
+            while effects() != [0, 1, 2, 3] and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert not errors
+        assert failed == [2]
+        assert pipelined[0] is True
+        assert kafka.seeks[0] == (TopicPartition(TOPIC, 0), 2)  # the first batch committed
+        assert seen == [0]
+        assert effects() == [0, 1, 2, 3]
+        assert marked(engine) == 4
+
