@@ -1,10 +1,12 @@
-"""The runner's loop around the marks inserted ahead (Processor.offer/withdraw): the real
-Runner on real PostgreSQL, its Kafka client a scripted stand-in (each poll returns the next
-batch given), so that a batch is polled exactly while the one before it is in hand."""
+"""The runner's loop around the marks inserted ahead (Processor.offer/withdraw), and what
+run() does to the interpreter's switch interval: the real Runner on real PostgreSQL, its
+Kafka client a scripted stand-in (each poll returns the next batch given), so that a batch
+is polled exactly while the one before it is in hand."""
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
@@ -130,8 +132,8 @@ def pipelined(monkeypatch: pytest.MonkeyPatch) -> list[bool | None]:
 
 
 def make_runner(
-    database_url: str, kafka: ScriptedKafka, monkeypatch: pytest.MonkeyPatch,
-    **overrides: Any,
+    database_url: str, kafka: ScriptedKafka, monkeypatch: pytest.MonkeyPatch, *,
+    own_process: bool = False, **overrides: Any,
 ) -> tuple[Runner, threading.Event]:
     """A runner whose first handled message (n == 0) waits until the loop offered the batch
     polled behind it: that batch's marks then go in with its commit."""
@@ -147,7 +149,7 @@ def make_runner(
 
     app.register(TOPIC, write)
     monkeypatch.setattr(consumers.runner, "_freeze_startup_objects", lambda: None)
-    runner = Runner(app)
+    runner = Runner(app, own_process=own_process)
     runner._make_consumer = lambda: kafka  # type: ignore[method-assign]
     offer = runner.processor.offer
 
@@ -289,3 +291,40 @@ class TestMarksAheadNotHandedOver:
         assert effects() == [0, 1, 2, 3]
         assert marked(engine) == 4
 
+
+@pytest.mark.parametrize("ending", ["stopped", "failed"])
+def test_run_gives_the_switch_interval_back(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """Run as its own process with kafka-python, the loop runs with a 0.5 ms switch interval;
+    run() puts back the one before when it returns, or when its loop failed."""
+    kafka = ScriptedKafka()
+    runner, _ = make_runner(database_url, kafka, monkeypatch, own_process=True,
+                            kafka_client="kafka-python")
+    before = sys.getswitchinterval()
+    during: list[float] = []
+    done = threading.Event()
+
+    def look() -> None:
+        during.append(sys.getswitchinterval())
+        done.set()
+
+    def fail() -> None:
+        raise RuntimeError("the loop failed")
+
+    kafka.hooks[1] = look
+    if ending == "failed":
+        kafka.hooks[2] = fail
+    try:
+        with running(runner) as errors:
+            assert done.wait(10)
+            if ending == "failed":
+                deadline = time.monotonic() + 10
+                while not errors and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        after = sys.getswitchinterval()
+    finally:
+        sys.setswitchinterval(before)
+    assert during == [pytest.approx(0.0005)]
+    assert after == before
+    assert [str(e) for e in errors] == (["the loop failed"] if ending == "failed" else [])
