@@ -34,7 +34,8 @@ from sqlalchemy.dialects.postgresql import TIMESTAMP as TIMESTAMPTZ
 
 from outbox.db.execution import Plan, SyncConn, run_plan
 from outbox.db.locks import FAILURES_LOCK
-from outbox.db.tables import SCHEMA, outbox_failures
+from outbox.db.schema import SCHEMA
+from outbox.db.tables import outbox_failures
 from outbox.errors import ConfigurationError, RetryRefused
 from outbox.settings import OutboxSettings, default_settings
 

@@ -8,7 +8,8 @@ import pytest
 from sqlalchemy import select
 
 from outbox.db.queries import DIALECT, driver_sql, parse, queries, quote_identifier, sql
-from outbox.db.tables import SCHEMA, agent_runs
+from outbox.db.schema import SCHEMA
+from outbox.db.tables import agent_runs
 
 SOURCE = """-- A file's header comment.
 
