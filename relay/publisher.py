@@ -96,18 +96,23 @@ class Publisher:
     """One idempotent producer (acks=all) plus the admin client that checks topics, of the
     Kafka client chosen by ``kafka_client`` (:mod:`outbox.kafka`)."""
 
-    def __init__(self, settings: RelaySettings) -> None:
-        self.settings = settings
-        self._backend = settings.kafka()
-        self._options = ProducerOptions(
+    @staticmethod
+    def options_for(settings: RelaySettings) -> ProducerOptions:
+        """The producer's options from the relay's settings."""
+        return ProducerOptions(
             client_id=f"outboxkit-relay-{settings.relay_id}",
-            linger_ms=settings.linger_ms,
+            linger_ms=settings.resolved_linger_ms(),
             batch_bytes=settings.producer_batch_bytes,
             compression=settings.compression,
             max_request_bytes=settings.max_request_bytes,
             delivery_timeout_ms=settings.delivery_timeout_ms,
             request_timeout_ms=settings.request_timeout_ms,
         )
+
+    def __init__(self, settings: RelaySettings) -> None:
+        self.settings = settings
+        self._backend = settings.kafka()
+        self._options = self.options_for(settings)
         self.producer: Producer = self._backend.producer(self._options)
         self._admin: Admin | None = None
         self._admin_lock = threading.Lock()

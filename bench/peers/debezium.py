@@ -715,9 +715,9 @@ def main(argv: list[str] | None = None) -> int:
     from relay.settings import RelaySettings  # noqa: PLC0415
 
     defaults = RelaySettings(kafka_bootstrap="unused:9092")
-    producer = connect.Producer(
-        defaults.linger_ms, defaults.producer_batch_bytes, defaults.max_request_bytes
-    )
+    # Kafka Connect's producer lingers 5 ms, as in every peer run so far (the relay's own
+    # default is its client's: RelaySettings.resolved_linger_ms).
+    producer = connect.Producer(5, defaults.producer_batch_bytes, defaults.max_request_bytes)
     logs = Path(f"/tmp/outboxkit-peers-{os.getpid()}-logs")  # noqa: S108
     logs.mkdir(parents=True, exist_ok=True)
     with services(args) as (local, admin_url, bootstrap, broker_pid):

@@ -15,6 +15,7 @@ from consumers.runner import Runner
 from consumers.settings import ConsumerSettings
 from outbox.errors import ConfigurationError
 from relay.daemon import Relay
+from relay.publisher import Publisher
 from relay.settings import RelaySettings
 
 
@@ -97,3 +98,12 @@ def test_the_consumers_start_up_line_names_the_kafka_client_and_its_version(
     [line] = [r for r in caplog.records if getattr(r, "event", None) == "consumer.start"]
     assert f"with {EXPECTED[client]}," in line.getMessage()
     assert getattr(line, "kafka_client", None) == EXPECTED[client]
+
+
+@pytest.mark.parametrize(("client", "expected"), [("confluent", 0), ("kafka-python", 5)])
+def test_the_relays_linger_is_its_clients_best_unless_set(client: str, expected: int) -> None:
+    unset = RelaySettings(kafka_bootstrap="k:9092", kafka_client=client)
+    assert unset.resolved_linger_ms() == expected
+    chosen = RelaySettings(kafka_bootstrap="k:9092", kafka_client=client, linger_ms=20)
+    assert chosen.resolved_linger_ms() == 20
+    assert Publisher.options_for(chosen).linger_ms == 20
