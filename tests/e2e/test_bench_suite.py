@@ -45,7 +45,9 @@ REQUIRED = (
 FIGURE_KEYS = {"name", "value", "unit", "ceiling", "ratio", "goal", "met"}
 
 
-@pytest.mark.timeout(300)
+# 100 s alone on a quiet machine, 239 s beside the rest of the suite on two slow cores
+# (2026-12-05): the bound leaves room for that, not for a hang.
+@pytest.mark.timeout(480)
 def test_quick_suite_writes_every_figure_and_both_plots(
     postgres_dsn: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -54,7 +56,7 @@ def test_quick_suite_writes_every_figure_and_both_plots(
         [sys.executable, str(ROOT / "bench" / "suite.py"), "--quick",
          "--json", str(out), "--out-dir", str(tmp_path),
          "--database-url", postgres_dsn, "--kafka-bootstrap", kafka_bootstrap],
-        capture_output=True, text=True, timeout=280, check=False,
+        capture_output=True, text=True, timeout=450, check=False,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
 
