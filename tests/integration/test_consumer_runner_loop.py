@@ -208,23 +208,33 @@ class TestMarksAheadNotHandedOver:
     """A batch polled while the one before it was in hand, its marks inserted with that
     one's commit, then not handed over as offered: the marks are rolled back."""
 
-    def test_a_batch_kept_back_whole_by_the_parking_lot(
-        self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
-        pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
-    ) -> None:
-        """All of it is of a parked partition (fetched before the pause took effect): nothing
-        is handed over, and the loop has the marks withdrawn."""
+    @staticmethod
+    def behind_a_parked_partition(
+        engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch,
+        second: list[Record],
+    ) -> list[int]:
+        """Run the loop on a batch of partition 0, then *second*, with partition 1 parked;
+        the sessions idle in a transaction that the third poll counted (see ``looking``)."""
         kafka = ScriptedKafka()
         runner, _ = make_runner(database_url, kafka, monkeypatch)
         runner.parking.park(kafka, Parked(TOPIC, 1, 0, time.monotonic() + 600))
-        kafka.batches = [[record(0, 0, 0), record(0, 1, 1)],
-                         [record(1, 0, 10), record(1, 1, 11)]]
+        kafka.batches = [[record(0, 0, 0), record(0, 1, 1)], second]
         seen: list[int] = []
         done = threading.Event()
         kafka.hooks[3] = looking(engine, runner, seen, done)
         with running(runner) as errors:
             assert done.wait(10)
         assert not errors
+        return seen
+
+    def test_a_batch_kept_back_whole_by_the_parking_lot(
+        self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
+        pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """All of it is of a parked partition (fetched before the pause took effect): nothing
+        is handed over, and the loop has the marks withdrawn."""
+        seen = self.behind_a_parked_partition(
+            engine, database_url, monkeypatch, [record(1, 0, 10), record(1, 1, 11)])
         assert pipelined == [True]  # the second batch's marks went in with the first's commit
         assert seen == [0]  # and were rolled back once it was not handed over
         assert effects() == [0, 1]
@@ -236,17 +246,8 @@ class TestMarksAheadNotHandedOver:
     ) -> None:
         """Part of it is of a parked partition: the rest is handled, and the parked records
         are neither handled nor marked."""
-        kafka = ScriptedKafka()
-        runner, _ = make_runner(database_url, kafka, monkeypatch)
-        runner.parking.park(kafka, Parked(TOPIC, 1, 0, time.monotonic() + 600))
-        kafka.batches = [[record(0, 0, 0), record(0, 1, 1)],
-                         [record(0, 2, 2), record(1, 0, 10)]]
-        seen: list[int] = []
-        done = threading.Event()
-        kafka.hooks[3] = looking(engine, runner, seen, done)
-        with running(runner) as errors:
-            assert done.wait(10)
-        assert not errors
+        seen = self.behind_a_parked_partition(
+            engine, database_url, monkeypatch, [record(0, 2, 2), record(1, 0, 10)])
         assert pipelined == [True]
         assert seen == [0]
         assert effects() == [0, 1, 2]
