@@ -326,8 +326,15 @@ class Publisher:
             if delivery.error is None:
                 published.append(Published(row, delivery.partition, delivery.offset))
             else:
-                failed.append(Failed(row, describe(delivery.error), delivery.permanent))
+                failed.append(self._failed(row, delivery.error, delivery.permanent))
         return published, failed
+
+    def _failed(self, row: OutboxRow, error: BaseException, permanent: bool) -> Failed:
+        if not permanent:
+            # Maybe the topic is gone (deleted since it was listed: librdkafka says so only
+            # as a timeout): the next batch of it asks the broker again, and creates it.
+            self._known_topics.discard(row.topic)
+        return Failed(row, describe(error), permanent)
 
     def _deliver(
         self, outgoing: list[Outgoing], on_wait: Callable[[float], None] | None
@@ -353,7 +360,7 @@ class Publisher:
         failed: list[Failed] = []
         for row, span, delivery in zip(rows, spans, deliveries, strict=True):
             if delivery.error is not None:
-                failed.append(Failed(row, describe(delivery.error), delivery.permanent))
+                failed.append(self._failed(row, delivery.error, delivery.permanent))
                 tracing.finish(span, error=delivery.error)
                 continue
             published.append(Published(row, delivery.partition, delivery.offset))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 
+from outbox.kafka import Delivery, KafkaClientError
 from relay.claims import OutboxRow
 from relay.publisher import Publisher
 from relay.settings import RelaySettings
@@ -25,6 +27,15 @@ def publisher(kafka_bootstrap: str) -> Iterator[Publisher]:
         yield created
     finally:
         created.close()
+
+
+def until_listed(admin: KafkaAdminClient, topic: str, *, listed: bool) -> None:
+    """Topic creation and deletion are asynchronous: wait until the broker lists it (or no
+    longer does)."""
+    deadline = time.monotonic() + 30
+    while (topic in admin.list_topics()) != listed:
+        assert time.monotonic() < deadline, f"{topic} listed: {not listed} after 30 s"
+        time.sleep(0.1)
 
 
 def rows(topic: str, count: int) -> list[OutboxRow]:
@@ -63,12 +74,48 @@ def test_the_topics_listed_at_start_up_answer_the_first_batch(
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     try:
         admin.create_topics([NewTopic(topic, 1, 1)])
+        until_listed(admin, topic, listed=True)
         publisher.list_topics_ahead()
         assert publisher.missing_topics(set()) == {}  # waits for the listing
         admin.delete_topics([topic])
         # Known from the listing: not asked again (a deleted topic would be created anew).
         assert topic in publisher._known_topics
         assert publisher.missing_topics({topic}) == {}
+    finally:
+        with contextlib.suppress(Exception):
+            admin.delete_topics([topic])
+        admin.close()
+
+
+def test_a_listed_topic_deleted_since_is_created_again_after_a_transient_failure(
+    publisher: Publisher, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Known from a listing, then deleted: librdkafka reports its records only as timed out
+    # (after topic.metadata.propagation.max.ms, 30 s), a transient failure. That failure is
+    # played here; what is tested is what the publisher makes of it: it asks the broker
+    # again for the next batch of that topic, and creates it, instead of failing until a
+    # restart (review finding L2).
+    topic = f"gone-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        until_listed(admin, topic, listed=True)
+        publisher.list_topics_ahead()
+        assert publisher.missing_topics({topic}) == {}
+        admin.delete_topics([topic])
+        until_listed(admin, topic, listed=False)
+        timed_out = Delivery(error=KafkaClientError("KafkaTimeoutError: no answer"))
+        with monkeypatch.context() as patched:
+            patched.setattr(publisher.producer, "send",
+                            lambda records, **_: [timed_out for _ in records])
+            published, failed = publisher.send(rows(topic, 2))
+        assert published == []
+        assert [f.permanent for f in failed] == [False, False]
+        assert publisher.missing_topics({topic}) == {}  # created again
+        assert topic in admin.list_topics()
+        published, failed = publisher.send(rows(topic, 3))
+        assert failed == []
+        assert len(published) == 3
     finally:
         with contextlib.suppress(Exception):
             admin.delete_topics([topic])
