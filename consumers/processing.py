@@ -307,10 +307,11 @@ class Processor:
                     self._commit_marking(conn, tx, following)
             except _HandlerFailed as failure:
                 tx.rollback()
-                if marked and conn.invalidated:
-                    # The connection broke while it held the marks between batches; the
-                    # handler's statement was its first use since, as the marks' insert is
-                    # otherwise. Not the message's failure: the careful path, on another.
+                if conn.invalidated:
+                    # The connection broke under the handler: while it held the marks
+                    # between batches (the handler's statement was its first use since), or
+                    # the server went away meanwhile. Not the message's failure, and no
+                    # attempt of it: the careful path decides, on another connection.
                     return -1, failure.error
                 clean = True
                 index = -1 if failure.index < 0 else decoded.index(fresh[failure.index])

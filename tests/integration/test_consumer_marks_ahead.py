@@ -200,6 +200,34 @@ class TestBrokenInsideThePipeline:
         assert effects(bound) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_connection_lost_under_a_handler_counts_no_attempt(
+    bound: Engine, database_url: str, keep: bool
+) -> None:
+    """The server ends the batch's backend while a handler runs (a restart, a failover):
+    that handler's next statement fails, but the message is not to blame. The batch is
+    handled again on another connection, with no attempt counted and nothing parked."""
+    app = app_for(database_url, "batch")
+    killed: list[int] = []
+
+    def die_then_write(ctx: HandlerContext, item: Item) -> None:
+        if item.n == 1 and not killed:
+            killed.append(ctx.conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+            terminate(bound, killed[0])
+        write(ctx, item)
+
+    app.register(TOPIC, die_then_write)
+    processor = Processor(app, bound, ConsumerMetrics(), FakeSender(), keep_connection=keep)
+    try:
+        progress = processor.process([record(i, {"n": i}) for i in range(3)])
+    finally:
+        processor.release()
+    assert killed
+    assert (progress.handled, progress.parked) == (3, ())
+    assert count(bound, "SELECT count(*) FROM outboxkit.consumer_failures") == 0
+    assert effects(bound) == [0, 1, 2]
+    assert marked(bound) == 3
+
 def test_a_batch_meeting_marks_ahead_not_its_own_is_marked_as_usual(
     bound: Engine, database_url: str
 ) -> None:
