@@ -127,3 +127,28 @@ def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 60) -> list[Any
         return records
     finally:
         consumer.close()
+
+
+def explain_missing(engine: Engine, bootstrap: str, topic: str, missing: set[str],
+                    log_dir: Path | None = None) -> str:
+    """Why committed messages were not found in *topic*: for each, its row, its lane's
+    cursor and the proof recorded for it, and whether reading the topic again finds it.
+    So that a failure seen once (under load, in CI) says whether the relay passed a row
+    it never sent or the test's reader missed a record."""
+    time.sleep(2)
+    again = {dict(r.headers)["message-id"].decode() for r in read_topic(bootstrap, topic)}
+    lines = [f"{len(missing)} committed messages not read from {topic}; read again: "
+             f"{len(missing - again)} still missing"]
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT s.message_id::text, s.id, s.lane, m.xid::text, s.status, "
+            "s.kafka_partition, s.kafka_offset, l.owner, l.token, l.cursor_snapshot, "
+            "l.batch_snapshot, l.batch_pos FROM outboxkit.message_status AS s "
+            "JOIN outboxkit.outbox_messages AS m ON m.id = s.id "
+            "JOIN outboxkit.relay_lanes AS l ON l.lane = s.lane "
+            "WHERE s.message_id::text = ANY(:ids) ORDER BY s.id"), {"ids": sorted(missing)})
+        lines += [f"  {tuple(r)}" for r in rows]
+    for log in sorted(log_dir.glob("*.log")) if log_dir else []:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        lines += [f"--- {log.name}", *tail]
+    return "\n".join(lines)

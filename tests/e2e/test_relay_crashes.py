@@ -13,7 +13,14 @@ from sqlalchemy import Engine, text
 
 from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
-from tests.e2e.conftest import RelayProcesses, count_status, emit_batch, read_topic, wait_until
+from tests.e2e.conftest import (
+    RelayProcesses,
+    count_status,
+    emit_batch,
+    explain_missing,
+    read_topic,
+    wait_until,
+)
 
 pytestmark = pytest.mark.usefixtures("kafka_client")
 
@@ -124,6 +131,8 @@ def test_sigkill_at_random_points_of_a_50k_run_loses_nothing_and_invents_nothing
     records = read_topic(kafka_bootstrap, topic)
     in_kafka = [dict(r.headers)["message-id"].decode() for r in records]
     assert kills >= 1
+    missing = committed - set(in_kafka)
+    assert not missing, explain_missing(engine, kafka_bootstrap, topic, missing, relays.log_dir)
     assert set(in_kafka) == committed  # every committed message, and nothing else
     assert len(committed) == total
     _by_key, duplicates = kafka_ids_by_key(records)
@@ -159,6 +168,9 @@ def test_relay_killed_at_each_failpoint_loses_nothing(
         committed = {str(m) for (m,) in conn.execute(
             text("SELECT message_id FROM outboxkit.outbox_messages"))}
     by_key, duplicates = kafka_ids_by_key(records)
-    assert {dict(r.headers)["message-id"].decode() for r in records} == committed
+    read = {dict(r.headers)["message-id"].decode() for r in records}
+    missing = committed - read
+    assert not missing, explain_missing(engine, kafka_bootstrap, topic, missing, relays.log_dir)
+    assert read == committed
     assert duplicates_range[0] <= duplicates <= duplicates_range[1]
     assert by_key == committed_ids_by_key(engine)  # per-key order, duplicates dropped
