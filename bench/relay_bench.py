@@ -1038,8 +1038,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--idle-seconds",
         type=float,
-        help="length of (c4), 200 msgs/s from 2 writers (default 20; quick 8)",
+        help="length of (c4), 200 msgs/s from 2 writers (default 20; quick 8; 0 skips it)",
     )
+    p.add_argument("--no-variants", action="store_true",
+                   help="skip the variants of (b) (other batch sizes and lingers)")
     p.add_argument(
         "--claim-backlog", type=int, help="large backlog of (d) (default 1,000,000; quick 100,000)"
     )
@@ -1073,10 +1075,11 @@ def plan_of(args: argparse.Namespace) -> dict[str, Any]:
         # 0 skips (c3): the suite's smoke run has no use for a phase that measures nothing.
         "low_s": (5.0 if quick else 10.0) if args.low_seconds is None else args.low_seconds,
         "idle_rate": 200.0,
-        "idle_s": args.idle_seconds or (8.0 if quick else 20.0),
+        "idle_s": (8.0 if quick else 20.0) if args.idle_seconds is None else args.idle_seconds,
         "big_claim": args.claim_backlog or (100_000 if quick else 1_000_000),
         "big_rss": args.rss_backlog or (100_000 if quick else 200_000),
-        "variants": [("batch 2000", {"batch_size": 2000})]
+        "variants": [] if args.no_variants
+        else [("batch 2000", {"batch_size": 2000})]
         if quick
         else [
             ("batch 500", {"batch_size": 500}),
