@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
+from typing import Any
 
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
@@ -24,6 +26,7 @@ from outbox.kafka.api import (
 )
 from outbox.kafka.confluent.librdkafka import (
     LATEST,
+    WAIT_STEP_S,
     client_config,
     kafka_tp,
     serious,
@@ -59,17 +62,30 @@ class ConfluentAdmin:
             error.__cause__ = exc
         return error
 
+    def _metadata(self, topic: str | None = None) -> Any:
+        """The cluster's metadata, asked for a second at a time: a refusal the client met
+        meanwhile (a wrong password, reported through error_cb at its first connection)
+        ends the wait at once. Asked for the whole timeout, a relay with a wrong password
+        waited 15 s per attempt, ready all the while, before it said anything."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            asked = time.monotonic()
+            try:
+                return self._admin.list_topics(
+                    topic=topic, timeout=max(0.01, min(WAIT_STEP_S, deadline - asked)))
+            except KafkaException as exc:
+                self._admin.poll(0)  # serve the client's own errors (error_cb)
+                now = time.monotonic()
+                if now >= deadline or (self._trouble is not None and serious(self._trouble)):
+                    raise self._failed(exc) from exc
+                if now - asked < WAIT_STEP_S / 2:  # refused at once: not a wait to go on with
+                    time.sleep(min(WAIT_STEP_S / 2, max(0.0, deadline - now)))
+
     def list_topics(self) -> set[str]:
-        try:
-            return set(self._admin.list_topics(timeout=self._timeout_s).topics)
-        except KafkaException as exc:
-            raise self._failed(exc) from exc
+        return set(self._metadata().topics)
 
     def replication(self, topic: str) -> tuple[int, int]:
-        try:
-            metadata = self._admin.list_topics(topic=topic, timeout=self._timeout_s)
-        except KafkaException as exc:
-            raise self._failed(exc) from exc
+        metadata = self._metadata(topic)
         found = metadata.topics.get(topic)
         partitions = found.partitions.values() if found is not None and not found.error else ()
         fewest = min((len(p.replicas) for p in partitions), default=0)
