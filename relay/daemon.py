@@ -44,6 +44,7 @@ from relay.claims import (
     record,
 )
 from relay.cursors import Cursor
+from relay.grouped import Held
 from relay.lanes import LaneManager
 from relay.metrics import RelayMetrics
 from relay.publisher import Publisher, describe_briefly
@@ -156,6 +157,7 @@ class Relay:
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-mark")
         self._ahead = ReadAhead()
         self._marking: Future[None] | None = None
+        self._held: Held | None = None  # clean batches' records, written together (grouped)
         # Each owned lane's cursor, one batch ahead of the database's (relay/cursors.py).
         self._cursors: dict[int, Cursor] = {}
         # The server's incarnation they were read under (relay/history.py).
@@ -407,6 +409,7 @@ class Relay:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.lifecycle.beat()
+            self._record_due()
             self._give_back_excess()
             owned = self.lanes.owned()
             if not owned:
@@ -458,14 +461,19 @@ class Relay:
                     self._database_answered()
                     self._wait()
             except Exception as exc:
-                # The cursors stay where the database has them; the next claim reads again.
-                self._cursors.clear()
-                if error_source(exc) is None:  # a bug, not an outage: keep the traceback
-                    log.exception(
-                        "publishing a batch failed unexpectedly",
-                        extra={"event": "relay.batch_crashed"},
-                    )
-                self.lifecycle.back_off(self._transient(exc, "batch"))
+                self._batch_failed(exc)
+
+    def _batch_failed(self, exc: Exception) -> None:
+        # The cursors stay where the database has them; the next claim reads again.
+        self._cursors.clear()
+        if self._held is not None:  # recorded before anything is read again
+            self._held.due = 0.0
+        if error_source(exc) is None:  # a bug, not an outage: keep the traceback
+            log.exception(
+                "publishing a batch failed unexpectedly",
+                extra={"event": "relay.batch_crashed"},
+            )
+        self.lifecycle.back_off(self._transient(exc, "batch"))
 
     def _give_back_excess(self) -> None:
         """Give back the lanes over this relay's fair share, never with a batch of theirs
@@ -476,7 +484,19 @@ class Relay:
             self.lanes.release_pending()
 
     def _wait(self) -> None:
-        self.wake.wait(self.settings.poll_interval_seconds)
+        timeout = self.settings.poll_interval_seconds
+        if self._held is not None:
+            timeout = min(timeout, max(0.0, self._held.due - time.monotonic()))
+        self.wake.wait(timeout)
+        self._record_due()
+
+    def _record_due(self) -> None:
+        """Write the grouped records once due, without waiting for a database that does
+        not answer (the loop goes on beating; the next batch waits for them)."""
+        held, marking = self._held, self._marking
+        if (held is not None and time.monotonic() >= held.due
+                and (marking is None or marking.done())):
+            self._write_held()
 
     def _named(self, owned: dict[int, int], named: set[int]) -> dict[int, int]:
         """The owned lanes notifications named, and those with a difference not read to its
@@ -582,14 +602,28 @@ class Relay:
         published, failed = self._publish(sendable) if sendable else ([], [])
         failpoint("relay.after_ack")
         outcome = self._sort_outcome(batch, sendable, published, failed, set_aside, block=block)
+        self._observe_latency(outcome[0])
+        # Every row acknowledged (no transient failure either: that batch backs off below).
+        groupable = (self._idle and self.settings.record_group_ms > 0 and not failed
+                     and not set_aside and not any(r.retry for r in batch.rows))
+        held = self._held
+        if (groupable and held is not None and self._marking is None
+                and time.monotonic() < held.due and held.takes(batch.incarnation, batch.tokens)):
+            held.add(outcome[0], outcome[3], batch.tokens)
+            self.lifecycle.succeeded()
+            return True
         ok = self._finish_marking()  # at most one batch being recorded at a time
         if not ok:
             # The previous batch was not recorded: the database's cursors are behind ours.
             # Recording this one would move them past rows without proof: read them again.
             self._cursors.clear()
             return False
-        if self._idle:
-            self._marking = self._mark_here(outcome, block, batch)
+        if groupable:
+            self._held = Held(outcome[0], dict(outcome[3]), batch.incarnation,
+                              dict(batch.tokens),
+                              time.monotonic() + self.settings.record_group_ms / 1000)
+        elif self._idle:
+            self._marking = self._mark_here(outcome, block, batch.incarnation, batch.tokens)
         else:
             self._marking = self._marker.submit(
                 self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
@@ -664,7 +698,8 @@ class Relay:
             {lane: (cursor, counts[lane]) for lane, cursor in moved.items()},
         )
 
-    def _mark_here(self, outcome: Outcome, block: bool, batch: Claimed) -> Future[None]:
+    def _mark_here(self, outcome: Outcome, block: bool, incarnation: uuid.UUID | None,
+                   tokens: dict[int, int]) -> Future[None]:
         """Light traffic: the batch recorded on the loop's thread. Handed to the marking
         thread, the record costs a thread's wake-up and sleep more per batch, which on these
         machines weighs as much as the statement's Python; nothing is claimed meanwhile
@@ -672,17 +707,24 @@ class Relay:
         trying (with back-off) while the loop goes on beating, as for a busy relay."""
         done = Future[None]()
         try:
-            self._mark(*outcome, block, incarnation=batch.incarnation, tokens=batch.tokens,
-                       retry=False)
+            self._mark(*outcome, block, incarnation=incarnation, tokens=tokens, retry=False)
         except SQLAlchemyError:
             return self._marker.submit(
-                self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
+                self._mark, *outcome, block, incarnation=incarnation, tokens=tokens
             )
         except Exception as exc:  # _finish_marking reports it, as from the thread
             done.set_exception(exc)
         else:
             done.set_result(None)
         return done
+
+    def _observe_latency(self, published: list[Published]) -> None:
+        """Creation to acknowledgement, as the metric says (taken here, not once recorded:
+        a grouped record is written up to record_group_ms later)."""
+        now = time.time()
+        observe = self.metrics.latency.observe
+        for p in published:
+            observe(max(0.0, now - p.row.created_s))
 
     def _all_published(
         self, batch: Claimed, published: list[Published]
@@ -723,10 +765,6 @@ class Relay:
             retry=retry,
         )
         failpoint("relay.after_mark")
-        now = time.time()
-        observe = self.metrics.latency.observe
-        for p in published:
-            observe(max(0.0, now - p.row.created_s))
         self.metrics.published.inc(len(published))
         self.metrics.failed.inc(len(failed))
         self.metrics.dead_lettered.inc(sum(1 for f in failed if f.offset is not None))
@@ -742,7 +780,24 @@ class Relay:
             yield conn
 
     def _finish_marking(self) -> bool:
-        """Wait for the batch being recorded; False when recording it failed."""
+        """Wait for the batch being recorded, and for the grouped records after it; False
+        when recording failed."""
+        ok = self._write_held()
+        return self._await_marking() and ok
+
+    def _write_held(self) -> bool:
+        """Write the grouped records (relay/grouped.py), after the record in flight; as for
+        a light batch, a database that refuses leaves them to the marking thread. False when
+        the record in flight failed: the cursors were cleared, so the held rows are read and
+        sent again, and their record is dropped."""
+        ok = self._await_marking()
+        held, self._held = self._held, None
+        if held is not None and ok:
+            self._marking = self._mark_here(
+                (held.published, [], [], held.moves), False, held.incarnation, held.tokens)
+        return ok
+
+    def _await_marking(self) -> bool:
         if self._marking is None:
             return True
         ok = True

@@ -56,8 +56,6 @@ def test_a_light_batch_the_database_refuses_is_recorded_by_the_marking_thread(
     # loop must go on (beating, backing off), and the marking thread keep trying.
     from sqlalchemy.exc import OperationalError  # noqa: PLC0415
 
-    from relay.claims import Claimed  # noqa: PLC0415
-
     relay = Relay(RelaySettings(database_url="postgresql://u@127.0.0.1:1/x",
                                 kafka_bootstrap="127.0.0.1:1"))
     calls: list[tuple[bool, str]] = []
@@ -69,7 +67,7 @@ def test_a_light_batch_the_database_refuses_is_recorded_by_the_marking_thread(
 
     monkeypatch.setattr(relay, "_record", record)
     try:
-        marking = relay._mark_here(([], [], [], {}), False, Claimed([], {}, {}))
+        marking = relay._mark_here(([], [], [], {}), False, None, {})
         marking.result(timeout=5)
     finally:
         relay._marker.shutdown(wait=True)
