@@ -329,3 +329,36 @@ def test_run_gives_the_switch_interval_back(
     assert during == [pytest.approx(0.0005)]
     assert after == before
     assert [str(e) for e in errors] == (["the loop failed"] if ending == "failed" else [])
+
+
+def test_marks_ahead_of_a_batch_never_handed_over_go_before_the_client_leaves(
+    engine: Engine, database_url: str, effects: Callable[[], list[int]],
+    pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop fails right after the batch in hand committed with the next one's marks,
+    before handing that one over: its last step has them withdrawn, so they are gone when
+    the client leaves its group (others may read those messages then), not only at the
+    connection's release after it."""
+    kafka = ScriptedKafka(partitions=1)
+    runner, _ = make_runner(database_url, kafka, monkeypatch)
+    kafka.batches = [[record(0, 0, 0), record(0, 1, 1)], [record(0, 2, 2), record(0, 3, 3)]]
+    handled = runner.parking.handled
+
+    def fail(retries: Any) -> None:
+        handled(retries)
+        raise RuntimeError("after the batch")
+
+    monkeypatch.setattr(runner.parking, "handled", fail)
+    held_at_leave: list[int] = []
+
+    def leave() -> None:
+        with engine.connect() as conn:
+            held_at_leave.append(int(conn.execute(text(IDLE_IN_TRANSACTION)).scalar_one()))
+
+    monkeypatch.setattr(kafka, "close", leave)
+    with pytest.raises(RuntimeError, match="after the batch"):
+        runner.run()
+    assert pipelined == [True]  # the second batch's marks went in with the first's commit
+    assert held_at_leave == [0]
+    assert effects() == [0, 1]
+    assert marked(engine) == 2
