@@ -50,7 +50,7 @@ class RelaySettings(ConnectionSettings):
     record_group_ms: int = Field(
         default=50,
         ge=0,
-        le=1000,
+        le=10_000,
         description="Idle (light traffic), the records of the clean batches acknowledged within "
         "this long of the first are written in one statement: fewer writes and less CPU; "
         "publishing waits for nothing. A relay that dies meanwhile sends those rows again "
