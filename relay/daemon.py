@@ -602,10 +602,11 @@ class Relay:
         published, failed = self._publish(sendable) if sendable else ([], [])
         failpoint("relay.after_ack")
         outcome = self._sort_outcome(batch, sendable, published, failed, set_aside, block=block)
-        self._observe_latency(outcome[0])
         # Every row acknowledged (no transient failure either: that batch backs off below).
         groupable = (self._idle and self.settings.record_group_ms > 0 and not failed
                      and not set_aside and not any(r.retry for r in batch.rows))
+        if groupable:  # observed now: its record is written up to record_group_ms later
+            self._observe_latency(outcome[0])
         held = self._held
         if (groupable and held is not None and self._marking is None
                 and time.monotonic() < held.due and held.takes(batch.incarnation, batch.tokens)):
@@ -699,7 +700,7 @@ class Relay:
         )
 
     def _mark_here(self, outcome: Outcome, block: bool, incarnation: uuid.UUID | None,
-                   tokens: dict[int, int]) -> Future[None]:
+                   tokens: dict[int, int], *, observed: bool = False) -> Future[None]:
         """Light traffic: the batch recorded on the loop's thread. Handed to the marking
         thread, the record costs a thread's wake-up and sleep more per batch, which on these
         machines weighs as much as the statement's Python; nothing is claimed meanwhile
@@ -707,10 +708,12 @@ class Relay:
         trying (with back-off) while the loop goes on beating, as for a busy relay."""
         done = Future[None]()
         try:
-            self._mark(*outcome, block, incarnation=incarnation, tokens=tokens, retry=False)
+            self._mark(*outcome, block, incarnation=incarnation, tokens=tokens, retry=False,
+                       observed=observed)
         except SQLAlchemyError:
             return self._marker.submit(
-                self._mark, *outcome, block, incarnation=incarnation, tokens=tokens
+                self._mark, *outcome, block, incarnation=incarnation, tokens=tokens,
+                observed=observed,
             )
         except Exception as exc:  # _finish_marking reports it, as from the thread
             done.set_exception(exc)
@@ -719,8 +722,7 @@ class Relay:
         return done
 
     def _observe_latency(self, published: list[Published]) -> None:
-        """Creation to acknowledgement, as the metric says (taken here, not once recorded:
-        a grouped record is written up to record_group_ms later)."""
+        """Creation to acknowledgement (right after it, or once the batch is recorded)."""
         now = time.time()
         observe = self.metrics.latency.observe
         for p in published:
@@ -758,13 +760,17 @@ class Relay:
         incarnation: uuid.UUID | None,
         tokens: dict[int, int],
         retry: bool = True,
+        observed: bool = False,
     ) -> None:
-        """Record a batch's outcome (on the marking thread) and count it."""
+        """Record a batch's outcome (on the marking thread) and count it; its latency too,
+        unless *observed* at the acknowledgement already."""
         self._record(
             published, failed, set_aside, moves, block, incarnation=incarnation, tokens=tokens,
             retry=retry,
         )
         failpoint("relay.after_mark")
+        if not observed:
+            self._observe_latency(published)
         self.metrics.published.inc(len(published))
         self.metrics.failed.inc(len(failed))
         self.metrics.dead_lettered.inc(sum(1 for f in failed if f.offset is not None))
@@ -794,7 +800,8 @@ class Relay:
         held, self._held = self._held, None
         if held is not None and ok:
             self._marking = self._mark_here(
-                (held.published, [], [], held.moves), False, held.incarnation, held.tokens)
+                (held.published, [], [], held.moves), False, held.incarnation, held.tokens,
+                observed=True)
         return ok
 
     def _await_marking(self) -> bool:
