@@ -602,9 +602,10 @@ class Relay:
         published, failed = self._publish(sendable) if sendable else ([], [])
         failpoint("relay.after_ack")
         outcome = self._sort_outcome(batch, sendable, published, failed, set_aside, block=block)
-        # Every row acknowledged (no transient failure either: that batch backs off below).
-        groupable = (self._idle and self.settings.record_group_ms > 0 and not failed
-                     and not set_aside and not any(r.retry for r in batch.rows))
+        # Every row acknowledged (no transient failure either: that batch backs off below),
+        # nothing set aside or retried.
+        clean = not failed and not set_aside and not any(r.retry for r in batch.rows)
+        groupable = clean and self._idle and self.settings.record_group_ms > 0
         if groupable:  # observed now: its record is written up to record_group_ms later
             self._observe_latency(outcome[0])
         held = self._held
@@ -629,7 +630,7 @@ class Relay:
             self._marking = self._marker.submit(
                 self._mark, *outcome, block, incarnation=batch.incarnation, tokens=batch.tokens
             )
-        if failed or set_aside or any(r.retry for r in batch.rows):
+        if not clean:
             self._ahead.drop()  # it was read before these failures were recorded
             # Only clean batches are recorded beside the next claim. A refusal must be
             # recorded first: in block mode it is what holds back the later rows of its key.

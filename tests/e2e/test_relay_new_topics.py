@@ -38,6 +38,24 @@ def until_listed(admin: KafkaAdminClient, topic: str, *, listed: bool) -> None:
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def listed_ahead(publisher: Publisher, bootstrap: str,
+                 prefix: str) -> Iterator[tuple[KafkaAdminClient, str]]:
+    """A new topic, listed by the broker, then the publisher's listing ahead started (as at
+    the relay's start); the topic is deleted at the end."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        until_listed(admin, topic, listed=True)
+        publisher.list_topics_ahead()
+        yield admin, topic
+    finally:
+        with contextlib.suppress(Exception):
+            admin.delete_topics([topic])
+        admin.close()
+
+
 def rows(topic: str, count: int) -> list[OutboxRow]:
     now = datetime.now(UTC)
     return [OutboxRow(i, uuid.uuid4(), topic, f"key-{i}".encode(), "t", b"{}", {}, now, 0, 0)
@@ -70,21 +88,12 @@ def test_the_topics_listed_at_start_up_answer_the_first_batch(
 ) -> None:
     # The relay lists the broker's topics on a thread while it claims its first batch: that
     # batch's check finds its topic known, without waiting for the admin client.
-    topic = f"listed-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    try:
-        admin.create_topics([NewTopic(topic, 1, 1)])
-        until_listed(admin, topic, listed=True)
-        publisher.list_topics_ahead()
+    with listed_ahead(publisher, kafka_bootstrap, "listed") as (admin, topic):
         assert publisher.missing_topics(set()) == {}  # waits for the listing
         admin.delete_topics([topic])
         # Known from the listing: not asked again (a deleted topic would be created anew).
         assert topic in publisher._known_topics
         assert publisher.missing_topics({topic}) == {}
-    finally:
-        with contextlib.suppress(Exception):
-            admin.delete_topics([topic])
-        admin.close()
 
 
 def test_a_listed_topic_deleted_since_is_created_again_after_a_transient_failure(
@@ -95,12 +104,7 @@ def test_a_listed_topic_deleted_since_is_created_again_after_a_transient_failure
     # played here; what is tested is what the publisher makes of it: it asks the broker
     # again for the next batch of that topic, and creates it, instead of failing until a
     # restart (review finding L2).
-    topic = f"gone-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    try:
-        admin.create_topics([NewTopic(topic, 1, 1)])
-        until_listed(admin, topic, listed=True)
-        publisher.list_topics_ahead()
+    with listed_ahead(publisher, kafka_bootstrap, "gone") as (admin, topic):
         assert publisher.missing_topics({topic}) == {}
         admin.delete_topics([topic])
         until_listed(admin, topic, listed=False)
@@ -116,7 +120,3 @@ def test_a_listed_topic_deleted_since_is_created_again_after_a_transient_failure
         published, failed = publisher.send(rows(topic, 3))
         assert failed == []
         assert len(published) == 3
-    finally:
-        with contextlib.suppress(Exception):
-            admin.delete_topics([topic])
-        admin.close()
