@@ -88,6 +88,23 @@ class KafkaClientError(OutboxError):
         self.code = code
 
 
+def no_offset() -> KafkaClientError:
+    """A success that names no offset: no proof that the record was written.
+
+    librdkafka's idempotent producer reports a record delivered, without an offset, when a
+    later batch of its partition succeeded ("implicitly acked"). It does so also when the
+    record's own batch was refused as not persisted: the first batches sent to a topic just
+    created went to a leader not serving yet, the one after them was accepted (the broker
+    takes any first sequence of a producer it has no state for), and those records were
+    never written. Sent again, they are written after later records of their key; lost,
+    they would be gone with a proof on record.
+    """
+    return KafkaClientError(
+        "_NO_OFFSET: reported delivered without an offset (the client took a later "
+        "batch's success for this record's): not proof that it was written; sent again",
+        code="_NO_OFFSET")
+
+
 class TopicExists(KafkaClientError):
     """A topic to create exists already."""
 

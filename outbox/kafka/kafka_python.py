@@ -42,6 +42,7 @@ from outbox.kafka.api import (
     TopicPartition,
     UnreadableRecord,
     group_state,
+    no_offset,
 )
 from outbox.kafka.partitioner import CachedKeyPartitioner
 
@@ -190,9 +191,10 @@ class KafkaPythonProducer:
                 )
             elif future.failed():
                 _refused(delivery, future.exception)
-            else:
-                meta = future.value
+            elif (meta := future.value).offset >= 0:
                 delivery.partition, delivery.offset = meta.partition, meta.offset
+            else:
+                delivery.error = no_offset()  # transient: sent again
         return results
 
     def _await(

@@ -22,6 +22,7 @@ from outbox.kafka.api import (
     KafkaClientError,
     Outgoing,
     ProducerOptions,
+    no_offset,
 )
 from outbox.kafka.confluent.librdkafka import (
     PERMANENT_CODES,
@@ -42,10 +43,12 @@ class _Answer(Delivery):
     def __call__(self, err: KafkaError | None, msg: Message) -> None:
         if self.error is not None:
             return  # answered already (given up on at the timeout): the caller has it
-        if err is None:
-            self.partition, self.offset = msg.partition() or 0, msg.offset() or 0
-        else:
+        if err is not None:
             _refused(self, err)
+        elif (offset := msg.offset()) is not None:
+            self.partition, self.offset = msg.partition() or 0, offset
+        else:
+            self.error = no_offset()  # transient: sent again (outbox.kafka.api.no_offset)
 
 
 def _refused(delivery: Delivery, err: KafkaError) -> None:
