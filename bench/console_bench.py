@@ -39,7 +39,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from outbox.db.dsn import sqlalchemy_url, with_database
 from outbox.db.migrate import migrate
-from outbox.db.queries import sql
+from outbox.db.queries import driver_sql
 from outbox.settings import OutboxSettings
 
 GOAL_MS = 100.0
@@ -100,7 +100,7 @@ def load(engine: Engine, runs: int) -> uuid.UUID:
                                          "last": min(first + PER_TRANSACTION - 1, runs)})
             conn.commit()
     with engine.begin() as conn:
-        conn.execute(sql("relay", "ensure_lanes", "outboxkit"), {"lanes": LANES})
+        conn.exec_driver_sql(driver_sql("relay", "ensure_lanes", "outboxkit"), {"lanes": LANES})
         # 1 % of the rows refused (outbox_failures), the rest published: cursors past them.
         conn.execute(text(
             "INSERT INTO outboxkit.outbox_failures (id, message_id, topic, key, lane, "

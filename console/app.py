@@ -42,7 +42,8 @@ from console.run_events import RunStreams, page_json, position, read_page
 from console.settings import ConsoleSettings
 from consumers.deadletter import KafkaSender
 from consumers.settings import ConsumerSettings
-from outbox.db.dsn import engine_for, sqlalchemy_url
+from outbox.db.dsn import sqlalchemy_url
+from outbox.db.engines import engine_for
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError, OutboxError, RunNotFound
 from outbox.kafka.api import Admin

@@ -41,7 +41,8 @@ from consumers.watchdog import Verdict, Watchdog
 from consumers.window import verify_window
 from dedup.inbox import purge_marks
 from outbox.backoff import Backoff
-from outbox.db.dsn import engine_for, redact
+from outbox.db.dsn import redact
+from outbox.db.engines import engine_for
 from outbox.db.migrate import check_schema
 from outbox.db.schema import translate
 from outbox.errors import ConfigurationError

@@ -16,12 +16,12 @@ from datetime import UTC, datetime
 from json import dumps, loads
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection
+from psycopg.rows import tuple_row
 
 from outbox.db.arrays import bool_array, int_array, text_array
-from outbox.db.driver import driver_cursor
 from outbox.db.locks import FAILURES_LOCK
-from outbox.db.queries import driver_sql, sql
+from outbox.db.pool import Connection
+from outbox.db.queries import driver_sql
 from outbox.messages.envelope import HEADER_MESSAGE_ID, HEADER_TYPE
 from relay.cursors import Cursor, LaneRead
 from relay.history import HistoryMoved
@@ -218,7 +218,7 @@ def claim_messages(
     if fetched and fetched[0][7] is None:
         # No incarnation yet (crash recovery or a promotion emptied the table): the stored
         # cursors were used, which is right; make one and read again under it.
-        conn.exec_driver_sql(driver_sql("relay", "ensure_incarnation", schema))
+        conn.execute(driver_sql("relay", "ensure_incarnation", schema))
         fetched = _fetch(conn, schema, params)
     if not fetched:
         return Claimed([], {}, {}, incarnation, tokens)
@@ -236,16 +236,16 @@ def claim_messages(
 
 
 def _fetch(conn: Connection, schema: str, params: dict[str, Any]) -> Sequence[Any]:
-    # On psycopg's cursor, rows as plain tuples (decoding a thousand Row objects cost a
-    # sixth of the relay's loop); errors still SQLAlchemy's (the loop backs off on those).
-    with driver_cursor(conn) as cursor:
+    # Rows as plain tuples: a thousand named ones would cost the loop more than the rest of
+    # the read.
+    with conn.cursor(row_factory=tuple_row) as cursor:
         cursor.execute(driver_sql("relay", "claim_messages", schema), params)
         return cursor.fetchall()
 
 
 def _retries(conn: Connection, schema: str, lanes: list[int], limit: int) -> list[OutboxRow]:
     """Rows an operator asked to retry, each after every row of its key still held back."""
-    query = sql("relay", "claim_retries", schema)
+    query = driver_sql("relay", "claim_retries", schema)
     return [
         OutboxRow(r.id, r.message_id, r.topic, _key(r.key), r.message_type, bytes(r.payload),
                   r.headers or {}, r.created_at, r.lane, r.run_id, retry=True)
@@ -261,7 +261,7 @@ def _blocked(
     if not distinct:
         return {}
     found = conn.execute(
-        sql("relay", "blocked_keys", schema),
+        driver_sql("relay", "blocked_keys", schema),
         {
             "lanes": [k[0] for k in distinct],
             "topics": [k[1] for k in distinct],
@@ -366,9 +366,8 @@ def record(
     entries += [(r, "aside", None, None, None, False) for r in set_aside]
     if entries or retried:
         # First, before any lane row is locked: an operator's retry takes this lock first too.
-        conn.execute(sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
-    # Driver SQL: no SQLAlchemy compilation for the one statement of every batch.
-    with driver_cursor(conn) as cursor:
+        conn.execute(driver_sql("relay", "lock_failures", schema), {"k": FAILURES_LOCK})
+    with conn.cursor(row_factory=tuple_row) as cursor:
         cursor.execute(driver_sql("relay", "record_batch", schema), {
             **_proofs(published, cursors),
             "relay_id": relay_id,
@@ -384,7 +383,7 @@ def record(
         row = cursor.fetchone()
     assert row is not None  # the statement's one row
     if retried:
-        conn.execute(sql("relay", "forget_failures", schema), {"ids": retried})
+        conn.execute(driver_sql("relay", "forget_failures", schema), {"ids": retried})
     if entries:
         known = {**(tokens or {}), **{lane: c.token for lane, (c, _) in cursors.items()}}
         _copy_failures(
@@ -448,7 +447,7 @@ def _copy_failures(
 ) -> None:
     rows = [e[0] for e in entries]
     conn.execute(
-        sql("relay", "record_failures", schema),
+        driver_sql("relay", "record_failures", schema),
         {
             "ids": [r.id for r in rows],
             "message_ids": [r.message_id for r in rows],
@@ -477,6 +476,6 @@ def note_error(
 ) -> None:
     """Say on the lanes why their rows wait (a transient failure): ``outbox status`` shows it."""
     conn.execute(
-        sql("relay", "note_error", schema),
+        driver_sql("relay", "note_error", schema),
         {"lanes": lanes, "relay_id": relay_id, "error": error[:2000]},
     )

@@ -15,7 +15,6 @@ import click
 from outbox.cli.daemon import run_daemon
 from outbox.cli.flags import load_settings, settings_options
 from outbox.cli.main import EXIT_USAGE, database_url_option, one_line_errors, require_url
-from outbox.db.dsn import engine_for
 from outbox.errors import ConfigurationError
 from outbox.settings import OutboxSettings
 from relay.daemon import Relay
@@ -51,6 +50,8 @@ def relay_command(settings: RelaySettings) -> None:
 def rebase_command(database_url: str | None, yes: bool, force: bool) -> None:
     """Make a restored or moved outbox this cluster's: published rows stay published,
     pending ones are sent once by the next relays. Stop every relay first."""
+    from outbox.db.engines import engine_for  # noqa: PLC0415 - the daemon runs without it
+
     schema = OutboxSettings().schema_name
     engine = engine_for(require_url(database_url))
     try:
@@ -86,6 +87,8 @@ def rebase_command(database_url: str | None, yes: bool, force: bool) -> None:
 @one_line_errors
 def status_command(database_url: str | None, as_json: bool, lease_seconds: float) -> None:
     """Backlog, oldest pending age, failed messages, and each relay with its lanes."""
+    from outbox.db.engines import engine_for  # noqa: PLC0415 - the daemon runs without it
+
     engine = engine_for(require_url(database_url))
     try:
         with engine.connect() as conn:

@@ -21,13 +21,11 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import ProgrammingError, SQLAlchemyError
 
 from outbox.backoff import Backoff
-from outbox.db.dsn import engine_for, libpq_url, redact
-from outbox.db.kept import KeptConnection
-from outbox.db.queries import driver_sql, sql
+from outbox.db.dsn import libpq_url, redact
+from outbox.db.pool import Connection, Pool, one
+from outbox.db.queries import driver_sql
 from outbox.errors import ConfigurationError
 from outbox.kafka import KafkaClientError, describe_client
 from outbox.runtime import Lifecycle, required_database_url
@@ -71,22 +69,22 @@ SPARSE_BATCH = 2
 # A batch whose acknowledgements take longer than this makes the relay not ready (and counts
 # as one transient Kafka error): the broker is stopped, unreachable or not answering.
 SLOW_ACKS_SECONDS = 5.0
-# A pooled connection idle this long is tested before use (outbox.db.dsn.engine_for).
+# A pooled connection idle this long is tested before use (outbox.db.pool).
 PING_AFTER_IDLE_S = 1.0
 
 
 def error_source(exc: BaseException) -> str | None:
     """Which side a transient error came from (a label value), or None for anything else."""
-    if isinstance(exc, SQLAlchemyError | psycopg.Error):
+    if isinstance(exc, psycopg.Error):
         return "postgres"
     if isinstance(exc, KafkaClientError):
         return "kafka"
     return None
 
 
-def refused_privilege(exc: SQLAlchemyError) -> None:
+def refused_privilege(exc: psycopg.Error) -> None:
     """A privilege the relay's role lacks never comes by waiting: say which, and stop."""
-    if getattr(getattr(exc, "orig", None), "sqlstate", None) == "42501":
+    if exc.sqlstate == "42501":
         raise ConfigurationError(
             f"the relay's role may not do what a claim needs ({describe_briefly(exc)}): "
             "grant it what relay.roles.relay_grants prints (docs/relay.md, 'Least "
@@ -102,23 +100,16 @@ class Relay:
     ) -> None:
         self.settings = settings
         self.outbox = outbox_settings or OutboxSettings()
-        self._url = url = required_database_url(settings)
+        self._url = required_database_url(settings)
         self.schema = self.outbox.schema_name
-        answers = settings.database_answer_timeout_seconds or None
-        # Pinged only after a second idle: a round trip per claim and per record otherwise.
-        self.engine: Engine = engine_for(url, pool_size=3, max_overflow=2,
-                                         ping_after_idle_s=PING_AFTER_IDLE_S,
-                                         answer_timeout_s=answers)
-        # Two autocommit pools of their own: a claim is one read-only statement, so BEGIN and
-        # COMMIT would be two of its three round trips (and its connection carries the planner
-        # settings its plan needs, see claims); a clean batch's record is one statement, its
-        # own transaction (no isolation level set and reset around every record).
-        self.claim_engine = self._autocommit_engine(connect={"options": CLAIM_PLANNER})
-        self.record_engine = self._autocommit_engine(overflow=1)
-        # Each kept checked out between claims (records): at light traffic a checkout and a
-        # checkin per batch were a sixth of the relay's CPU (outbox/db/kept.py).
-        self._claims = KeptConnection(self.claim_engine, PING_AFTER_IDLE_S)
-        self._records = KeptConnection(self.record_engine, PING_AFTER_IDLE_S)
+        # The heartbeat, refusals' records, the gauges and retention. Two pools of their own
+        # besides: a claim's connection carries the planner settings its plan needs (see
+        # claims), and a clean batch's record is one statement on a connection that is never
+        # inside a transaction. Two each: the read-ahead thread claims beside the loop, and
+        # the marking thread records beside it (outbox/db/pool.py: all in autocommit).
+        self.pool = self._pool(size=3)
+        self.claim_pool = self._pool(size=2, connect={"options": CLAIM_PLANNER})
+        self.record_pool = self._pool(size=2)
         self.metrics = RelayMetrics()
         # Capped from the first delay: an initial delay over the maximum waits the maximum.
         self.backoff = Backoff(
@@ -136,7 +127,7 @@ class Relay:
             stuck_after_s=settings.delivery_timeout_ms / 1000 + 60,
         )
         self.lanes = LaneManager(
-            self.engine,
+            self.pool,
             schema=self.schema,
             relay_id=settings.relay_id,
             lanes=self.outbox.lanes,
@@ -166,20 +157,11 @@ class Relay:
         self._scheduler: BackgroundScheduler | None = None
         self._listener: Listener | None = None
 
-    def _autocommit_engine(self, *, connect: dict[str, str] | None = None,
-                           overflow: int = 0) -> Engine:
-        """One connection (plus *overflow*) in autocommit: nothing to roll back on its
-        return to the pool, a round trip saved per use."""
-        return engine_for(
-            self._url,
-            connect=connect,
-            answer_timeout_s=self.settings.database_answer_timeout_seconds or None,
-            pool_size=1,
-            max_overflow=overflow,
-            ping_after_idle_s=PING_AFTER_IDLE_S,
-            isolation_level="AUTOCOMMIT",
-            pool_reset_on_return=None,
-        )
+    def _pool(self, *, size: int, connect: dict[str, str] | None = None) -> Pool:
+        """Pinged only after a second idle: a round trip per claim and per record otherwise."""
+        return Pool(self._url, size=size, connect=connect,
+                    answer_timeout_s=self.settings.database_answer_timeout_seconds or None,
+                    ping_after_idle_s=PING_AFTER_IDLE_S)
 
     # --- probes -------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -256,9 +238,9 @@ class Relay:
     def _open_pools(self) -> None:
         """Connect the claim's and the record's pools while the producer is made and the
         lanes taken: the first batch need not wait for two more connections."""
-        for kept in (self._claims, self._records):
+        for pool in (self.claim_pool, self.record_pool):
             try:
-                with kept.use():
+                with pool.connection():
                     pass
             except Exception as exc:  # the loop connects again, and reports it
                 log.debug("connecting ahead failed: %s", describe_briefly(exc))
@@ -316,7 +298,7 @@ class Relay:
                 self.wake.everywhere()  # their rows may have waited a lease already: claim them now
             if owned.others_expire_in is not None:
                 self._look_again_in(owned.others_expire_in)
-        except SQLAlchemyError as exc:
+        except psycopg.Error as exc:
             reason = self._transient(exc, "lane heartbeat")
             log.warning("%s", reason, extra={"event": "relay.heartbeat_failed"})
 
@@ -336,7 +318,7 @@ class Relay:
 
     def _retention(self) -> None:
         deleted = purge_published(
-            self.engine,
+            self.pool,
             self.schema,
             older_than_s=self.settings.published_retention_seconds,
             batch=self.settings.retention_batch,
@@ -345,14 +327,12 @@ class Relay:
             log.info("deleted %d published rows", deleted, extra={"event": "relay.retention"})
 
     def _refresh_metrics(self) -> None:
-        with self.engine.begin() as conn:
+        with self.pool.begin() as conn:
             # With a day of published rows kept, the planner costs this read high enough to
             # JIT-compile it: 200-330 ms of PostgreSQL CPU every refresh for a read of ~2 ms.
-            conn.execute(text("SET LOCAL jit = off"))
-            row = conn.execute(
-                sql("relay", "backlog", self.schema),
-                {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes},
-            ).one()
+            conn.execute("SET LOCAL jit = off")
+            row = one(conn, driver_sql("relay", "backlog", self.schema),
+                      {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes})
         self.metrics.backlog.set(row.backlog)
         self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
         self.metrics.failed_rows.set(row.failed)
@@ -361,10 +341,10 @@ class Relay:
 
     def _refresh_operations(self) -> None:
         try:
-            with self.engine.connect() as conn:
-                row = conn.execute(sql("relay", "unsettled_operations", self.schema)).one()
-        except ProgrammingError as exc:
-            if getattr(exc.orig, "sqlstate", None) not in OPERATIONS_UNREADABLE:
+            with self.pool.connection() as conn:
+                row = one(conn, driver_sql("relay", "unsettled_operations", self.schema))
+        except psycopg.ProgrammingError as exc:
+            if exc.sqlstate not in OPERATIONS_UNREADABLE:
                 raise
             self._operations_readable = False  # said once, not every 5 s
             log.warning(
@@ -398,11 +378,8 @@ class Relay:
         if self._listener is not None:
             self._listener.stop()
         self.wake.close()
-        self._claims.close()
-        self._records.close()
-        self.engine.dispose()
-        self.claim_engine.dispose()
-        self.record_engine.dispose()
+        for pool in (self.pool, self.claim_pool, self.record_pool):
+            pool.close()
         self.lifecycle.close()
 
     # --- the loop -----------------------------------------------------------------------
@@ -435,7 +412,7 @@ class Relay:
                     # in before we declared ourselves idle is found by this second claim.
                     self.wake.take()
                     batch = self._claim(owned)
-            except SQLAlchemyError as exc:
+            except psycopg.Error as exc:
                 refused_privilege(exc)
                 self.lifecycle.back_off(self._transient(exc, "claiming"))
                 continue
@@ -535,7 +512,7 @@ class Relay:
     def _read(self, source: Mapping[int, Cursor | int], rotate: int,
               incarnation: uuid.UUID | None) -> Claimed:
         """One claim (no state of the relay changed: it also runs on the read-ahead thread)."""
-        with self._claims.use() as conn:
+        with self.claim_pool.connection() as conn:
             return claim_messages(
                 conn,
                 self.schema,
@@ -577,11 +554,11 @@ class Relay:
         self._incarnation = now
 
     def _declare_idle(self, idle: bool) -> None:
-        with self.engine.begin() as conn:
+        with self.pool.begin() as conn:
             # A hint, not state: a lost flag is covered by the heartbeat's staleness rule.
-            conn.exec_driver_sql(driver_sql("relay", "commit_without_flush", self.schema))
+            conn.execute(driver_sql("relay", "commit_without_flush", self.schema))
             conn.execute(
-                sql("relay", "set_idle", self.schema),
+                driver_sql("relay", "set_idle", self.schema),
                 {"idle": idle, "relay_id": self.settings.relay_id},
             )
         self._idle = idle
@@ -711,7 +688,7 @@ class Relay:
         try:
             self._mark(*outcome, block, incarnation=incarnation, tokens=tokens, retry=False,
                        observed=observed)
-        except SQLAlchemyError:
+        except psycopg.Error:
             return self._marker.submit(
                 self._mark, *outcome, block, incarnation=incarnation, tokens=tokens,
                 observed=observed,
@@ -743,11 +720,11 @@ class Relay:
 
     def _note_error(self, lanes: list[int], reason: str) -> None:
         try:
-            with self.engine.begin() as conn:
+            with self.pool.begin() as conn:
                 note_error(
                     conn, self.schema, relay_id=self.settings.relay_id, lanes=lanes, error=reason
                 )
-        except SQLAlchemyError as exc:
+        except psycopg.Error as exc:
             log.debug("could not note the error on the lanes: %s", describe_briefly(exc))
 
     def _mark(
@@ -780,10 +757,10 @@ class Relay:
     def _record_connection(self, single_statement: bool) -> Iterator[Connection]:
         """A transaction, or an autocommit connection when the record is one statement."""
         if not single_statement:
-            with self.engine.begin() as conn:
+            with self.pool.begin() as conn:
                 yield conn
             return
-        with self._records.use() as conn:
+        with self.record_pool.connection() as conn:
             yield conn
 
     def _finish_marking(self) -> bool:
@@ -984,7 +961,7 @@ class Relay:
                         extra={"event": "relay.lanes_lost"},
                     )
                 return
-            except SQLAlchemyError as exc:
+            except psycopg.Error as exc:
                 if not retry:
                     raise
                 attempt += 1

@@ -23,9 +23,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, TextClause
-
-from outbox.db.queries import sql
+from outbox.db.pool import Pool, scalar
+from outbox.db.queries import driver_sql
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class LaneManager:
 
     def __init__(
         self,
-        engine: Engine,
+        pool: Pool,
         *,
         schema: str,
         relay_id: str,
@@ -63,7 +62,7 @@ class LaneManager:
         host: str,
         pid: int,
     ) -> None:
-        self._engine = engine
+        self._pool = pool
         self._schema = schema
         self.relay_id = relay_id
         self.lanes = lanes
@@ -86,17 +85,17 @@ class LaneManager:
                 return OwnedLanes({}, 0.0)
             return self._heartbeat()
 
-    def _sql(self, name: str) -> TextClause:
-        return sql("relay", name, self._schema)
+    def _sql(self, name: str) -> str:
+        return driver_sql("relay", name, self._schema)
 
     def _heartbeat(self) -> OwnedLanes:
         started = time.monotonic()
         params = {"relay_id": self.relay_id, "lease": self.lease, "lanes": self.lanes}
-        with self._engine.begin() as conn:
+        with self._pool.begin() as conn:
             conn.execute(self._sql("ensure_lanes"), params)
-            live = conn.execute(
-                self._sql("upsert_relay"), {**params, "host": self._host, "pid": self._pid}
-            ).scalar_one()
+            live = scalar(
+                conn, self._sql("upsert_relay"), {**params, "host": self._host, "pid": self._pid}
+            )
             tokens = {r.lane: r.token for r in conn.execute(self._sql("renew_lanes"), params)}
             fair = math.ceil(self.lanes / max(1, int(live)))
             acquired: set[int] = set()
@@ -107,7 +106,7 @@ class LaneManager:
                 for row in rows:
                     tokens[row.lane] = row.token
                     acquired.add(row.lane)
-            expire_in = conn.execute(self._sql("others_expire"), params).scalar_one()
+            expire_in = scalar(conn, self._sql("others_expire"), params)
         # Counted from after the commit (not from the database's now(), which was earlier), so
         # a look-again scheduled with it comes after the expiry, never before.
         others = None
@@ -153,7 +152,7 @@ class LaneManager:
                 {k: v for k, v in self._owned.tokens.items() if k not in lanes},
                 self._owned.valid_until,
             )
-        with self._engine.begin() as conn:
+        with self._pool.begin() as conn:
             conn.execute(self._sql("release_lanes"), {"relay_id": self.relay_id, "lanes": lanes})
 
     def leave(self) -> None:
@@ -166,7 +165,7 @@ class LaneManager:
                 lanes = list(range(self.lanes))
                 self._owned = OwnedLanes({}, 0.0)
                 self._to_release = set()
-            with self._engine.begin() as conn:
+            with self._pool.begin() as conn:
                 conn.execute(
                     self._sql("release_lanes"), {"relay_id": self.relay_id, "lanes": lanes}
                 )
@@ -177,7 +176,7 @@ class LaneManager:
 
     def forget_dead_relays(self) -> int:
         """Remove relays rows silent for several leases (their lanes moved on long before)."""
-        with self._engine.begin() as conn:
+        with self._pool.begin() as conn:
             result = conn.execute(
                 self._sql("forget_dead_relays"), {"horizon": self.lease * FORGET_AFTER_LEASES}
             )

@@ -1,7 +1,8 @@
 -- The relay's SQL. Each query follows its `-- name:` marker; the comment lines right after
 -- the marker describe it (the loader, outbox.queries, keeps them out of the statement's
 -- text). {schema} is the configured schema, quoted by outbox.queries.quote_identifier.
--- Parameters: `:name` for queries run as text(), `%(name)s` for driver SQL.
+-- Parameters: `%(name)s` (psycopg's) for the daemon's queries, run on its own pool
+-- (outbox.db.pool); `:name` for those the commands run as text() (status, rebase).
 
 -- name: claim_messages
 -- Per owned lane (fenced by the join on relay_lanes: a relay whose lane was taken over reads
@@ -130,7 +131,7 @@ SELECT k.lane, k.topic, k.key,
                          WHERE f.lane = k.lane AND f.topic = k.topic AND f.key = k.key
                            AND (f.state = 'held' OR (f.state = 'failed' AND f.blocking)))
             THEN 'held' ELSE 'retry' END AS state
-FROM unnest(CAST(:lanes AS int[]), CAST(:topics AS text[]), CAST(:keys AS bytea[]))
+FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(topics)s AS text[]), CAST(%(keys)s AS bytea[]))
      AS k(lane, topic, key)
 -- Keyless rows have no order to keep: never held back (k.key IS NULL matches nothing).
 WHERE EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
@@ -139,17 +140,17 @@ WHERE EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
 
 -- name: claim_retries
 -- Rows an operator asked to retry, of the owned lanes, in id order, each only when no row of
--- its key before it is still held back or refused; with payloads, up to :limit.
+-- its key before it is still held back or refused; with payloads, up to %(limit)s.
 SELECT f.id, f.message_id, f.topic, f.key, f.message_type, f.payload, f.headers, f.created_at,
        f.run_id, f.lane
 FROM {schema}.outbox_failures AS f
-WHERE f.lane = ANY(CAST(:lanes AS int[])) AND f.state = 'retry'
+WHERE f.lane = ANY(CAST(%(lanes)s AS int[])) AND f.state = 'retry'
   AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_failures AS h
                   WHERE h.lane = f.lane AND h.topic = f.topic AND h.key = f.key
                     AND h.id < f.id
                     AND (h.state = 'held' OR (h.state = 'failed' AND h.blocking)))
 ORDER BY f.lane, f.id
-LIMIT :limit
+LIMIT %(limit)s
 
 -- name: record_batch
 -- One statement records a clean batch: the proof per lane, and the lanes' cursors, fenced.
@@ -198,7 +199,7 @@ SELECT (SELECT count(*) FROM proof) AS proofs, (SELECT array_agg(lane) FROM move
 -- Writes to outbox_failures that decide a key's state (the relay's record of refused and
 -- set-aside rows, an operator's retry) take turns: a row set aside as held while an operator
 -- retried its key would otherwise be held with nothing before it, for good.
-SELECT pg_advisory_xact_lock(:k)
+SELECT pg_advisory_xact_lock(%(k)s)
 
 -- name: record_failures
 -- A refused row is copied whole: retention may delete the outbox row long before an operator
@@ -217,57 +218,57 @@ SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
                          WHERE f.lane = r.lane AND f.topic = r.topic AND f.key = r.key
                            AND f.id < r.id
                            AND (f.state = 'held' OR (f.state = 'failed' AND f.blocking)))
-              OR EXISTS (SELECT 1 FROM unnest(CAST(:lanes AS int[]), CAST(:topics AS text[]),
-                                              CAST(:keys AS bytea[]), CAST(:ids AS bigint[]),
-                                              CAST(:blocking AS bool[]))
+              OR EXISTS (SELECT 1 FROM unnest(CAST(%(lanes)s AS int[]), CAST(%(topics)s AS text[]),
+                                              CAST(%(keys)s AS bytea[]), CAST(%(ids)s AS bigint[]),
+                                              CAST(%(blocking)s AS bool[]))
                                        AS e(lane, topic, key, id, blocking)
                          WHERE e.blocking AND e.lane = r.lane AND e.topic = r.topic
                            AND e.key = r.key AND e.id < r.id)
             THEN 'held' ELSE 'retry' END,
        r.blocking, r.error, r.dlq_partition, r.dlq_offset
-FROM unnest(CAST(:ids AS bigint[]), CAST(:message_ids AS uuid[]), CAST(:topics AS text[]),
-            CAST(:keys AS bytea[]), CAST(:lanes AS int[]), CAST(:types AS text[]),
-            CAST(:payloads AS bytea[]), CAST(:headers AS text[]), CAST(:run_ids AS uuid[]),
-            CAST(:created AS timestamptz[]), CAST(:states AS text[]), CAST(:blocking AS bool[]),
-            CAST(:errors AS text[]), CAST(:dlq_partitions AS int[]), CAST(:dlq_offsets AS bigint[]),
-            CAST(:tokens AS bigint[]))
+FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(message_ids)s AS uuid[]), CAST(%(topics)s AS text[]),
+            CAST(%(keys)s AS bytea[]), CAST(%(lanes)s AS int[]), CAST(%(types)s AS text[]),
+            CAST(%(payloads)s AS bytea[]), CAST(%(headers)s AS text[]), CAST(%(run_ids)s AS uuid[]),
+            CAST(%(created)s AS timestamptz[]), CAST(%(states)s AS text[]), CAST(%(blocking)s AS bool[]),
+            CAST(%(errors)s AS text[]), CAST(%(dlq_partitions)s AS int[]), CAST(%(dlq_offsets)s AS bigint[]),
+            CAST(%(tokens)s AS bigint[]))
      AS r(id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
           state, blocking, error, dlq_partition, dlq_offset, token)
 JOIN {schema}.relay_lanes AS l
-  ON l.lane = r.lane AND l.token = r.token AND l.owner = :relay_id
-WHERE EXISTS (SELECT 1 FROM {schema}.relay_server WHERE incarnation = CAST(:incarnation AS uuid))
+  ON l.lane = r.lane AND l.token = r.token AND l.owner = %(relay_id)s
+WHERE EXISTS (SELECT 1 FROM {schema}.relay_server WHERE incarnation = CAST(%(incarnation)s AS uuid))
 ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, blocking = EXCLUDED.blocking,
     error = coalesce(EXCLUDED.error, {schema}.outbox_failures.error), failed_at = now(),
     dlq_partition = EXCLUDED.dlq_partition, dlq_offset = EXCLUDED.dlq_offset
 
 -- name: forget_failures
 -- Retried rows that Kafka has now acknowledged leave the failures.
-DELETE FROM {schema}.outbox_failures WHERE id = ANY(CAST(:ids AS bigint[]))
+DELETE FROM {schema}.outbox_failures WHERE id = ANY(CAST(%(ids)s AS bigint[]))
 
 -- name: note_error
 -- Why the lanes' rows wait (a transient failure), for `outbox status`.
 WITH locked AS (  -- in lane order, as every statement writing several lanes (relay/lanes.py)
     SELECT lane FROM {schema}.relay_lanes
-    WHERE lane = ANY(CAST(:lanes AS int[])) AND owner = :relay_id ORDER BY lane FOR UPDATE
+    WHERE lane = ANY(CAST(%(lanes)s AS int[])) AND owner = %(relay_id)s ORDER BY lane FOR UPDATE
 )
-UPDATE {schema}.relay_lanes AS l SET last_error = :error, last_error_at = now()
-FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
+UPDATE {schema}.relay_lanes AS l SET last_error = %(error)s, last_error_at = now()
+FROM locked WHERE l.lane = locked.lane AND l.owner = %(relay_id)s
 
 -- name: ensure_lanes
 -- Every lane has its row (the lanes are a fixed number, OutboxSettings.lanes).
 INSERT INTO {schema}.relay_lanes (lane)
-SELECT generate_series(0, :lanes - 1)
+SELECT generate_series(0, %(lanes)s - 1)
 ON CONFLICT (lane) DO NOTHING
 
 -- name: upsert_relay
 -- The relay's heartbeat row; returns how many relays are live, this one included.
 INSERT INTO {schema}.relays (relay_id, host, pid, started_at, heartbeat_at, idle)
-VALUES (:relay_id, :host, :pid, now(), now(), false)
+VALUES (%(relay_id)s, %(host)s, %(pid)s, now(), now(), false)
 ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
     pid = EXCLUDED.pid
 RETURNING (SELECT count(*) FROM {schema}.relays
-           WHERE heartbeat_at > now() - make_interval(secs => :lease)
-             AND relay_id <> :relay_id) + 1 AS live
+           WHERE heartbeat_at > now() - make_interval(secs => %(lease)s)
+             AND relay_id <> %(relay_id)s) + 1 AS live
 
 -- name: renew_lanes
 -- Every statement that writes several of a relay's lane rows locks them in lane order first
@@ -276,20 +277,20 @@ RETURNING (SELECT count(*) FROM {schema}.relays
 -- (deadlock_timeout) to notice, a second in which nothing is published.
 WITH locked AS (
     SELECT lane FROM {schema}.relay_lanes
-    WHERE owner = :relay_id AND expires_at > now() ORDER BY lane FOR UPDATE
+    WHERE owner = %(relay_id)s AND expires_at > now() ORDER BY lane FOR UPDATE
 )
-UPDATE {schema}.relay_lanes AS l SET expires_at = now() + make_interval(secs => :lease)
-FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id AND l.expires_at > now()
+UPDATE {schema}.relay_lanes AS l SET expires_at = now() + make_interval(secs => %(lease)s)
+FROM locked WHERE l.lane = locked.lane AND l.owner = %(relay_id)s AND l.expires_at > now()
 RETURNING l.lane, l.token
 
 -- name: acquire_lanes
 -- Free or expired lanes, up to the relay's fair share; each one taken bumps its token.
 UPDATE {schema}.relay_lanes AS l
-SET owner = :relay_id, token = l.token + 1,
-    expires_at = now() + make_interval(secs => :lease)
+SET owner = %(relay_id)s, token = l.token + 1,
+    expires_at = now() + make_interval(secs => %(lease)s)
 FROM (SELECT lane FROM {schema}.relay_lanes
-      WHERE lane < :lanes AND (owner IS NULL OR expires_at <= now())
-      ORDER BY lane LIMIT :wanted FOR UPDATE SKIP LOCKED) AS free
+      WHERE lane < %(lanes)s AND (owner IS NULL OR expires_at <= now())
+      ORDER BY lane LIMIT %(wanted)s FOR UPDATE SKIP LOCKED) AS free
 WHERE l.lane = free.lane
 RETURNING l.lane, l.token
 
@@ -298,28 +299,28 @@ RETURNING l.lane, l.token
 -- of a lease, so its leases always have more than two thirds to run: a sooner expiry means
 -- its owner missed a renewal (dead, or stuck), and the lanes are free at that moment.
 SELECT extract(epoch FROM min(expires_at) - now()) FROM {schema}.relay_lanes
-WHERE lane < :lanes AND owner IS NOT NULL AND owner <> :relay_id AND expires_at > now()
+WHERE lane < %(lanes)s AND owner IS NOT NULL AND owner <> %(relay_id)s AND expires_at > now()
 
 -- name: release_lanes
 -- Give lanes back (more than the fair share, or stopping), locked in lane order.
 WITH locked AS (
     SELECT lane FROM {schema}.relay_lanes
-    WHERE owner = :relay_id AND lane = ANY(:lanes) ORDER BY lane FOR UPDATE
+    WHERE owner = %(relay_id)s AND lane = ANY(%(lanes)s) ORDER BY lane FOR UPDATE
 )
 UPDATE {schema}.relay_lanes AS l SET owner = NULL, expires_at = NULL
-FROM locked WHERE l.lane = locked.lane AND l.owner = :relay_id
+FROM locked WHERE l.lane = locked.lane AND l.owner = %(relay_id)s
 
 -- name: leave
 -- A relay stopping cleanly leaves the list of relays.
-DELETE FROM {schema}.relays WHERE relay_id = :relay_id
+DELETE FROM {schema}.relays WHERE relay_id = %(relay_id)s
 
 -- name: forget_dead_relays
 -- A dead relay stays listed (as dead, in `outbox status`) a few leases, then goes.
-DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => :horizon)
+DELETE FROM {schema}.relays WHERE heartbeat_at < now() - make_interval(secs => %(horizon)s)
 
 -- name: set_idle
 -- The relay declares itself idle (emits then NOTIFY) or busy (relay/wakeup.py).
-UPDATE {schema}.relays SET idle = :idle WHERE relay_id = :relay_id
+UPDATE {schema}.relays SET idle = %(idle)s WHERE relay_id = %(relay_id)s
 
 -- name: commit_without_flush
 -- A hint, not state (the idle flag): its commit need not wait for the WAL flush.
@@ -369,29 +370,29 @@ SELECT min(id) FROM {schema}.outbox_messages
 
 -- name: retention_lock
 -- Only one relay of a database deletes at a time (relay.retention.RETENTION_LOCK).
-SELECT pg_try_advisory_xact_lock(:k)
+SELECT pg_try_advisory_xact_lock(%(k)s)
 
 -- name: purge_range
 -- One range of ids; old rows that are not passed yet (a lane behind, a late commit) stay.
 WITH gone AS (
     DELETE FROM {schema}.outbox_messages AS m
     USING {schema}.relay_lanes AS l
-    WHERE m.id >= :lo AND m.id < :hi AND l.lane = m.lane
-      AND m.created_at < now() - make_interval(secs => :older_than)
+    WHERE m.id >= %(lo)s AND m.id < %(hi)s AND l.lane = m.lane
+      AND m.created_at < now() - make_interval(secs => %(older_than)s)
       AND {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot, l.batch_pos)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS deleted, n.id AS next_id,
-       n.created_at < now() - make_interval(secs => :older_than) AS next_old
+       n.created_at < now() - make_interval(secs => %(older_than)s) AS next_old
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (SELECT m.id, m.created_at FROM {schema}.outbox_messages AS m
-                   WHERE m.id >= :hi ORDER BY m.id LIMIT 1) AS n ON true
+                   WHERE m.id >= %(hi)s ORDER BY m.id LIMIT 1) AS n ON true
 
 -- name: purge_deliveries
 -- The broker's proof goes by the same age as the rows.
 DELETE FROM {schema}.deliveries
 WHERE id < coalesce((SELECT min(id) FROM {schema}.deliveries
-                     WHERE published_at >= now() - make_interval(secs => :older_than)),
+                     WHERE published_at >= now() - make_interval(secs => %(older_than)s)),
                     (SELECT max(id) + 1 FROM {schema}.deliveries))
 
 -- name: backlog
@@ -411,10 +412,10 @@ CROSS JOIN LATERAL (
                OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
           AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
                                          l.batch_pos)
-        LIMIT :cap
+        LIMIT %(cap)s
     ) AS q
 ) AS p
-WHERE l.lane < :lanes
+WHERE l.lane < %(lanes)s
 
 -- name: unsettled_operations
 -- Operations whose outcome nobody has established (the ledger of dedup.ledger.Ledger.perform), for an

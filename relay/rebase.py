@@ -13,11 +13,13 @@ and ``relay_history`` names this cluster. The proof and the failures are kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from outbox.db.queries import sql
 from outbox.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the commands' and the console's: the daemon runs without it
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,15 @@ until an operator retries them.
 
 from __future__ import annotations
 
-from sqlalchemy import Engine
-
-from outbox.db.queries import sql
+from outbox.db.pool import Pool, one, scalar
+from outbox.db.queries import driver_sql
 
 # Any constant works; it only has to be the same for every relay of one database.
 RETENTION_LOCK = 0x6F7574626F78  # "outbox"
 
 
 def purge_published(
-    engine: Engine, schema: str, *, older_than_s: float, batch: int, max_batches: int = 100
+    pool: Pool, schema: str, *, older_than_s: float, batch: int, max_batches: int = 100
 ) -> int:
     """Delete published rows older than *older_than_s*, *batch* ids at a time; return how many.
 
@@ -28,25 +27,22 @@ def purge_published(
     retention lock does the work; the others return 0.
     """
     deleted = 0
-    with engine.connect() as conn:
-        lo = conn.execute(sql("relay", "oldest_message", schema)).scalar()
+    with pool.connection() as conn:
+        lo = scalar(conn, driver_sql("relay", "oldest_message", schema))
     if lo is None:
         return 0
     for _ in range(max_batches):
-        with engine.begin() as conn:
-            got_lock = conn.execute(
-                sql("relay", "retention_lock", schema), {"k": RETENTION_LOCK}
-            ).scalar_one()
+        with pool.begin() as conn:
+            got_lock = scalar(conn, driver_sql("relay", "retention_lock", schema),
+                              {"k": RETENTION_LOCK})
             if not got_lock:
                 return deleted
-            row = conn.execute(
-                sql("relay", "purge_range", schema),
-                {"lo": lo, "hi": lo + batch, "older_than": older_than_s},
-            ).one()
+            row = one(conn, driver_sql("relay", "purge_range", schema),
+                      {"lo": lo, "hi": lo + batch, "older_than": older_than_s})
         deleted += int(row.deleted)
         if row.next_id is None or not row.next_old:
             break
         lo = int(row.next_id)  # over any gap in the ids (rolled-back transactions)
-    with engine.begin() as conn:
-        conn.execute(sql("relay", "purge_deliveries", schema), {"older_than": older_than_s})
+    with pool.begin() as conn:
+        conn.execute(driver_sql("relay", "purge_deliveries", schema), {"older_than": older_than_s})
     return deleted

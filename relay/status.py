@@ -9,12 +9,13 @@ be) taken over, and the relays sweep its row away after a few leases.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any
 
 from outbox.db.queries import sql
 from relay.rebase import check_history
+
+if TYPE_CHECKING:  # the commands' and the console's: the daemon runs without it
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from dedup.ledger import Ledger
 from examples.supplier_order import config
-from outbox.db.dsn import engine_for
+from outbox.db.engines import engine_for
 
 
 def main() -> int:

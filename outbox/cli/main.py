@@ -20,17 +20,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import wraps
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from outbox.db.dsn import engine_for, redact, sqlalchemy_url
-from outbox.db.migrate import migrate, pending_sql
-from outbox.db.schema import translate
+from outbox.db.dsn import redact, sqlalchemy_url
 from outbox.errors import ConfigurationError, OutboxError
 from outbox.settings import OutboxSettings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,17 +71,22 @@ def one_line_errors(fn: F) -> F:
         except OutboxError as exc:
             click.echo(f"outbox: {exc}", err=True)
             sys.exit(EXIT_FAILED)
-        except ProgrammingError as exc:
-            if getattr(exc.orig, "sqlstate", None) not in {"42P01", "3F000"}:
-                raise
-            click.echo("outbox: the outboxkit tables are missing from this database: run "
-                       "`outbox migrate` first", err=True)
-            sys.exit(EXIT_FAILED)
-        except OperationalError as exc:
-            url = kwargs.get("database_url") or ""
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            click.echo(f"outbox: cannot connect to {redact(url)}: {reason}", err=True)
-            sys.exit(EXIT_FAILED)
+        except Exception as exc:
+            # SQLAlchemy's errors are told apart only once raised: importing it here would
+            # cost `python -m relay`, which imports these helpers, a third of its start-up.
+            from sqlalchemy.exc import OperationalError, ProgrammingError  # noqa: PLC0415
+
+            if isinstance(exc, ProgrammingError) and getattr(
+                    exc.orig, "sqlstate", None) in {"42P01", "3F000"}:
+                click.echo("outbox: the outboxkit tables are missing from this database: "
+                           "run `outbox migrate` first", err=True)
+                sys.exit(EXIT_FAILED)
+            if isinstance(exc, OperationalError):
+                url = kwargs.get("database_url") or ""
+                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+                click.echo(f"outbox: cannot connect to {redact(url)}: {reason}", err=True)
+                sys.exit(EXIT_FAILED)
+            raise
 
     return wrapper  # type: ignore[return-value]
 
@@ -97,6 +101,9 @@ def require_url(database_url: str | None) -> str:
 def open_engine(database_url: str | None,
                 settings: OutboxSettings | None = None) -> Iterator[Engine]:
     """An engine on *database_url* with the configured schema mapped in; disposed after."""
+    from outbox.db.engines import engine_for  # noqa: PLC0415 - see one_line_errors
+    from outbox.db.schema import translate  # noqa: PLC0415
+
     engine = engine_for(require_url(database_url), execution_options={
         "schema_translate_map": translate(settings or OutboxSettings())})
     try:
@@ -171,6 +178,9 @@ def main() -> None:
 @one_line_errors
 def migrate_command(database_url: str | None, dry_run: bool) -> None:
     """Create or upgrade the outboxkit tables (safe to run twice)."""
+    from outbox.db.engines import engine_for  # noqa: PLC0415 - see one_line_errors
+    from outbox.db.migrate import migrate, pending_sql  # noqa: PLC0415
+
     engine = engine_for(require_url(database_url))
     settings = OutboxSettings()
     try:

@@ -1,33 +1,19 @@
-"""psycopg's own cursor on a SQLAlchemy connection, with SQLAlchemy's errors.
+"""psycopg's errors, raised under a SQLAlchemy connection, as SQLAlchemy would raise them.
 
-A daemon's hottest statements (the relay's claim and record) skip SQLAlchemy's execution:
-it builds a result's metadata from the cursor's description on every driver-SQL statement,
-which for the claim's 19 columns was a third of its Python. Errors still arrive as
+The consumer's dedup marks (dedup/inbox.py) run on the psycopg connection under a SQLAlchemy
+one (a pipeline, a commit that overlaps the next BEGIN): what they raise must still be
 SQLAlchemy's (``DBAPIError`` and its subclasses, ``.orig`` the driver's), and a dropped
-connection is invalidated, so callers keep one failure path.
+connection invalidated, so callers keep one failure path.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
-
-
-@contextlib.contextmanager
-def driver_cursor(conn: Connection) -> Iterator[psycopg.Cursor[tuple[Any, ...]]]:
-    """A cursor of *conn*'s psycopg connection, inside whatever transaction *conn* has."""
-    driver = conn.connection.driver_connection
-    assert isinstance(driver, psycopg.Connection)
-    try:
-        with driver.cursor() as cursor:
-            yield cursor
-    except psycopg.Error as exc:
-        raise translated(conn, exc) from exc
 
 
 def translated(conn: Connection, exc: psycopg.Error, statement: str | None = None,

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, TextClause
 
 from outbox.db.hashing import stable_hash64
-from outbox.db.queries import DIALECT, quote_identifier, runs_channel, sql
+from outbox.db.queries import quote_identifier, runs_channel, sql
+from outbox.db.tables import DIALECT
 from outbox.errors import SchemaError
 from outbox.settings import OutboxSettings, default_settings
 

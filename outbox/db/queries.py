@@ -26,22 +26,44 @@ import hashlib
 import importlib.resources
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from sqlalchemy import TextClause, text
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+if TYPE_CHECKING:  # imported when a TextClause is made: the relay runs without SQLAlchemy
+    from sqlalchemy import TextClause
 
 QUERY_FILE = "queries.sql"
 
 _MARKER = re.compile(r"^-- name: (?P<name>\S+)[ \t]*$", re.MULTILINE)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-# The dialect Core compiles with: its preparer is what renders schema_translate_map's schema.
-DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
-_PREPARER = DIALECT.identifier_preparer
+# PostgreSQL's keywords that may not stand bare as every identifier (pg_get_keywords(),
+# catcode R, T or C, of PostgreSQL 15; tests/integration/test_named_queries.py checks the
+# server's list). A name among them is quoted.
+_KEYWORDS = frozenset("""
+    all analyse analyze and any array as asc asymmetric authorization between bigint binary
+    bit boolean both case cast char character check coalesce collate collation column
+    concurrently constraint create cross current_catalog current_date current_role
+    current_schema current_time current_timestamp current_user dec decimal default
+    deferrable desc distinct do else end except exists extract false fetch float for foreign
+    freeze from full grant greatest group grouping having ilike in initially inner inout int
+    integer intersect interval into is isnull join lateral leading least left like limit
+    localtime localtimestamp national natural nchar none normalize not notnull null nullif
+    numeric offset on only or order out outer overlaps overlay placing position precision
+    primary real references returning right row select session_user setof similar smallint
+    some substring symmetric table tablesample then time timestamp to trailing treat trim
+    true union unique user using values varchar variadic verbose when where window with
+    xmlattributes xmlconcat xmlelement xmlexists xmlforest xmlnamespaces xmlparse xmlpi
+    xmlroot xmlserialize xmltable
+""".split())  # noqa: SIM905 - 151 words read better as text
+_BARE = re.compile(r"^[a-z_][a-z0-9_$]*$")
 
 
 def quote_identifier(name: str) -> str:
-    """*name* as a PostgreSQL identifier, quoted only when it has to be (Core's own rule)."""
-    return _PREPARER.quote_schema(name)
+    """*name* as a PostgreSQL identifier, quoted only when it has to be: a name with capitals
+    (unquoted, PostgreSQL would fold them), other characters, or a keyword. Core quotes the
+    same names, and a few more keywords; either spelling names the same schema."""
+    if _BARE.match(name) and name not in _KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
 
 
 _MAX_IDENTIFIER = 63  # PostgreSQL truncates (LISTEN) or refuses (pg_notify) longer names
@@ -131,4 +153,6 @@ def driver_sql(package: str, name: str, schema: str) -> str:
 @functools.cache
 def sql(package: str, name: str, schema: str) -> TextClause:
     """Query *name* of *package* for *schema*, as a ``TextClause`` for ``execute``."""
+    from sqlalchemy import text  # noqa: PLC0415 - the relay's start-up never pays for it
+
     return text(driver_sql(package, name, schema))

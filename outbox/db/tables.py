@@ -25,11 +25,14 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.types import UserDefinedType
 
 from outbox.db.schema import SCHEMA
 
 metadata = MetaData(schema=SCHEMA)
+# The dialect Core compiles with outside an engine (migrate's rendered SQL, tests).
+DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
 
 RUN_STATES = ("queued", "running", "waiting", "done", "failed", "needs-human")
 MESSAGE_STATUSES = ("pending", "published", "failed")

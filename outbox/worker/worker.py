@@ -35,7 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.app import App, Step
 from outbox.backoff import Backoff
-from outbox.db.dsn import async_engine_for, engine_for, redact
+from outbox.db.dsn import redact
+from outbox.db.engines import async_engine_for, engine_for
 from outbox.db.execution import options, run_plan, run_plan_async
 from outbox.errors import ConfigurationError
 from outbox.runs import wakeups

@@ -7,6 +7,7 @@ import uuid
 
 from sqlalchemy import Connection, Engine
 
+from outbox.db.pool import Pool
 from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
 from outbox.settings import OutboxSettings
@@ -23,7 +24,8 @@ class Reader:
     def __init__(self, engine: Engine, *, lanes: int = 1, limit: int = 1000,
                  relay_id: str = "reader") -> None:
         self.engine, self.limit, self.relay_id = engine, limit, relay_id
-        self.lanes = LaneManager(engine, schema="outboxkit", relay_id=relay_id, lanes=lanes,
+        self.pool = pool_of(engine)
+        self.lanes = LaneManager(self.pool, schema="outboxkit", relay_id=relay_id, lanes=lanes,
                                  lease_seconds=30, host="test", pid=1)
         self.lanes.heartbeat()
         self.cursors: dict[int, Cursor] = {}
@@ -39,7 +41,7 @@ class Reader:
 
     def claim(self, limit: int | None = None) -> Claimed:
         """One claim from where the reader stands, nothing recorded."""
-        with self.engine.begin() as conn:
+        with self.pool.connection() as conn:  # autocommit, as the daemon's claims
             return claim_messages(conn, "outboxkit", relay_id=self.relay_id,
                                   cursors=self.known(), limit=limit or self.limit,
                                   incarnation=self.incarnation)
@@ -57,7 +59,7 @@ class Reader:
             if read.ids:
                 moves[lane] = (new, len(read.ids))
         published = [Published(r, 0, r.id) for r in batch.rows]
-        with self.engine.begin() as conn:
+        with self.pool.begin() as conn:
             record(conn, "outboxkit", relay_id=self.relay_id, published=published, failed=[],
                    set_aside=[], cursors=moves, blocking=False,
                    incarnation=batch.incarnation, tokens=batch.tokens)
@@ -68,6 +70,12 @@ class Reader:
         while rows := self.step():
             out += rows
         return out
+
+
+def pool_of(engine: Engine) -> Pool:
+    """The relay's own kind of pool (outbox.db.pool) on *engine*'s database. It keeps no
+    idle connection: nothing is left open for a test to close."""
+    return Pool(engine.url.render_as_string(hide_password=False), size=0)
 
 
 def put(conn: Connection, key: str, i: int, settings: OutboxSettings = ONE_LANE) -> uuid.UUID:

@@ -19,6 +19,7 @@ from outbox.runs.lifecycle import start_run, transition
 from relay.claims import Published, claim_messages, record
 from relay.lanes import LaneManager
 from tests.integration.cli_support import one_line, outbox
+from tests.integration.relay_support import pool_of
 
 LEDGER = Ledger()
 
@@ -229,10 +230,11 @@ def test_show_lists_the_runs_messages_with_the_brokers_proof_once_published(
 
 def publish_everything(engine: Engine, *, offset: int) -> None:
     """Read every lane's difference and record it as acknowledged at partition 3."""
-    lanes = LaneManager(engine, schema="outboxkit", relay_id="r", lanes=64, lease_seconds=30,
+    pool = pool_of(engine)
+    lanes = LaneManager(pool, schema="outboxkit", relay_id="r", lanes=64, lease_seconds=30,
                         host="h", pid=1)
     lanes.heartbeat()
-    with engine.begin() as conn:
+    with pool.begin() as conn:
         batch = claim_messages(conn, "outboxkit", relay_id="r", cursors=lanes.owned(), limit=100)
         record(conn, "outboxkit", relay_id="r",
                published=[Published(r, 3, offset + i) for i, r in enumerate(batch.rows)],

@@ -409,14 +409,14 @@ def test_dead_letters_are_grouped_by_reason_and_an_operator_discards_one(
 
 
 def test_the_backlog_is_shown_by_lane_and_topic(console: str, engine: Engine) -> None:
-    from outbox.db.queries import sql  # noqa: PLC0415
+    from outbox.db.queries import driver_sql  # noqa: PLC0415
     from outbox.messages.emit import emit_many  # noqa: PLC0415
     from outbox.messages.envelope import Envelope  # noqa: PLC0415
     from outbox.settings import OutboxSettings  # noqa: PLC0415
 
     with engine.begin() as conn:  # the lanes a relay makes when it starts, with no relay
-        conn.execute(sql("relay", "ensure_lanes", "outboxkit"),
-                     {"lanes": OutboxSettings().lanes})
+        conn.exec_driver_sql(driver_sql("relay", "ensure_lanes", "outboxkit"),
+                             {"lanes": OutboxSettings().lanes})
         emit_many(conn, [Envelope(topic="orders", type="t", key="same-key", payload={"n": n})
                          for n in range(5)])  # published below: not in the backlog
     with engine.begin() as conn:  # as if a relay published them: the cursors are past them

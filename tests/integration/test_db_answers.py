@@ -13,7 +13,8 @@ import pytest
 import sqlalchemy
 from sqlalchemy import text
 
-from outbox.db.dsn import async_engine_for, engine_for, libpq_url
+from outbox.db.dsn import libpq_url
+from outbox.db.engines import async_engine_for, engine_for
 from outbox.testing.toxiproxy import Client, Server
 
 BOUND_S = 1.5

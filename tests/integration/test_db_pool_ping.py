@@ -1,5 +1,5 @@
 """A daemon's pooled connection is tested before use only after it sat idle
-(outbox.db.dsn.engine_for(ping_after_idle_s=...)): one that died meanwhile is replaced
+(outbox.db.engines.engine_for(ping_after_idle_s=...)): one that died meanwhile is replaced
 without the caller seeing a failure, and a busy connection costs no extra round trip."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy import Engine, text
 
-from outbox.db.dsn import engine_for
+from outbox.db.engines import engine_for
 
 
 def _pid(engine: Engine) -> int:

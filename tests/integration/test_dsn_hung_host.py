@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from sqlalchemy import text
 
-from outbox.db.dsn import CONNECT_DEFAULTS, engine_for
+from outbox.db.dsn import CONNECT_DEFAULTS
+from outbox.db.engines import engine_for
 from tests.integration.cli_support import Ran, outbox
 
 TIMEOUT_S = CONNECT_DEFAULTS["connect_timeout"]

@@ -99,7 +99,7 @@ def set_aside(engine: Engine, reader: Reader, row: OutboxRow, *, token: int | No
     """Record *row* as set aside by a batch of *reader*, as the daemon's record does."""
     owned = reader.lanes.owned()
     tokens = {lane: token if token is not None else t for lane, t in owned.items()}
-    with engine.begin() as conn:
+    with reader.pool.begin() as conn:
         if retry_meanwhile:  # the operator's retry commits while the batch is in flight
             with engine.begin() as other:
                 retry_messages(other)
@@ -150,11 +150,12 @@ def test_a_keyless_row_refused_in_block_mode_holds_nothing_back(engine: Engine) 
     with engine.begin() as conn:
         emit(conn, Envelope(topic="t", type="t", key=None, payload={"i": 0}), settings=ONE_LANE)
     [refused] = reader.drain()
-    with engine.begin() as conn:
+    with reader.pool.begin() as conn:
         record(conn, "outboxkit", relay_id="reader", published=[],
                failed=[Failed(refused, "InvalidRecord: refused", True)], set_aside=[],
                cursors={}, blocking=True, incarnation=reader.incarnation,
                tokens=reader.lanes.owned())
+    with engine.begin() as conn:
         emit(conn, Envelope(topic="t", type="t", key=None, payload={"i": 1}), settings=ONE_LANE)
     assert state_of(engine, refused.id) == "failed"
     with engine.connect() as conn:
@@ -180,8 +181,8 @@ def test_a_record_waiting_for_an_operators_retry_holds_no_lane_row(engine: Engin
         retry_messages(operator)  # holds the failures lock until it commits
 
         def record_batch() -> None:
-            with engine.begin() as conn:
-                conn.execute(text("SET LOCAL lock_timeout = '20s'"))
+            with reader.pool.begin() as conn:
+                conn.execute("SET LOCAL lock_timeout = '20s'")
                 record(conn, "outboxkit", relay_id="reader", published=[], failed=[],
                        set_aside=[row], cursors={lane: (read.advanced(row.id), 0)},
                        blocking=True, incarnation=batch.incarnation, tokens=batch.tokens)

@@ -26,7 +26,6 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.exc import ProgrammingError
 
 from outbox.db.dsn import sqlalchemy_url
 from outbox.db.migrate import migrate, migrations
@@ -131,13 +130,13 @@ def test_a_batch_read_before_a_crash_restart_moves_no_cursor_after_it() -> None:
             conn.execute(text("SET LOCAL synchronous_commit = on"))  # survives the crash
             put(conn, "k", 0)
         owned = reader.lanes.owned()
-        with engine.begin() as conn:
+        with reader.pool.connection() as conn:
             batch = claim_messages(conn, "outboxkit", relay_id="reader", cursors=owned,
                                    limit=100)
         [(lane, read)] = batch.reads.items()
         engine.dispose()
         crash(node)
-        with engine.begin() as conn:
+        with reader.pool.begin() as conn:
             moved = record(conn, "outboxkit", relay_id="reader",
                            published=[Published(r, 0, r.id) for r in batch.rows],
                            failed=[], set_aside=[],
@@ -243,7 +242,8 @@ def test_a_relay_role_of_an_earlier_version_keeps_working_after_the_upgrade(
             assert len(reader.drain()) == 1  # it made the incarnation and read it
             with psycopg.connect(url, autocommit=True) as admin:
                 admin.execute(f"REVOKE SELECT ON outboxkit.relay_history FROM {role}")  # type: ignore[arg-type]
-            with pytest.raises(ProgrammingError) as refused, as_relay.begin() as conn:
+            with pytest.raises(psycopg.ProgrammingError) as refused, \
+                    reader.pool.connection() as conn:
                 claim_messages(conn, "outboxkit", relay_id="relay-role",
                                cursors=reader.lanes.owned(), limit=10)
             with pytest.raises(ConfigurationError, match="relay_grants"):

@@ -5,17 +5,18 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 import pytest
-from sqlalchemy import Engine, event, text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Engine, text
 
-from outbox.db.queries import sql
+from outbox.db.queries import driver_sql
 from relay.claims import claim_messages
 from relay.lanes import LaneManager
+from tests.integration.relay_support import pool_of
 
 
 def manager(engine: Engine, relay_id: str, lease: float = 3.0) -> LaneManager:
-    return LaneManager(engine, schema="outboxkit", relay_id=relay_id, lanes=64,
+    return LaneManager(pool_of(engine), schema="outboxkit", relay_id=relay_id, lanes=64,
                        lease_seconds=lease, host="test", pid=1)
 
 
@@ -78,18 +79,21 @@ def test_a_stale_owner_claims_nothing_from_a_lane_taken_over(engine: Engine) -> 
             " FROM generate_series(1, 128) g"))
     time.sleep(1.2)
     settle(b)
-    with engine.begin() as conn:
+    with pool_of(engine).connection() as conn:
         assert claim_messages(conn, "outboxkit", relay_id="a", cursors=stale, limit=1000).rows == []
         rows = claim_messages(conn, "outboxkit", relay_id="b", cursors=b.owned(), limit=1000).rows
         assert len(rows) == 128
 
 
-def test_a_database_error_in_a_claim_is_a_sqlalchemy_error(engine: Engine) -> None:
-    # The relay's loop backs off on SQLAlchemyError; a bare driver error would end the relay.
-    with engine.connect() as conn:
-        with pytest.raises(SQLAlchemyError, match="no_such_schema"):
+def test_a_database_error_in_a_claim_is_a_driver_error_on_a_sound_connection(
+    engine: Engine,
+) -> None:
+    # The relay's loop backs off on psycopg.Error (relay.daemon.error_source): any other
+    # exception would count as a bug.
+    with pool_of(engine).connection() as conn:
+        with pytest.raises(psycopg.Error, match="no_such_schema"):
             claim_messages(conn, "no_such_schema", relay_id="a", cursors={0: 1}, limit=10)
-        assert conn.invalidated is False  # a statement error, not a lost connection
+        assert not conn.broken  # a statement error, not a lost connection
 
 
 def test_a_heartbeat_in_flight_when_the_relay_leaves_does_not_bring_it_back(
@@ -98,29 +102,28 @@ def test_a_heartbeat_in_flight_when_the_relay_leaves_does_not_bring_it_back(
     """Shutdown stops the scheduler without waiting; its heartbeat may still be running."""
     a, b = manager(engine, "a"), manager(engine, "b")
     settle(a, b)
-    inside, go_on = threading.Event(), threading.Event()
-
-    def pause_heartbeat(conn: object, cursor: object, statement: str, *args: object) -> None:
-        beating = threading.current_thread().name == "beat"
-        if beating and statement.lstrip().startswith("INSERT INTO outboxkit.relays "):
-            inside.set()
-            go_on.wait(10)
-
-    event.listen(engine, "before_cursor_execute", pause_heartbeat)
     beat = threading.Thread(target=b.heartbeat, name="beat")
     leave = threading.Thread(target=b.leave)
-    try:
-        beat.start()
-        assert inside.wait(10), "the heartbeat did not reach its registration"
-        leave.start()
-        leave.join(0.5)
-        assert leave.is_alive(), "leave did not wait for the heartbeat in flight"
-    finally:
-        go_on.set()
-        for thread in (beat, leave):
-            if thread.is_alive():
+    # The heartbeat stops at its registration: another transaction holds b's relays row.
+    with engine.connect() as holder:
+        holder.execute(text("SELECT 1 FROM outboxkit.relays WHERE relay_id = 'b' FOR UPDATE"))
+        try:
+            beat.start()
+            waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                           "'Lock' AND query LIKE 'INSERT INTO outboxkit.relays %'")
+            deadline = time.monotonic() + 10
+            with engine.connect() as watch:
+                while not watch.execute(waiting).scalar_one():
+                    assert time.monotonic() < deadline, "the heartbeat did not reach the lock"
+                    time.sleep(0.02)
+                    watch.rollback()  # a fresh snapshot of pg_stat_activity
+            leave.start()
+            leave.join(0.5)
+            assert leave.is_alive(), "leave did not wait for the heartbeat in flight"
+        finally:
+            holder.rollback()
+            for thread in (beat, leave):
                 thread.join(10)
-        event.remove(engine, "before_cursor_execute", pause_heartbeat)
     b.heartbeat()  # a scheduler tick after leaving changes nothing either
     with engine.connect() as conn:
         relays = conn.execute(text("SELECT relay_id FROM outboxkit.relays")).scalars().all()
@@ -140,8 +143,9 @@ def test_declaring_itself_idle_does_not_make_a_relay_look_alive(engine: Engine) 
         beat = conn.execute(read).scalar_one()
     time.sleep(0.05)
     for idle in (True, False):
-        with engine.begin() as conn:
-            conn.execute(sql("relay", "set_idle", "outboxkit"), {"idle": idle, "relay_id": "a"})
+        with pool_of(engine).begin() as conn:
+            conn.execute(driver_sql("relay", "set_idle", "outboxkit"),
+                         {"idle": idle, "relay_id": "a"})
     with engine.connect() as conn:
         assert conn.execute(read).scalar_one() == beat
 

@@ -45,7 +45,7 @@ def test_counts_unknown_and_needs_human_operations(engine: Engine, database_url:
         assert sample(relay, "unknown") == 1
         assert sample(relay, "needs-human") == 2
     finally:
-        relay.engine.dispose()
+        relay.pool.close()
 
 
 @pytest.fixture
@@ -84,4 +84,4 @@ def test_a_role_that_cannot_read_the_ledger_keeps_the_other_gauges_and_says_why_
         relay._refresh_metrics()
         assert sample(relay, "needs-human") == 1
     finally:
-        relay.engine.dispose()
+        relay.pool.close()

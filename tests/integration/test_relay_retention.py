@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, text
 
 from relay.retention import RETENTION_LOCK, purge_published
+from tests.integration.relay_support import pool_of
 
 
 def insert(engine: Engine, hours: str, count: int = 50, lane: int = 0) -> None:
@@ -44,7 +45,7 @@ def test_deletes_passed_rows_older_than_the_retention_and_keeps_what_is_not_pass
     insert(engine, "h")  # 1..50 hours old
     set_cursor(engine)
     insert(engine, "100")  # older still, but committed after the cursor: not published yet
-    deleted = purge_published(engine, "outboxkit", older_than_s=10.5 * 3600, batch=7)
+    deleted = purge_published(pool_of(engine), "outboxkit", older_than_s=10.5 * 3600, batch=7)
     assert deleted == 40  # the passed rows 11..50 hours old
     assert ages(engine) == list(range(10, 0, -1)) + [100] * 50
 
@@ -56,7 +57,7 @@ def test_rows_a_lane_behind_has_not_passed_stay(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO outboxkit.relay_lanes (lane) VALUES (1) "
                           "ON CONFLICT DO NOTHING"))
-    assert purge_published(engine, "outboxkit", older_than_s=3600, batch=10) == 50
+    assert purge_published(pool_of(engine), "outboxkit", older_than_s=3600, batch=10) == 50
     with engine.connect() as conn:
         assert conn.execute(text(
             "SELECT lane, count(*) FROM outboxkit.outbox_messages GROUP BY 1")).all() == [(1, 50)]
@@ -70,7 +71,7 @@ def test_a_gap_in_the_ids_wider_than_a_range_does_not_stop_retention(engine: Eng
             "(SELECT max(id) FROM outboxkit.outbox_messages) + 1000)"))
     insert(engine, "30", count=5)
     set_cursor(engine)
-    assert purge_published(engine, "outboxkit", older_than_s=3600, batch=10) == 10
+    assert purge_published(pool_of(engine), "outboxkit", older_than_s=3600, batch=10) == 10
 
 
 def test_a_second_relay_does_nothing_while_one_holds_the_retention_lock(engine: Engine) -> None:
@@ -78,9 +79,9 @@ def test_a_second_relay_does_nothing_while_one_holds_the_retention_lock(engine: 
     set_cursor(engine)
     with engine.connect() as holder:
         holder.execute(text("SELECT pg_advisory_lock(:k)"), {"k": RETENTION_LOCK})
-        assert purge_published(engine, "outboxkit", older_than_s=0, batch=100) == 0
+        assert purge_published(pool_of(engine), "outboxkit", older_than_s=0, batch=100) == 0
         holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": RETENTION_LOCK})
-    assert purge_published(engine, "outboxkit", older_than_s=0, batch=100) == 50
+    assert purge_published(pool_of(engine), "outboxkit", older_than_s=0, batch=100) == 50
 
 
 def test_old_deliveries_go_with_the_rows(engine: Engine) -> None:
@@ -92,6 +93,6 @@ def test_old_deliveries_go_with_the_rows(engine: Engine) -> None:
             " (0, 'r', 1, 3, 3, '{3}', '{0}', '{7}', now())"))
     insert(engine, "3", count=1)
     set_cursor(engine)
-    purge_published(engine, "outboxkit", older_than_s=3600, batch=10)
+    purge_published(pool_of(engine), "outboxkit", older_than_s=3600, batch=10)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT ids FROM outboxkit.deliveries")).scalars().all() == [[3]]

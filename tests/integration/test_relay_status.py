@@ -9,6 +9,7 @@ from sqlalchemy import Engine, text
 
 from relay.lanes import LaneManager
 from tests.integration.cli_support import outbox
+from tests.integration.relay_support import pool_of
 
 
 def add_relay(engine: Engine, relay_id: str, *, heartbeat: str, idle: bool = False,
@@ -72,7 +73,7 @@ def test_the_lease_that_makes_a_relay_dead_comes_from_the_relays_setting(
 def test_dead_relays_are_swept_after_six_leases(engine: Engine) -> None:
     add_relay(engine, "long-gone", heartbeat="now() - interval '7 seconds'")
     add_relay(engine, "just-died", heartbeat="now() - interval '3 seconds'")
-    sweeper = LaneManager(engine, schema="outboxkit", relay_id="sweeper", lanes=64,
+    sweeper = LaneManager(pool_of(engine), schema="outboxkit", relay_id="sweeper", lanes=64,
                           lease_seconds=1.0, host="test", pid=1)
     assert sweeper.forget_dead_relays() == 1
     with engine.connect() as conn:

@@ -7,9 +7,9 @@ import re
 import pytest
 from sqlalchemy import select
 
-from outbox.db.queries import DIALECT, driver_sql, parse, queries, quote_identifier, sql
+from outbox.db.queries import driver_sql, parse, queries, quote_identifier, sql
 from outbox.db.schema import SCHEMA
-from outbox.db.tables import agent_runs
+from outbox.db.tables import DIALECT, agent_runs
 
 SOURCE = """-- A file's header comment.
 

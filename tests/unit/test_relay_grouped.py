@@ -55,7 +55,7 @@ def test_a_due_group_the_database_refuses_leaves_the_loop_free(
 ) -> None:
     # Written once due from the loop's wait, one try there; refused, the marking thread keeps
     # trying while the loop goes on beating (a light batch's record does the same).
-    from sqlalchemy.exc import OperationalError  # noqa: PLC0415
+    from psycopg import OperationalError  # noqa: PLC0415
 
     from relay.daemon import Relay  # noqa: PLC0415
     from relay.settings import RelaySettings  # noqa: PLC0415
@@ -69,7 +69,7 @@ def test_a_due_group_the_database_refuses_leaves_the_loop_free(
                **__: object) -> None:
         calls.append((len(published), retry))
         if not retry:
-            raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+            raise OperationalError("server closed the connection")
         gate.wait(5)
 
     monkeypatch.setattr(relay, "_record", record)

@@ -54,7 +54,7 @@ def test_a_light_batch_the_database_refuses_is_recorded_by_the_marking_thread(
 ) -> None:
     # While idle the record runs on the loop's thread, one try only: during an outage the
     # loop must go on (beating, backing off), and the marking thread keep trying.
-    from sqlalchemy.exc import OperationalError  # noqa: PLC0415
+    from psycopg import OperationalError  # noqa: PLC0415
 
     relay = Relay(RelaySettings(database_url="postgresql://u@127.0.0.1:1/x",
                                 kafka_bootstrap="127.0.0.1:1"))
@@ -63,7 +63,7 @@ def test_a_light_batch_the_database_refuses_is_recorded_by_the_marking_thread(
     def record(*_: object, retry: bool = True, **__: object) -> None:
         calls.append((retry, threading.current_thread().name))
         if not retry:
-            raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+            raise OperationalError("server closed the connection")
 
     monkeypatch.setattr(relay, "_record", record)
     try:
