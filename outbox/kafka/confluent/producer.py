@@ -68,8 +68,13 @@ class ConfluentProducer:
             "client.id": options.client_id,
             "enable.idempotence": True,
             "acks": "all",
-            # ≤ 5 keeps the idempotent producer's per-partition ordering guarantee.
-            "max.in.flight.requests.per.connection": 5,
+            # One request in flight per broker: with more, a partition's next batch can be
+            # on its way when the one before is refused (a leader not serving yet), be
+            # accepted, and librdkafka then reports the refused records delivered without
+            # an offset, although they were never written (outbox.kafka.api.no_offset).
+            # A drain of 100,000 rows measured the same with 1 and 5 (37,543 / 44,031
+            # against 40,012 / 42,848 msg/s first to last, interleaved).
+            "max.in.flight.requests.per.connection": 1,
             "linger.ms": options.linger_ms,
             "batch.size": options.batch_bytes,
             "compression.type": options.compression,
