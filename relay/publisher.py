@@ -327,7 +327,9 @@ class Publisher:
         # One check per batch: without a configured tracer no per-message span work at all.
         if tracing.enabled():
             return self._send_traced(rows, on_wait)
-        outgoing = [Outgoing(r.topic, r.key, r.payload, r.record_headers) for r in rows]
+        # Made as they are sent: at start-up the first record of a batch of 1,000 left
+        # about 30 ms after the batch began, once every record had been made.
+        outgoing = (Outgoing(r.topic, r.key, r.payload, r.record_headers) for r in rows)
         deliveries = self._deliver(outgoing, on_wait)
         if all(d.error is None for d in deliveries):  # the usual batch: one pass, no checks
             return [Published(r, d.partition, d.offset)
@@ -349,7 +351,7 @@ class Publisher:
         return Failed(row, describe(error), permanent)
 
     def _deliver(
-        self, outgoing: list[Outgoing], on_wait: Callable[[float], None] | None
+        self, outgoing: Iterable[Outgoing], on_wait: Callable[[float], None] | None
     ) -> list[Delivery]:
         return self.producer.send(
             outgoing,

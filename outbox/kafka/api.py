@@ -13,7 +13,7 @@ kafka-python directly reads the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -208,14 +208,16 @@ class ConsumerOptions:
 class Producer(Protocol):
     def send(
         self,
-        records: Sequence[Outgoing],
+        records: Iterable[Outgoing],
         *,
         timeout_s: float,
         on_wait: Callable[[float], None] | None = None,
         handed_over: Callable[[], None] | None = None,
     ) -> list[Delivery]:
         """Send *records* in order, wait for every answer (at most *timeout_s*), and return
-        one :class:`Delivery` per record, in the same order. Never raises for a record:
+        one :class:`Delivery` per record, in the same order. *records* is iterated once, each
+        sent as it comes (a generator's first record leaves before the last is made). Never
+        raises for a record:
         a refusal, or no answer in time (transient), is in its delivery. *on_wait* is called
         about once a second with the seconds waited so far; *handed_over* once, when every
         record is in the client's hands and before any answer is awaited (a crash point the

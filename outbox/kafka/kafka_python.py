@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from kafka import (
@@ -165,7 +165,7 @@ class KafkaPythonProducer:
 
     def send(
         self,
-        records: Sequence[Outgoing],
+        records: Iterable[Outgoing],
         *,
         timeout_s: float,
         on_wait: Callable[[float], None] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import (
@@ -100,7 +100,7 @@ class ConfluentProducer:
 
     def send(
         self,
-        records: Sequence[Outgoing],
+        records: Iterable[Outgoing],
         *,
         timeout_s: float,
         on_wait: Callable[[float], None] | None = None,
