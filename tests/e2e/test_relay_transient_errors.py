@@ -103,6 +103,25 @@ def refuse_connections(postgres_dsn: str, database_url: str) -> Iterator[Callabl
         refuse(False)
 
 
+def test_a_relay_started_while_the_database_refuses_it_takes_its_lanes_once_it_answers(
+    engine: Engine, start_relay: StartRelay, kafka_topic: Callable[..., str],
+    refuse_connections: Callable[[bool], None],
+) -> None:
+    """The first lane heartbeat runs beside the producer's making; when it fails, the start-up
+    backs off and beats again, as any transient failure."""
+    topic = kafka_topic()
+    emit_batch(engine, [Envelope(topic=topic, type="t", key="k", payload={"n": 1})])
+    engine.dispose()  # its sessions are about to be terminated
+    refuse_connections(True)
+    with start_relay() as relay:
+        wait_until(lambda: (relay.errors("postgres") or 0) >= 1, 30, "a postgres error counted")
+        assert not relay.relay.ready()
+        refuse_connections(False)
+        wait_until(lambda: count_status(engine, "published") == 1, 60, "the message published")
+        assert relay.relay.ready()
+        assert relay.relay.lanes.owned()  # its lanes, taken after the database came back
+
+
 def test_a_database_that_goes_away_counts_postgres_errors_and_warns_once_with_the_cause(
     engine: Engine, start_relay: StartRelay, kafka_topic: Callable[..., str],
     refuse_connections: Callable[[bool], None], relay_logs: pytest.LogCaptureFixture,
