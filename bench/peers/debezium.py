@@ -3,8 +3,9 @@
 Debezium: Kafka Connect standalone with the PostgreSQL connector (pgoutput) and the Outbox
 Event Router, jars from Maven Central (bench/peers/pom.xml, settings.xml). The relay:
 ``python -m relay``. Both get the producer settings of the relay's defaults (acks=all,
-idempotence, 5 in flight, linger and batch size of relay/settings.py) without compression,
-the same broker and the same outbox rows.
+idempotence, linger and batch size of relay/settings.py) without compression, the same
+broker and the same outbox rows; Debezium 5 requests in flight, the relay with
+confluent-kafka 1 (docs/relay.md, "A proof is an offset").
 
 One throwaway PostgreSQL (wal_level=logical; fsync, synchronous_commit, full_page_writes
 on) is started here; Kafka too, unless --kafka-bootstrap names one. Per round:
@@ -738,7 +739,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"setup: N={plan.n:,} rows per drain, {plan.rounds} round(s), latency "
             f"{plan.rate:,.0f} msgs/s from {plan.writers} writers for {plan.latency_s:.0f} s; "
-            f"relay client {RELAY_CLIENT[0]}; producer: acks=all, idempotence, 5 in flight, "
+            f"relay client {RELAY_CLIENT[0]}; producer: acks=all, idempotence, in flight 5 "
+            "(Debezium) / 1 (relay, confluent) / 5 (relay, kafka-python), "
             f"linger {producer.linger_ms} ms, "
             f"batch {producer.batch_bytes:,} B, no compression; PostgreSQL {info['postgres']} "
             f"(wal_level=logical, durable); Kafka {bootstrap}; jars {jars}; logs in {logs}",
