@@ -202,21 +202,22 @@ class Relay:
         # waits on PostgreSQL while this thread imports the Kafka client and makes the
         # producer (0.1 s), instead of after them.
         first_beat = self._marker.submit(self.lanes.heartbeat)
-        client = describe_client(s.resolved_kafka_client())
-        log.info(
-            "relay %s starting (database %s, kafka %s with %s, %d lanes)",
-            s.relay_id,
-            redact(self._url),
-            s.resolved_bootstrap(),
-            client,
-            self.outbox.lanes,
-            extra={"event": "relay.start", "kafka_client": client},
-        )
-        self.lifecycle.serve_http(s.http_host, s.http_port, self.metrics.registry)
-        self._listener = Listener(libpq_url(self._url), self.outbox.notify_channel, self.wake)
-        self._listener.start()
-        threading.Thread(target=self._open_pools, name="relay-open", daemon=True).start()
-        try:
+        try:  # from here on, lanes may be taken: the shutdown gives them back
+            client = describe_client(s.resolved_kafka_client())
+            log.info(
+                "relay %s starting (database %s, kafka %s with %s, %d lanes)",
+                s.relay_id,
+                redact(self._url),
+                s.resolved_bootstrap(),
+                client,
+                self.outbox.lanes,
+                extra={"event": "relay.start", "kafka_client": client},
+            )
+            self.lifecycle.serve_http(s.http_host, s.http_port, self.metrics.registry)
+            self._listener = Listener(libpq_url(self._url), self.outbox.notify_channel,
+                                      self.wake)
+            self._listener.start()
+            threading.Thread(target=self._open_pools, name="relay-open", daemon=True).start()
             self._connect(first_beat)
             self._start_scheduler()
             self._loop()
