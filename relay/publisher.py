@@ -344,6 +344,16 @@ class Publisher:
         return published, failed
 
     def _failed(self, row: OutboxRow, error: BaseException, permanent: bool) -> Failed:
+        if getattr(error, "code", None) == "_NO_OFFSET":
+            # Sent again, as any transient failure; said loudly, since the broker may hold
+            # later records of its key already (outbox.kafka.api.no_offset).
+            log.error(
+                "message %s (outbox row %s, topic %s, key %r) was reported delivered without "
+                "an offset: not taken as published, it is sent again; if it was never "
+                "written, it now comes after later messages of its key",
+                row.message_id, row.id, row.topic, row.key,
+                extra={"event": "relay.no_offset"},
+            )
         if not permanent:
             # Maybe the topic is gone (deleted since it was listed: librdkafka says so only
             # as a timeout): the next batch of it asks the broker again, and creates it.

@@ -8,14 +8,19 @@ tests/e2e/test_relay_crashes.py under load: the first records of a topic just cr
 
 from __future__ import annotations
 
+import logging
+import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from confluent_kafka import Message
 
-from outbox.kafka.api import Outgoing
+from outbox.kafka.api import Delivery, Outgoing, no_offset
 from outbox.kafka.confluent.producer import _Answer
 from outbox.kafka.kafka_python import KafkaPythonProducer
+from relay.claims import OutboxRow
 
 RD_KAFKA_OFFSET_INVALID = -1001  # what librdkafka gives an implicitly acked record
 
@@ -72,3 +77,27 @@ def test_kafka_python_a_delivery_without_an_offset_is_a_transient_error() -> Non
     assert (sent.error, sent.partition, sent.offset) == (None, 2, 4)
     assert getattr(unproven.error, "code", None) == "_NO_OFFSET"
     assert not unproven.permanent
+
+
+def test_the_relay_sends_such_a_record_again_and_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from relay.publisher import Publisher  # noqa: PLC0415
+    from relay.settings import RelaySettings  # noqa: PLC0415
+
+    publisher = Publisher(RelaySettings(database_url="postgresql://u@127.0.0.1:1/x",
+                                        kafka_bootstrap="127.0.0.1:1",
+                                        kafka_client="confluent"))  # made without a broker
+    try:
+        monkeypatch.setattr(publisher.producer, "send",
+                            lambda records, **_: [Delivery(error=no_offset()) for _ in records])
+        row = OutboxRow(7, uuid.uuid4(), "t", b"k", "t", b"{}", {}, datetime.now(UTC), 0)
+        with caplog.at_level(logging.ERROR, logger="relay.publisher"):
+            published, [failed] = publisher.send([row])
+    finally:
+        publisher.close(timeout_s=1)
+    assert published == []
+    assert not failed.permanent  # read and sent again, never recorded as published
+    assert "_NO_OFFSET" in failed.error
+    [said] = [r for r in caplog.records if getattr(r, "event", None) == "relay.no_offset"]
+    assert str(row.message_id) in said.getMessage()
