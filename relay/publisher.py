@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from outbox.kafka import (
+    NO_OFFSET,
     Admin,
     Delivery,
     KafkaClientError,
@@ -344,7 +345,7 @@ class Publisher:
         return published, failed
 
     def _failed(self, row: OutboxRow, error: BaseException, permanent: bool) -> Failed:
-        if getattr(error, "code", None) == "_NO_OFFSET":
+        if getattr(error, "code", None) == NO_OFFSET:
             # Sent again, as any transient failure; said loudly, since the broker may hold
             # later records of its key already (outbox.kafka.api.no_offset).
             log.error(

@@ -4,12 +4,12 @@ The relay runs hand-written statements only (``relay/queries.sql``). SQLAlchemy'
 its dialects cost its start-up about 175 ms of imports, a third of the time from spawn to
 the first record, and each checkout of its pool about 100 µs of events (the relay kept its
 claim's and its record's connections checked out for that), for nothing the relay used.
-This pool keeps up to ``size``
-idle connections, made as every outboxkit daemon makes them (:func:`connect_args`, the
-answer bound of :mod:`outbox.db.answers`). What SQLAlchemy's pool did for the relay still
-happens: a connection idle for ``ping_after_idle_s`` is tested before it is handed out and
-replaced if the server went away meanwhile; one whose use failed is closed unless it is
-idle and sound, so a failed use never hands an unknown state to the next.
+This pool keeps up to ``size`` idle connections, made as every outboxkit daemon makes them
+(:func:`connect_args`, the answer bound of :mod:`outbox.db.answers`). What SQLAlchemy's
+pool did for the relay still happens: a connection idle for ``ping_after_idle_s`` is tested
+before it is handed out and replaced if the server went away meanwhile; one whose use
+failed is closed unless it is idle and sound, so a failed use never hands an unknown state
+to the next.
 
 Every connection is in autocommit. :meth:`Pool.connection` runs each statement as its own
 transaction (a claim, a one-statement record, a read): no BEGIN and COMMIT round trips.

@@ -14,6 +14,7 @@ import importlib
 from outbox.errors import ConfigurationError
 from outbox.kafka.api import (
     CLIENT_NAMES,
+    NO_OFFSET,
     Admin,
     Backend,
     ClientName,
@@ -37,6 +38,7 @@ from outbox.kafka.api import (
 
 __all__ = [
     "CLIENT_NAMES",
+    "NO_OFFSET",
     "Admin",
     "Backend",
     "ClientName",

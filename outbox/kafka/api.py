@@ -88,6 +88,9 @@ class KafkaClientError(OutboxError):
         self.code = code
 
 
+NO_OFFSET = "_NO_OFFSET"  # the code of :func:`no_offset`'s error
+
+
 def no_offset() -> KafkaClientError:
     """A success that names no offset: no proof that the record was written.
 
@@ -102,7 +105,7 @@ def no_offset() -> KafkaClientError:
     return KafkaClientError(
         "_NO_OFFSET: reported delivered without an offset (the client took a later "
         "batch's success for this record's): not proof that it was written; sent again",
-        code="_NO_OFFSET")
+        code=NO_OFFSET)
 
 
 class TopicExists(KafkaClientError):
