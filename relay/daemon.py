@@ -44,7 +44,7 @@ from relay.claims import (
 from relay.cursors import Cursor
 from relay.grouped import Held
 from relay.lanes import LaneManager, OwnedLanes
-from relay.metrics import RelayMetrics
+from relay.metrics import RelayMetrics, read_backlog
 from relay.publisher import Publisher, describe_briefly
 from relay.readahead import ReadAhead
 from relay.retention import purge_published
@@ -53,9 +53,6 @@ from relay.settings import RelaySettings
 from relay.wakeup import Listener, WakeUp
 
 log = logging.getLogger(__name__)
-
-# The backlog gauge counts up to this many rows per lane (relay/queries.sql: backlog).
-BACKLOG_CAP = 1_000_000
 
 # The relay's role may not read it (least privilege), or the schema predates it.
 OPERATIONS_UNREADABLE = frozenset({"42501", "42P01"})  # insufficient privilege, no such table
@@ -338,11 +335,7 @@ class Relay:
 
     def _refresh_metrics(self) -> None:
         with self.pool.begin() as conn:
-            # With a day of published rows kept, the planner costs this read high enough to
-            # JIT-compile it: 200-330 ms of PostgreSQL CPU every refresh for a read of ~2 ms.
-            conn.execute("SET LOCAL jit = off")
-            row = one(conn, driver_sql("relay", "backlog", self.schema),
-                      {"cap": BACKLOG_CAP, "lanes": self.outbox.lanes})
+            row = read_backlog(conn, self.schema, lanes=self.outbox.lanes)
         self.metrics.backlog.set(row.backlog)
         self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
         self.metrics.failed_rows.set(row.failed)

@@ -397,21 +397,37 @@ WHERE id < coalesce((SELECT min(id) FROM {schema}.deliveries
 
 -- name: backlog
 -- Per lane, the rows its cursor has not passed: those of transactions running when it was
--- taken (a probe each) and those after it (an index range from its xmax): the backlog only,
--- never the history; counted up to a cap. The oldest is the smallest id among them.
-SELECT coalesce(sum(p.n), 0) AS backlog,
-       greatest(0, coalesce(extract(epoch FROM clock_timestamp() - min(p.oldest)), 0))
-           AS oldest_age,
+-- taken (a probe each) and those after it (the (lane, xid) index from its xmax, in xid
+-- order): the backlog only, never the history. A refresh reads at most %(cap)s rows of the
+-- second kind a lane, whatever the backlog (counting them all cost PostgreSQL about a
+-- microsecond a row every refresh: most of a core through a catch-up of millions). Past
+-- that, the rest of the lane is estimated from the spread of the ids read: a lane's ids are
+-- spread evenly (keys hash to lanes), so the rows after the last one read are its id range
+-- to the lane's largest id times the density of the rows read. The oldest is the oldest
+-- read: the earliest transactions come first.
+SELECT coalesce(sum(x.n + p.n + p.rest), 0)::bigint AS backlog,
+       greatest(0, coalesce(extract(epoch FROM clock_timestamp()
+                                    - least(min(x.oldest), min(p.oldest))), 0)) AS oldest_age,
        (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed
 FROM {schema}.relay_lanes AS l
 CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(q.created_at) AS oldest FROM (
-        SELECT m.created_at FROM {schema}.outbox_messages AS m
-        WHERE m.lane = l.lane
-          AND (m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
-               OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
+    SELECT count(*) AS n, min(m.created_at) AS oldest FROM {schema}.outbox_messages AS m
+    WHERE m.lane = l.lane AND m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot)))
+      AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                     l.batch_pos)
+) AS x
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(q.created_at) AS oldest,
+           CASE WHEN count(*) < %(cap)s THEN 0
+                ELSE floor(greatest(0, (SELECT max(m.id) FROM {schema}.outbox_messages AS m
+                                        WHERE m.lane = l.lane) - max(q.id))
+                           * (count(*) - 1) / greatest(max(q.id) - min(q.id), 1)) END AS rest
+    FROM (
+        SELECT m.id, m.created_at FROM {schema}.outbox_messages AS m
+        WHERE m.lane = l.lane AND m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
           AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
                                          l.batch_pos)
+        ORDER BY m.lane, m.xid  -- as the index: walked in order, it stops at the cap
         LIMIT %(cap)s
     ) AS q
 ) AS p
