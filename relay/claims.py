@@ -237,9 +237,10 @@ def claim_messages(
 
 def _fetch(conn: Connection, schema: str, params: dict[str, Any]) -> Sequence[Any]:
     # Rows as plain tuples: a thousand named ones would cost the loop more than the rest of
-    # the read.
+    # the read. In binary: PostgreSQL sends the payloads and keys as they are stored, not
+    # hex-encoded for psycopg to decode again.
     with conn.cursor(row_factory=tuple_row) as cursor:
-        cursor.execute(driver_sql("relay", "claim_messages", schema), params)
+        cursor.execute(driver_sql("relay", "claim_messages", schema), params, binary=True)
         return cursor.fetchall()
 
 
