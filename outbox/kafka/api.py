@@ -169,8 +169,9 @@ REQUEST_TIMEOUT_MS = 10_000
 
 @dataclass(frozen=True)
 class ProducerOptions:
-    """An idempotent producer (acks=all, at most 5 requests in flight per connection,
-    which keeps each partition in order across retries)."""
+    """An idempotent producer (acks=all) that keeps one batch of a partition in flight:
+    confluent-kafka one request per connection, kafka-python up to 5 requests across
+    partitions (its sender holds a partition's next batch until the last one is answered)."""
 
     client_id: str
     linger_ms: int = 0

@@ -25,6 +25,7 @@ from kafka import TopicPartition as KafkaTopicPartition
 from kafka import errors as kafka_errors
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
+from outbox.errors import ConfigurationError
 from outbox.kafka import kafka_python_fixes as kafka_fix
 from outbox.kafka.api import (
     ClientName,
@@ -143,7 +144,8 @@ class KafkaPythonProducer:
                 client_id=options.client_id,
                 acks="all",
                 enable_idempotence=True,
-                # ≤ 5 keeps the idempotent producer's per-partition ordering guarantee.
+                # Pipelines requests across partitions only: idempotent, kafka-python keeps one
+                # batch of a partition in flight (checked below).
                 max_in_flight_requests_per_connection=5,
                 linger_ms=options.linger_ms,
                 batch_size=options.batch_bytes,
@@ -162,6 +164,7 @@ class KafkaPythonProducer:
             raise ValueError(str(exc)) from exc
         except kafka_errors.KafkaError as exc:
             raise translated(exc) from exc
+        _check_one_batch_per_partition(self._producer)
 
     def send(
         self,
@@ -227,6 +230,26 @@ class KafkaPythonProducer:
     def close(self, timeout_s: float = 10.0) -> None:
         with contextlib.suppress(kafka_errors.KafkaError):
             self._producer.close(timeout=timeout_s)
+
+
+def _check_one_batch_per_partition(producer: KafkaProducer) -> None:
+    """Refuse a kafka-python that would keep two batches of a partition in flight.
+
+    Its sender mutes a partition while a batch of it is in flight (``guarantee_message_order``,
+    on when idempotent since 3.0.12). With two in flight, a partition's first batch refused
+    by a leader not serving yet, and the next one accepted, is how librdkafka came to call
+    records delivered that were never written (docs/relay.md, "A proof is an offset"). A
+    later kafka-python that pipelined a partition would reopen that loss: checked, not
+    assumed.
+    """
+    sender = getattr(producer, "_sender", None)
+    if not getattr(sender, "config", {}).get("guarantee_message_order"):
+        producer.close(timeout=0)
+        raise ConfigurationError(
+            "this kafka-python producer may keep more than one batch of a partition in flight"
+            " (its sender's guarantee_message_order is off): outboxkit needs one, to never"
+            " take a refused batch for delivered; install kafka-python>=3.0.12,<3.1"
+        )
 
 
 def _refused(delivery: Delivery, exc: BaseException) -> None:

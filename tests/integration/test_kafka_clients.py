@@ -585,3 +585,22 @@ def test_admin_creates_describes_measures_and_deletes_topics(client: Backend) ->
         with contextlib.suppress(KafkaClientError):
             admin.delete_topics([name])
         admin.close()
+
+
+def test_kafka_python_keeps_one_batch_of_a_partition_in_flight(kafka_bootstrap: str) -> None:
+    """Two in flight, a partition's refused first batch could be taken as delivered when the
+    next was accepted (librdkafka did so: docs/relay.md, "A proof is an offset")."""
+    from outbox.errors import ConfigurationError  # noqa: PLC0415
+    from outbox.kafka.kafka_python import (  # noqa: PLC0415
+        KafkaPythonProducer,
+        _check_one_batch_per_partition,
+    )
+
+    made = KafkaPythonProducer(Connection(kafka_bootstrap), ProducerOptions("in-flight-probe"))
+    try:
+        assert made._producer._sender.config["guarantee_message_order"]
+        made._producer._sender.config["guarantee_message_order"] = False
+        with pytest.raises(ConfigurationError, match="more than one batch of a partition"):
+            _check_one_batch_per_partition(made._producer)
+    finally:
+        made.close(timeout_s=1)

@@ -101,3 +101,4 @@ def test_the_relay_sends_such_a_record_again_and_says_so(
     assert "_NO_OFFSET" in failed.error
     [said] = [r for r in caplog.records if getattr(r, "event", None) == "relay.no_offset"]
     assert str(row.message_id) in said.getMessage()
+
