@@ -34,7 +34,7 @@ Retention = float | None | str
 def topic_retention(admin: Any, topics: Iterable[str]) -> tuple[dict[str, Retention], set[str]]:
     """Each existing topic's ``retention.ms`` in seconds, and the topics that do not exist."""
     wanted = sorted(set(topics))
-    existing = admin.list_topics()
+    existing = admin.existing_topics(wanted)  # these alone, not the cluster's whole list
     present = [t for t in wanted if t in existing]
     result: dict[str, Retention] = {}
     for topic, values in admin.topic_configs(present, ["retention.ms"]).items():

@@ -229,7 +229,7 @@ class Relay:
             try:
                 if self.publisher is None:
                     self.publisher = self._make_publisher()
-                    self.publisher.list_topics_ahead()
+                    self.publisher.admin_ahead()
                 if first_beat is not None:
                     beat, first_beat = first_beat, None
                     beat.result()  # a failure is a transient one as below: beaten again

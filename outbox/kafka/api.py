@@ -317,7 +317,14 @@ class Consumer(Protocol):
 
 
 class Admin(Protocol):
-    def list_topics(self) -> set[str]: ...
+    def list_topics(self) -> set[str]:
+        """Every topic of the cluster (a cluster may hold thousands: not for a hot path)."""
+        ...
+
+    def existing_topics(self, names: Collection[str]) -> set[str]:
+        """Which of *names* exist, asked about them alone, never creating one (whatever the
+        broker's ``auto.create.topics.enable``)."""
+        ...
 
     def create_topic(self, name: str, partitions: int = -1, replication: int = -1) -> None:
         """Create *name* (-1: the broker's default). Raises :class:`TopicExists`,

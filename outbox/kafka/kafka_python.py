@@ -436,6 +436,15 @@ class KafkaPythonAdmin:
         except kafka_errors.KafkaError as exc:
             raise translated(exc) from exc
 
+    def existing_topics(self, names: Collection[str]) -> set[str]:
+        if not names:
+            return set()
+        try:  # a metadata request for these topics, allow_auto_topic_creation=False
+            found = self._admin.describe_topics(sorted(names))
+        except kafka_errors.KafkaError as exc:
+            raise translated(exc) from exc
+        return {t["name"] for t in found if t["error_code"] == 0}
+
     def create_topic(self, name: str, partitions: int = -1, replication: int = -1) -> None:
         try:
             self._admin.create_topics([NewTopic(name, partitions, replication)])

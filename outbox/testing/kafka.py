@@ -226,8 +226,11 @@ def running_broker(home: Path) -> KafkaBroker | None:
 
 
 def start(
-    home: Path, port: int, controller_port: int, *, ready_timeout_s: float = 60
+    home: Path, port: int, controller_port: int, *, ready_timeout_s: float = 60,
+    settings: dict[str, str] | None = None,
 ) -> KafkaBroker:
+    """A single broker (and its controller) in *home*; *settings* replace server.properties
+    entries (a test's ``auto.create.topics.enable``, say)."""
     existing = running_broker(home)
     if existing:
         return existing
@@ -236,7 +239,7 @@ def start(
     ensure_port_free(port, "Kafka", "--kafka-port")
     ensure_port_free(controller_port, "Kafka's controller", "--kafka-controller-port")
     home.mkdir(parents=True, exist_ok=True)
-    config = _write_config(home, port, controller_port)
+    config = _write_config(home, port, controller_port, settings=settings)
     if not (home / "data" / "meta.properties").exists():
         shutil.rmtree(home / "data", ignore_errors=True)
         format_storage(home, libs, config, _cluster_id(), standalone=True)

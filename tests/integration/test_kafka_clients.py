@@ -563,6 +563,9 @@ def test_admin_creates_describes_measures_and_deletes_topics(client: Backend) ->
         assert configs[missing] is None
         assert admin.replication(name) == (1, 1)  # one broker here; 3 of 3 on the cluster test's
         assert admin.replication(missing) == (0, 1)
+        assert admin.existing_topics({name, missing}) == {name}
+        assert admin.existing_topics(set()) == set()
+        assert missing not in admin.list_topics()  # asked about, never created
         producer = client.producer(ProducerOptions(client_id="contract"))
         try:
             # Two keys that murmur2 puts on partition 0 of two.

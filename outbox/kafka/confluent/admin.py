@@ -39,6 +39,9 @@ class ConfluentAdmin:
         config = client_config(connection)
         config["client.id"] = client_id
         config["error_cb"] = self._on_error
+        # Asking about a topic that does not exist must not create it (existing_topics):
+        # librdkafka's admin client is a producer's, which may by default.
+        config["allow.auto.create.topics"] = False
         # The client's last error of its own (a refused password): a request that timed out
         # says why, as kafka-python's admin raises the refusal itself.
         self._trouble: KafkaError | None = None
@@ -83,6 +86,14 @@ class ConfluentAdmin:
 
     def list_topics(self) -> set[str]:
         return set(self._metadata().topics)
+
+    def existing_topics(self, names: Collection[str]) -> set[str]:
+        found = set()
+        for name in sorted(names):  # one metadata request each: a batch names few topics
+            topic = self._metadata(name).topics.get(name)
+            if topic is not None and not topic.error:
+                found.add(name)
+        return found
 
     def replication(self, topic: str) -> tuple[int, int]:
         metadata = self._metadata(topic)
