@@ -50,6 +50,8 @@ class OutboxRow:
     seconds (the latency metric), the headers as their JSON text, parsed once into the Kafka
     headers (:attr:`record_headers`). The typed views (``message_id``, ``headers``,
     ``created_at``) are made on demand, for the rare paths (refusals, dead letters, traces).
+    ``run_id`` is known for retried rows only: a claim does not read it (no record needs it),
+    and the copy of a refused row looks it up.
     """
 
     __slots__ = (
@@ -320,9 +322,10 @@ def _reads(
         complete = len(merged) < more and lane != last
         taken = merged[: max(0, room - len(rows))]
         exhausted = complete and len(taken) == len(merged)
-        # (id, topic, key, payload, headers' JSON, type, message id, created, run id)
+        # (id, topic, key, payload, headers' JSON, type, message id, created); the run id is
+        # not read (record_failures looks it up for the rows that fail)
         rows += [
-            OutboxRow(r[10], r[16], r[11], r[12], r[15], r[13], r[14], r[17], lane, r[18])
+            OutboxRow(r[10], r[16], r[11], r[12], r[15], r[13], r[14], r[17], lane)
             for r in taken
         ]
         reads[lane] = LaneRead(lane, cursor, tuple(r[10] for r in taken), exhausted)

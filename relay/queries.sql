@@ -80,17 +80,17 @@ SELECT b.ord, b.lane, CAST(b.snap AS text), CAST(b.target AS text), b.pos, b.lo,
                WHERE f.lane = ANY(CAST(%(lanes)s AS int[]))
                  AND (f.state <> 'failed' OR f.blocking)) AS failures,
        NULL::bigint, NULL::text, NULL::bytea, NULL::bytea, NULL::text, NULL::text,
-       NULL::text, NULL::float8, NULL::uuid
+       NULL::text, NULL::float8
 FROM b
 UNION ALL
 SELECT NULL, b.lane, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        p.id, p.topic, p.key, p.payload, CAST(p.headers AS text), p.message_type,
-       CAST(p.message_id AS text), date_part('epoch', p.created_at), p.run_id
+       CAST(p.message_id AS text), date_part('epoch', p.created_at)
 FROM b
 JOIN LATERAL (
     SELECT q.* FROM (
         (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-                m.created_at, m.run_id
+                m.created_at
          FROM unnest(ARRAY(SELECT pg_snapshot_xip(b.snap))) AS x(xid)
          CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
              SELECT * FROM {schema}.outbox_messages AS r
@@ -101,7 +101,7 @@ JOIN LATERAL (
          ORDER BY m.id LIMIT %(more)s)
         UNION ALL
         (SELECT m.id, m.message_id, m.topic, m.key, m.message_type, m.payload, m.headers,
-                m.created_at, m.run_id
+                m.created_at
          FROM {schema}.outbox_messages AS m
          -- Row comparisons (they pin the lane too): the (lane, id) index serves them in the
          -- order asked for, so the scan stops at the limit.
@@ -212,7 +212,11 @@ INSERT INTO {schema}.outbox_failures
     (id, message_id, topic, key, lane, message_type, payload, headers, run_id, created_at,
      state, blocking, error, dlq_partition, dlq_offset)
 SELECT r.id, r.message_id, r.topic, r.key, r.lane, r.message_type, r.payload,
-       CAST(r.headers AS jsonb), r.run_id, r.created_at,
+       CAST(r.headers AS jsonb),
+       -- A claimed row comes without its run (the claim returns only what a record needs):
+       -- read here, from the row that is still there, for the few that fail.
+       coalesce(r.run_id, (SELECT m.run_id FROM {schema}.outbox_messages AS m WHERE m.id = r.id)),
+       r.created_at,
        CASE WHEN r.state <> 'aside' THEN r.state
             WHEN EXISTS (SELECT 1 FROM {schema}.outbox_failures AS f
                          WHERE f.lane = r.lane AND f.topic = r.topic AND f.key = r.key

@@ -202,3 +202,24 @@ def test_a_record_waiting_for_an_operators_retry_holds_no_lane_row(engine: Engin
     recording.join(timeout=20)
     assert done.is_set()
     assert state_of(engine, row.id) == "retry"  # the retry came first: it follows it
+
+
+def test_a_refused_rows_copy_keeps_its_run_though_the_claim_does_not_read_it(
+    engine: Engine,
+) -> None:
+    reader = Reader(engine)
+    with engine.begin() as conn:
+        put(conn, "k", 1)
+        run = conn.execute(text("UPDATE outboxkit.outbox_messages SET run_id = gen_random_uuid()"
+                                " RETURNING run_id")).scalar_one()
+    batch = reader.claim()
+    [row] = batch.rows
+    assert row.run_id is None  # not read: no record needs it
+    with reader.pool.begin() as conn:
+        record(conn, "outboxkit", relay_id=reader.relay_id, published=[],
+               failed=[Failed(row, "refused for good", permanent=True)], set_aside=[],
+               cursors={}, blocking=False, incarnation=batch.incarnation, tokens=batch.tokens)
+    with engine.connect() as conn:
+        copied = conn.execute(text("SELECT run_id FROM outboxkit.outbox_failures"
+                                   " WHERE id = :id"), {"id": row.id}).scalar_one()
+    assert copied == run
