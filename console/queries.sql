@@ -31,20 +31,54 @@ GRANT SELECT, INSERT, DELETE ON {schema}.consumer_inbox TO {role};
 
 -- name: backlog_by_topic
 -- The outbox rows no lane's cursor has passed, by lane and topic (the overview's backlog,
--- its total and its table in one read): the relay's own backlog read (relay/queries.sql,
--- backlog), counted up to :cap rows a lane, kept apart per topic.
-SELECT l.lane, q.topic, count(*) AS n, min(q.created_at) AS oldest,
-       greatest(0, extract(epoch FROM clock_timestamp() - min(q.created_at))) AS age
-FROM {schema}.relay_lanes AS l
-CROSS JOIN LATERAL (
-    SELECT m.topic, m.created_at FROM {schema}.outbox_messages AS m
-    WHERE m.lane = l.lane
-      AND (m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
-           OR m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))))
-      AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
-                                     l.batch_pos)
-    LIMIT :cap
-) AS q
-WHERE l.lane < :lanes
-GROUP BY l.lane, q.topic
-ORDER BY l.lane, q.topic
+-- its total and its table in one read), read as the relay's gauge reads them
+-- (relay/queries.sql, backlog): the rows of transactions running at the cursor, and at most
+-- :cap rows after it a lane, its (lane, xid) index in order. Past the cap, the lane's rest is
+-- one more row without a topic (`estimated`), its count estimated from the spread of the ids
+-- read; its topics are unknown (the rows read are the oldest, not a sample: a bulk insert
+-- of one topic after another would show only the first). A refresh reads at most :cap rows
+-- a lane whatever the backlog: an open page reads it every few seconds, in an incident
+-- when the backlog is largest.
+WITH q AS (
+    SELECT l.lane, s.id, s.topic, s.created_at, s.sampled
+    FROM {schema}.relay_lanes AS l
+    CROSS JOIN LATERAL (
+        (SELECT m.id, m.topic, m.created_at, false AS sampled
+         FROM unnest(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))) AS x(xid)
+         CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction
+             SELECT * FROM {schema}.outbox_messages AS r WHERE r.lane = l.lane AND r.xid = x.xid
+             OFFSET 0
+         ) AS m
+         WHERE NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                          l.batch_pos))
+        UNION ALL
+        (SELECT m.id, m.topic, m.created_at, true
+         FROM {schema}.outbox_messages AS m
+         WHERE m.lane = l.lane AND m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
+           AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                          l.batch_pos)
+         ORDER BY m.lane, m.xid
+         LIMIT :cap)
+    ) AS s
+    WHERE l.lane < :lanes
+),
+t AS (
+    SELECT lane, topic, count(*) AS n, min(created_at) AS oldest,
+           sum(count(*) FILTER (WHERE sampled)) OVER w AS lane_read,
+           min(min(id) FILTER (WHERE sampled)) OVER w AS lo,
+           max(max(id) FILTER (WHERE sampled)) OVER w AS top
+    FROM q GROUP BY lane, topic
+    WINDOW w AS (PARTITION BY lane)
+)
+SELECT t.lane, t.topic, t.oldest,
+       greatest(0, extract(epoch FROM clock_timestamp() - t.oldest)) AS age,
+       false AS estimated, t.n
+FROM t
+UNION ALL
+SELECT e.lane, NULL, NULL, NULL, true,
+       floor(greatest(0, (SELECT max(m.id) FROM {schema}.outbox_messages AS m
+                          WHERE m.lane = e.lane) - e.top)
+             * (e.lane_read - 1) / greatest(e.top - e.lo, 1))::bigint
+FROM (SELECT DISTINCT lane, lane_read, lo, top FROM t) AS e
+WHERE e.lane_read >= :cap
+ORDER BY 1, 2 NULLS LAST

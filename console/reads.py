@@ -50,8 +50,9 @@ from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
 from relay.status import RelayInfo, read_relays
 
-# The backlog is counted up to this many rows per lane (as the relay's own gauge does).
-BACKLOG_CAP = 100_000
+# The backlog is read up to this many rows a lane, and estimated past it (as the relay's own
+# gauge: relay.metrics.BACKLOG_CAP).
+BACKLOG_CAP = 256
 NEEDS_A_PERSON = ("needs-human", "unknown")
 """Operation statuses in the inbox: a person must decide (needs-human), or may (unknown:
 the reconciler is still asking the outside system; a person who knows can settle it)."""
@@ -80,7 +81,10 @@ class Overview:
     parked: list[dict[str, Any]] = field(default_factory=list)
     """Partitions (batch mode) or keys (per-message) a group holds a message of for a retry."""
     backlog_by_topic: list[dict[str, Any]] = field(default_factory=list)
-    """The backlog by lane and topic."""
+    """The backlog by lane and topic; past the capped read of a lane, one more entry without
+    a topic, ``estimated``."""
+    backlog_estimated: bool = False
+    """Whether :attr:`backlog` holds an estimate (a lane's backlog past the capped read)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,16 +104,22 @@ def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float
         .where(consumer_failures.c.status.in_(("retrying", "dead-lettered")))
         .group_by(consumer_failures.c.status))}
     # One read of the backlog (by lane and topic); the total and the oldest age from it.
+    # Its capped read walks each lane's index in order: the planner, expecting a few hundred
+    # rows a lane, would rather visit them all from a bitmap and sort them.
+    conn.execute(text("SET LOCAL enable_bitmapscan = off"))
     backlog = conn.execute(sql("console", "backlog_by_topic", settings.schema_name),
                            {"cap": BACKLOG_CAP, "lanes": settings.lanes}).all()
-    by_topic = [{"lane": r.lane, "topic": r.topic, "messages": r.n, "oldest": r.oldest}
-                for r in backlog]
+    conn.execute(text("SET LOCAL enable_bitmapscan = on"))
+    by_topic = [{"lane": r.lane, "topic": r.topic, "messages": r.n, "oldest": r.oldest,
+                 "estimated": r.estimated} for r in backlog]
     refused = conn.execute(select(func.count()).select_from(outbox_failures)
                            .where(outbox_failures.c.state == "failed")).scalar_one()
     relays, unowned = read_relays(conn, settings.schema_name, lease_seconds=lease_seconds)
     return Overview(by_state, ops, pending, sum(r.n for r in backlog),
-                    max((float(r.age) for r in backlog), default=0.0), refused, failures,
-                    relays, unowned, estimated, ops_estimated, parked(conn), by_topic)
+                    max((float(r.age) for r in backlog if r.age is not None), default=0.0),
+                    refused, failures,
+                    relays, unowned, estimated, ops_estimated, parked(conn), by_topic,
+                    any(r.estimated for r in backlog))
 
 
 # Above this many rows (the planner's estimate), the states that only grow with history

@@ -415,9 +415,13 @@ SELECT coalesce(sum(x.n + p.n + p.rest), 0)::bigint AS backlog,
        (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed
 FROM {schema}.relay_lanes AS l
 CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(m.created_at) AS oldest FROM {schema}.outbox_messages AS m
-    WHERE m.lane = l.lane AND m.xid = ANY(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot)))
-      AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+    SELECT count(*) AS n, min(m.created_at) AS oldest
+    FROM unnest(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))) AS x(xid)
+    CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction, whatever the plan
+        SELECT * FROM {schema}.outbox_messages AS r WHERE r.lane = l.lane AND r.xid = x.xid
+        OFFSET 0
+    ) AS m
+    WHERE NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
                                      l.batch_pos)
 ) AS x
 CROSS JOIN LATERAL (

@@ -433,6 +433,41 @@ def test_the_backlog_is_shown_by_lane_and_topic(console: str, engine: Engine) ->
     assert 'id="backlog"' in call(console, "/").body
 
 
+def test_a_backlog_past_the_capped_read_is_estimated_and_says_so(
+        console: str, engine: Engine) -> None:
+    from outbox.db.queries import driver_sql  # noqa: PLC0415
+    from outbox.messages.emit import emit_many  # noqa: PLC0415
+    from outbox.messages.envelope import Envelope  # noqa: PLC0415
+    from outbox.settings import OutboxSettings  # noqa: PLC0415
+
+    with engine.begin() as conn:
+        conn.exec_driver_sql(driver_sql("relay", "ensure_lanes", "outboxkit"),
+                             {"lanes": OutboxSettings().lanes})
+        conn.execute(text("UPDATE outboxkit.relay_lanes SET cursor_snapshot = "
+                          "pg_current_snapshot()"))
+    with engine.begin() as conn:  # one lane (one key), 1,000 rows: past the 256 read a lane
+        emit_many(conn, [Envelope(topic="refunds" if n % 5 in (1, 3) else "orders", type="t",
+                                  key="same-key", payload={"n": n}) for n in range(1000)])
+    data = call(console, "/", as_json=True).json()
+    assert data["backlog_estimated"] is True
+    assert abs(data["backlog"] - 1000) <= 30, data["backlog"]
+    read = [b for b in data["backlog_by_topic"] if not b["estimated"]]
+    [more] = [b for b in data["backlog_by_topic"] if b["estimated"]]
+    assert sum(b["messages"] for b in read) == 256  # what the capped read saw, by topic
+    assert all(b["topic"] for b in read)
+    assert more["topic"] is None  # the rest's topics are not known
+    assert abs(more["messages"] - 744) <= 30, more
+    from console.reads import overview  # noqa: PLC0415
+
+    with engine.begin() as conn:  # what a refresh fetched: the capped read, not the backlog
+        overview(conn, OutboxSettings(), lease_seconds=30)
+        fetched = conn.execute(text(
+            "SELECT idx_tup_fetch + seq_tup_read FROM pg_stat_xact_user_tables"
+            " WHERE schemaname = 'outboxkit' AND relname = 'outbox_messages'")).scalar_one()
+    assert fetched <= 300, fetched
+    assert "≈" in call(console, "/").body
+
+
 def test_rows_waiting_behind_a_refused_one_and_a_runs_confirmations_are_shown(
         console: str, engine: Engine) -> None:
     from outbox.messages.emit import emit  # noqa: PLC0415

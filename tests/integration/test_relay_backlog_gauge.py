@@ -59,3 +59,18 @@ def test_estimated_past_the_cap_from_a_bounded_read(engine: Engine) -> None:
     reader.drain()
     row, fetched = gauge(engine, cap=100)
     assert (row.backlog, row.oldest_age) == (0, 0)
+
+
+def test_rows_of_a_transaction_running_at_the_cursor_are_counted(engine: Engine) -> None:
+    reader = Reader(engine)
+    late = engine.connect()
+    try:
+        with late.begin():
+            for i in range(5):
+                put(late, "late", i)
+            fill(engine, 20, transactions=2)
+            assert len(reader.drain()) == 20  # the cursor is taken while `late` runs
+        row, _ = gauge(engine, cap=256)
+        assert row.backlog == 5  # behind the cursor by id, after it by commit
+    finally:
+        late.close()
