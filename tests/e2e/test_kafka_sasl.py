@@ -39,17 +39,20 @@ pytestmark = pytest.mark.usefixtures("kafka_client")
 
 USER, PASSWORD = "relay", "relay-Secret-9"
 
-# Appended to the usual test broker's server.properties: a later key wins when Java reads it.
-SASL_PROPERTIES = """
-listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},\
-CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,\
-SASL_PLAINTEXT:SASL_PLAINTEXT
-sasl.enabled.mechanisms=PLAIN
-listener.name.sasl_plaintext.plain.sasl.jaas.config=\
-org.apache.kafka.common.security.plain.PlainLoginModule required user_{user}="{password}";
-"""
+def sasl_listener(port: int, sasl_port: int, controller_port: int) -> dict[str, str]:
+    """The broker's server.properties entries for a second listener, SASL/PLAIN."""
+    return {
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port},"
+                     f"CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},"
+                                f"SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+                                          "SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+            "org.apache.kafka.common.security.plain.PlainLoginModule required"
+            f' user_{USER}="{PASSWORD}";',
+    }
 
 
 @dataclass(frozen=True)
@@ -63,19 +66,8 @@ def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslBroker
     java_executable()  # no Java: a clear ServiceError, never a silent skip
     home = tmp_path_factory.mktemp("kafka-sasl")
     port, sasl_port, controller_port = free_port(), free_port(), free_port()
-    write_config = kafka._write_config
-
-    def with_sasl(home: Path, port: int, controller_port: int) -> Path:
-        config = write_config(home, port, controller_port)
-        with config.open("a") as out:
-            out.write(SASL_PROPERTIES.format(port=port, sasl_port=sasl_port,
-                                             controller_port=controller_port,
-                                             user=USER, password=PASSWORD))
-        return config
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(kafka, "_write_config", with_sasl)
-        broker = kafka.start(home, port, controller_port, ready_timeout_s=120)
+    broker = kafka.start(home, port, controller_port, ready_timeout_s=120,
+                         settings=sasl_listener(port, sasl_port, controller_port))
     try:
         yield SaslBroker(broker.bootstrap, f"127.0.0.1:{sasl_port}")
     finally:
