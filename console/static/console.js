@@ -17,6 +17,10 @@
       if (typeof value === "number" && !Number.isInteger(value)) value = value.toFixed(1);
       el.textContent = String(value);
     });
+    // Marks that hold while a flag does (the backlog's ≈ while it is an estimate).
+    document.querySelectorAll("[data-live-shown]").forEach((el) => {
+      el.hidden = !at(data, el.dataset.liveShown);
+    });
     const body = document.querySelector("#relays tbody");
     if (body && data.relays && data.relays.length) {
       body.replaceChildren(...data.relays.map((r) => {

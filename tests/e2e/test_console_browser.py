@@ -73,6 +73,39 @@ def _shot(page: Page, tmp_path: Path, name: str) -> None:
         shutil.copy(path, Path(wanted) / path.name)
 
 
+def test_the_backlogs_estimate_mark_follows_the_live_counts(
+        browser: Browser, console: str, engine: Engine, tmp_path: Path) -> None:
+    from outbox.db.queries import driver_sql  # noqa: PLC0415
+    from outbox.settings import OutboxSettings  # noqa: PLC0415
+
+    def cursors_here() -> None:  # as a relay that published everything so far would leave them
+        with engine.begin() as conn:
+            conn.exec_driver_sql(driver_sql("relay", "ensure_lanes", "outboxkit"),
+                                 {"lanes": OutboxSettings().lanes})
+            conn.execute(text("UPDATE outboxkit.relay_lanes"
+                              " SET cursor_snapshot = pg_current_snapshot()"))
+
+    cursors_here()
+    context, page = _page(browser, "olga")
+    try:
+        page.goto(console + "/")
+        mark = page.locator('[data-live-shown="backlog_estimated"]')
+        backlog = page.locator('[data-live="backlog"]')
+        expect(backlog).to_have_text("0")
+        expect(mark).to_be_hidden()
+        with engine.begin() as conn:  # one lane past the 256 rows the overview reads
+            App().emit_many(conn, [Envelope(topic="orders", type="t", key="one-key",
+                                            payload={"n": n}) for n in range(600)])
+        expect(mark).to_be_visible(timeout=10_000)  # no reload: an estimate now
+        expect(backlog).not_to_have_text("0")
+        _shot(page, tmp_path, "overview-estimated")
+        cursors_here()
+        expect(backlog).to_have_text("0", timeout=10_000)
+        expect(mark).to_be_hidden()  # exact again
+    finally:
+        context.close()
+
+
 def test_an_operator_settles_an_unknown_outcome_from_the_inbox(
         browser: Browser, console: str, engine: Engine, tmp_path: Path) -> None:
     run_id, op_id = unknown_order(engine, "widget-3")
