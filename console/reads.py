@@ -31,7 +31,6 @@ from sqlalchemy import (
 from consumers.failures import FailedMessage, failure_groups, list_failures
 from dedup.ledger.ledger import Ledger
 from dedup.ledger.operations import Operation, OperationEvent
-from outbox.db.queries import sql
 from outbox.db.tables import (
     OPERATION_STATUSES,
     agent_runs,
@@ -48,11 +47,9 @@ from outbox.runs.lifecycle import Run, RunView, Transition, history, view_run
 from outbox.runs.runlog import read_log
 from outbox.runs.states import RunState
 from outbox.settings import OutboxSettings
+from relay.metrics import read_backlog
 from relay.status import RelayInfo, read_relays
 
-# The backlog is read up to this many rows a lane, and estimated past it (as the relay's own
-# gauge: relay.metrics.BACKLOG_CAP).
-BACKLOG_CAP = 256
 NEEDS_A_PERSON = ("needs-human", "unknown")
 """Operation statuses in the inbox: a person must decide (needs-human), or may (unknown:
 the reconciler is still asking the outside system; a person who knows can settle it)."""
@@ -103,23 +100,17 @@ def overview(conn: Connection, settings: OutboxSettings, *, lease_seconds: float
         select(consumer_failures.c.status, func.count())
         .where(consumer_failures.c.status.in_(("retrying", "dead-lettered")))
         .group_by(consumer_failures.c.status))}
-    # One read of the backlog (by lane and topic); the total and the oldest age from it.
-    # Its capped read walks each lane's index in order: the planner, expecting a few hundred
-    # rows a lane, would rather visit them all from a bitmap and sort them.
-    conn.execute(text("SET LOCAL enable_bitmapscan = off"))
-    backlog = conn.execute(sql("console", "backlog_by_topic", settings.schema_name),
-                           {"cap": BACKLOG_CAP, "lanes": settings.lanes}).all()
-    conn.execute(text("SET LOCAL enable_bitmapscan = on"))
+    # One read of the backlog (by lane and topic), as the relay's gauges read it: the
+    # total, the oldest age and the refused rows from it.
+    driver = conn.connection.driver_connection  # psycopg's, in this same transaction
+    assert driver is not None  # a connection in use has one
+    backlog = read_backlog(driver, settings.schema_name, lanes=settings.lanes)
     by_topic = [{"lane": r.lane, "topic": r.topic, "messages": r.n, "oldest": r.oldest,
-                 "estimated": r.estimated} for r in backlog]
-    refused = conn.execute(select(func.count()).select_from(outbox_failures)
-                           .where(outbox_failures.c.state == "failed")).scalar_one()
+                 "estimated": r.estimated} for r in backlog.by_topic]
     relays, unowned = read_relays(conn, settings.schema_name, lease_seconds=lease_seconds)
-    return Overview(by_state, ops, pending, sum(r.n for r in backlog),
-                    max((float(r.age) for r in backlog if r.age is not None), default=0.0),
-                    refused, failures,
-                    relays, unowned, estimated, ops_estimated, parked(conn), by_topic,
-                    any(r.estimated for r in backlog))
+    return Overview(by_state, ops, pending, backlog.backlog, backlog.oldest_age, backlog.failed,
+                    failures, relays, unowned, estimated, ops_estimated, parked(conn), by_topic,
+                    backlog.estimated)
 
 
 # Above this many rows (the planner's estimate), the states that only grow with history

@@ -335,10 +335,10 @@ class Relay:
 
     def _refresh_metrics(self) -> None:
         with self.pool.begin() as conn:
-            row = read_backlog(conn, self.schema, lanes=self.outbox.lanes)
-        self.metrics.backlog.set(row.backlog)
-        self.metrics.oldest_pending_age.set(float(row.oldest_age or 0))
-        self.metrics.failed_rows.set(row.failed)
+            found = read_backlog(conn, self.schema, lanes=self.outbox.lanes)
+        self.metrics.backlog.set(found.backlog)
+        self.metrics.oldest_pending_age.set(found.oldest_age)
+        self.metrics.failed_rows.set(found.failed)
         if self._operations_readable:
             self._refresh_operations()
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-from outbox.db.pool import Connection, one
+from psycopg.rows import namedtuple_row
+
+from outbox.db.pool import Connection
 from outbox.db.queries import driver_sql
 from outbox.runtime import MetricFamilies
 
@@ -66,14 +68,30 @@ class RelayMetrics:
         )
 
 
-def read_backlog(conn: Connection, schema: str, *, lanes: int, cap: int = BACKLOG_CAP) -> Any:
-    """The backlog gauges' row (backlog, oldest_age, failed), read on *conn*'s transaction.
+class Backlog(NamedTuple):
+    """What :func:`read_backlog` found: the gauges' figures and the rows they come from."""
 
-    The read walks each lane's (lane, xid) index in order and stops after *cap* rows: the
-    planner, which expects a few hundred rows a lane, would otherwise visit every backlog row
-    from a bitmap and sort them. With a day of published rows kept, it also costs the read
-    high enough to JIT-compile it: 200-330 ms of PostgreSQL CPU for a read of ~2 ms.
-    """
-    conn.execute("SET LOCAL jit = off")
-    conn.execute("SET LOCAL enable_bitmapscan = off")
-    return one(conn, driver_sql("relay", "backlog", schema), {"cap": cap, "lanes": lanes})
+    backlog: int  # an estimate when ``estimated``
+    oldest_age: float  # seconds; 0 when nothing waits
+    failed: int  # refused rows (outbox_failures, 'failed')
+    estimated: bool  # a lane's backlog was past the capped read
+    by_topic: list[Any]  # (lane, topic, oldest, age, estimated, n): relay/queries.sql, backlog
+
+
+def read_backlog(conn: Connection, schema: str, *, lanes: int, cap: int = BACKLOG_CAP) -> Backlog:
+    """The backlog by lane and topic, at most *cap* rows read a lane (past it, estimated), and
+    the refused rows' count, in *conn*'s transaction, whose planner settings are left as they
+    were found. The relay's gauges and the console's overview both read it."""
+    with conn.cursor(row_factory=namedtuple_row) as cursor:
+        was: Any = cursor.execute(driver_sql("relay", "backlog_planner", schema)).fetchone()
+        rows: list[Any] = cursor.execute(driver_sql("relay", "backlog", schema),
+                                         {"cap": cap, "lanes": lanes}).fetchall()
+        cursor.execute(driver_sql("relay", "planner_back", schema),
+                       {"jit": was.jit, "bitmapscan": was.bitmapscan})
+    return Backlog(
+        sum(r.n for r in rows),
+        max((float(r.age) for r in rows if r.age is not None), default=0.0),
+        was.failed,
+        any(r.estimated for r in rows),
+        rows,
+    )

@@ -400,46 +400,75 @@ WHERE id < coalesce((SELECT min(id) FROM {schema}.deliveries
                     (SELECT max(id) + 1 FROM {schema}.deliveries))
 
 -- name: backlog
--- Per lane, the rows its cursor has not passed: those of transactions running when it was
--- taken (a probe each) and those after it (the (lane, xid) index from its xmax, in xid
--- order): the backlog only, never the history. A refresh reads at most %(cap)s rows of the
--- second kind a lane, whatever the backlog (counting them all cost PostgreSQL about a
--- microsecond a row every refresh: most of a core through a catch-up of millions). Past
--- that, the rest of the lane is estimated from the spread of the ids read: a lane's ids are
--- spread evenly (keys hash to lanes), so the rows after the last one read are its id range
--- to the lane's largest id times the density of the rows read. The oldest is the oldest
--- read: the earliest transactions come first.
-SELECT coalesce(sum(x.n + p.n + p.rest), 0)::bigint AS backlog,
-       greatest(0, coalesce(extract(epoch FROM clock_timestamp()
-                                    - least(min(x.oldest), min(p.oldest))), 0)) AS oldest_age,
+-- The outbox rows no lane's cursor has passed, by lane and topic: the relay's gauges and the
+-- console's overview. Per lane, the rows of transactions running at its cursor (a probe each)
+-- and at most %(cap)s rows after it, its (lane, xid) index walked in order (the earliest
+-- transactions first): the backlog only, never the history, and a read that costs the same
+-- whatever the backlog (counting every row cost about a microsecond each, every refresh:
+-- most of a core through a catch-up of millions). Past the cap, the lane's rest is one more
+-- row without a topic (`estimated`): the id range after the last row read, up to the lane's
+-- largest id, times the density of the ids read (a lane's ids are spread evenly: keys hash
+-- to lanes). Its topics are not known: the rows read are the oldest, not a sample.
+-- Run with relay.metrics.read_backlog's planner settings.
+WITH q AS (
+    SELECT l.lane, s.id, s.topic, s.created_at, s.sampled
+    FROM {schema}.relay_lanes AS l
+    CROSS JOIN LATERAL (
+        (SELECT m.id, m.topic, m.created_at, false AS sampled
+         FROM unnest(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))) AS x(xid)
+         CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction, whatever the plan
+             SELECT * FROM {schema}.outbox_messages AS r WHERE r.lane = l.lane AND r.xid = x.xid
+             OFFSET 0
+         ) AS m
+         WHERE NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                          l.batch_pos))
+        UNION ALL
+        (SELECT m.id, m.topic, m.created_at, true
+         FROM {schema}.outbox_messages AS m
+         WHERE m.lane = l.lane AND m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
+           AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
+                                          l.batch_pos)
+         ORDER BY m.lane, m.xid  -- as the index: walked in order, it stops at the cap
+         LIMIT %(cap)s)
+    ) AS s
+    WHERE l.lane < %(lanes)s
+),
+t AS (
+    SELECT lane, topic, count(*) AS n, min(created_at) AS oldest,
+           sum(count(*) FILTER (WHERE sampled)) OVER w AS lane_read,
+           min(min(id) FILTER (WHERE sampled)) OVER w AS lo,
+           max(max(id) FILTER (WHERE sampled)) OVER w AS top
+    FROM q GROUP BY lane, topic
+    WINDOW w AS (PARTITION BY lane)
+)
+SELECT t.lane, t.topic, t.oldest,
+       greatest(0, extract(epoch FROM clock_timestamp() - t.oldest)) AS age,
+       false AS estimated, t.n
+FROM t
+UNION ALL
+SELECT e.lane, NULL, NULL, NULL, true,
+       floor(greatest(0, (SELECT max(m.id) FROM {schema}.outbox_messages AS m
+                          WHERE m.lane = e.lane) - e.top)
+             * (e.lane_read - 1) / greatest(e.top - e.lo, 1))::bigint
+FROM (SELECT DISTINCT lane, lane_read, lo, top FROM t) AS e
+WHERE e.lane_read >= %(cap)s
+ORDER BY 1, 2 NULLS LAST
+
+-- name: backlog_planner
+-- The backlog read's planner, for the rest of the transaction: the capped read walks each
+-- lane's index in order (expecting a few hundred rows a lane, the planner would rather visit
+-- them all from a bitmap and sort them), and no JIT (with a day of published rows kept, it
+-- costs the read high enough to compile it: 200-330 ms of CPU for a read of ~2 ms). Returns
+-- what they were, and the refused rows' count (for the same gauges).
+SELECT current_setting('jit') AS jit, current_setting('enable_bitmapscan') AS bitmapscan,
+       set_config('jit', 'off', true) AS jit_now,
+       set_config('enable_bitmapscan', 'off', true) AS bitmapscan_now,
        (SELECT count(*) FROM {schema}.outbox_failures WHERE state = 'failed') AS failed
-FROM {schema}.relay_lanes AS l
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(m.created_at) AS oldest
-    FROM unnest(ARRAY(SELECT pg_snapshot_xip(l.cursor_snapshot))) AS x(xid)
-    CROSS JOIN LATERAL (  -- a (lane, xid) probe per running transaction, whatever the plan
-        SELECT * FROM {schema}.outbox_messages AS r WHERE r.lane = l.lane AND r.xid = x.xid
-        OFFSET 0
-    ) AS m
-    WHERE NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
-                                     l.batch_pos)
-) AS x
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(q.created_at) AS oldest,
-           CASE WHEN count(*) < %(cap)s THEN 0
-                ELSE floor(greatest(0, (SELECT max(m.id) FROM {schema}.outbox_messages AS m
-                                        WHERE m.lane = l.lane) - max(q.id))
-                           * (count(*) - 1) / greatest(max(q.id) - min(q.id), 1)) END AS rest
-    FROM (
-        SELECT m.id, m.created_at FROM {schema}.outbox_messages AS m
-        WHERE m.lane = l.lane AND m.xid >= pg_snapshot_xmax(l.cursor_snapshot)
-          AND NOT {schema}.outbox_passed(m.xid, m.id, l.cursor_snapshot, l.batch_snapshot,
-                                         l.batch_pos)
-        ORDER BY m.lane, m.xid  -- as the index: walked in order, it stops at the cap
-        LIMIT %(cap)s
-    ) AS q
-) AS p
-WHERE l.lane < %(lanes)s
+
+-- name: planner_back
+-- The transaction's planner settings back as backlog_planner found them.
+SELECT set_config('jit', %(jit)s, true) AS jit,
+       set_config('enable_bitmapscan', %(bitmapscan)s, true) AS bitmapscan
 
 -- name: unsettled_operations
 -- Operations whose outcome nobody has established (the ledger of dedup.ledger.Ledger.perform), for an

@@ -24,7 +24,11 @@ def gauge(engine: Engine, cap: int) -> tuple[Any, int]:
     pool = pool_of(engine)
     try:
         with pool.begin() as conn:
+            jit = conn.execute("SHOW jit").fetchone()[0]
             row = read_backlog(conn, "outboxkit", lanes=1, cap=cap)
+            # The transaction's planner as it was (the console's overview reads on after it).
+            assert conn.execute("SHOW enable_bitmapscan").fetchone()[0] == "on"
+            assert conn.execute("SHOW jit").fetchone()[0] == jit
             fetched = conn.execute(
                 "SELECT idx_tup_fetch + seq_tup_read FROM pg_stat_xact_user_tables"
                 " WHERE schemaname = 'outboxkit' AND relname = 'outbox_messages'"
