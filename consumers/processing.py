@@ -355,6 +355,13 @@ class Processor:
         with self._offer_lock:
             self._offer = offer
 
+    def retract_offer(self, records: Sequence[Record]) -> None:
+        """The offer of *records* withdrawn, if it still stands: that batch is being handed
+        over, and no commit but that of the batch before it may take its marks."""
+        with self._offer_lock:
+            if self._offer is not None and self._offer[0] is records:
+                self._offer = None
+
     def _offered(self) -> tuple[Sequence[Record], Decoding] | None:
         """The offered batch if its marks can go in with this commit (on the kept connection,
         all decoded, no id twice: what the plain insert takes); taken, so that one offer

@@ -26,6 +26,7 @@ from outbox.kafka import Record, TopicPartition
 from tests.e2e.consumer_support import settings
 
 TOPIC = "items"
+FAILING = 5  # its handler always fails
 
 IDLE_IN_TRANSACTION = ("SELECT count(*) FROM pg_stat_activity WHERE state = "
                        "'idle in transaction' AND datname = current_database()")
@@ -136,7 +137,7 @@ def make_runner(
     own_process: bool = False, **overrides: Any,
 ) -> tuple[Runner, threading.Event]:
     """A runner whose first handled message (n == 0) waits until the loop offered the batch
-    polled behind it: that batch's marks then go in with its commit."""
+    polled behind it: that batch's marks then go in with its commit. Message 5 always fails."""
     app = Consumer(f"g-{uuid.uuid4().hex[:6]}", settings=settings(
         database_url, "127.0.0.1:1", dedup_retention_seconds=0, watchdog_session_timeouts=0,
         **overrides))
@@ -145,6 +146,8 @@ def make_runner(
     def write(ctx: HandlerContext, item: Item) -> None:
         if item.n == 0:
             assert offered.wait(5), "the loop offered no batch"
+        if item.n == FAILING:
+            raise RuntimeError("supplier down")
         ctx.conn.execute(text("INSERT INTO public.effects (n) VALUES (:n)"), {"n": item.n})
 
     app.register(TOPIC, write)
@@ -205,18 +208,22 @@ def marked(engine: Engine) -> int:
 
 
 class TestMarksAheadNotHandedOver:
-    """A batch polled while the one before it was in hand, its marks inserted with that
-    one's commit, then not handed over as offered: the marks are rolled back."""
+    """A batch polled while the one before it was in hand is queued behind it; records the
+    parking lot holds back are neither offered nor handled, and marks inserted ahead with
+    that one's commit for a batch not handled as offered are rolled back."""
 
     @staticmethod
     def behind_a_parked_partition(
         engine: Engine, database_url: str, monkeypatch: pytest.MonkeyPatch,
-        second: list[Record],
+        second: list[Record], *, offered_too: bool = True,
     ) -> list[int]:
         """Run the loop on a batch of partition 0, then *second*, with partition 1 parked;
-        the sessions idle in a transaction that the third poll counted (see ``looking``)."""
+        the sessions idle in a transaction that the third poll counted (see ``looking``).
+        *offered_too*: some of *second* is offered (else the first batch waits for none)."""
         kafka = ScriptedKafka()
-        runner, _ = make_runner(database_url, kafka, monkeypatch)
+        runner, offered = make_runner(database_url, kafka, monkeypatch)
+        if not offered_too:
+            offered.set()
         runner.parking.park(kafka, Parked(TOPIC, 1, 0, time.monotonic() + 600))
         kafka.batches = [[record(0, 0, 0), record(0, 1, 1)], second]
         seen: list[int] = []
@@ -231,12 +238,13 @@ class TestMarksAheadNotHandedOver:
         self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
         pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """All of it is of a parked partition (fetched before the pause took effect): nothing
-        is handed over, and the loop has the marks withdrawn."""
+        """All of it is of a parked partition (fetched before the pause took effect):
+        nothing is offered, nothing handed over, nothing marked."""
         seen = self.behind_a_parked_partition(
-            engine, database_url, monkeypatch, [record(1, 0, 10), record(1, 1, 11)])
-        assert pipelined == [True]  # the second batch's marks went in with the first's commit
-        assert seen == [0]  # and were rolled back once it was not handed over
+            engine, database_url, monkeypatch, [record(1, 0, 10), record(1, 1, 11)],
+            offered_too=False)
+        assert pipelined == []
+        assert seen == [0]
         assert effects() == [0, 1]
         assert marked(engine) == 2
 
@@ -244,14 +252,38 @@ class TestMarksAheadNotHandedOver:
         self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
         pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """Part of it is of a parked partition: the rest is handled, and the parked records
-        are neither handled nor marked."""
+        """Part of it is of a parked partition: the rest is offered, its marks go in with the
+        commit before and it is handled; the parked records are neither handled nor marked."""
         seen = self.behind_a_parked_partition(
             engine, database_url, monkeypatch, [record(0, 2, 2), record(1, 0, 10)])
         assert pipelined == [True]
         assert seen == [0]
         assert effects() == [0, 1, 2]
         assert marked(engine) == 3
+
+    def test_a_batch_queued_behind_one_that_parks_a_partition(
+        self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The batch in hand parks partition 1 while the next one, queued behind it, holds
+        that partition's next record: the handler thread leaves that record out (the park
+        seeks the partition back, so it is read again after the retry) and handles the
+        rest."""
+        kafka = ScriptedKafka()
+        runner, _ = make_runner(database_url, kafka, monkeypatch, backoff_initial_seconds=60,
+                                backoff_max_seconds=60)
+        kafka.batches = [[record(1, 0, FAILING), record(0, 0, 0)],
+                         [record(1, 1, 6), record(0, 1, 1)]]
+        seen: list[int] = []
+        done = threading.Event()
+        kafka.hooks[3] = looking(engine, runner, seen, done)
+        with running(runner) as errors:
+            assert done.wait(10)
+        assert not errors
+        assert effects() == [0, 1]  # 6 waits behind 5, parked
+        assert (TopicPartition(TOPIC, 1), 0) in kafka.seeks
+        assert seen == [0]
+        assert marked(engine) == 2
 
     def test_a_batch_dropped_because_the_one_before_failed_after_its_commit(
         self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
@@ -291,6 +323,38 @@ class TestMarksAheadNotHandedOver:
         assert seen == [0]
         assert effects() == [0, 1, 2, 3]
         assert marked(engine) == 4
+
+
+def test_a_batch_queued_behind_one_that_failed_waits_for_it(
+    engine: Engine, database_url: str, effects: Callable[[], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch in hand fails before its commit while the next one is queued behind it:
+    the queued one is dropped, not handled ahead of it, and both are read again in order
+    (a key's effects never commit out of order)."""
+    kafka = ScriptedKafka(partitions=1)
+    runner, _ = make_runner(database_url, kafka, monkeypatch)
+    first = [record(0, 0, 0), record(0, 1, 1)]
+    second = [record(0, 2, 2), record(0, 3, 3)]
+    kafka.batches = [first, second, first + second]  # read again from where it rewound
+    process = runner.processor.process
+    calls: list[list[int]] = []
+
+    def failing_once(records: Any, *args: Any) -> Any:
+        calls.append([r.offset for r in records])
+        if len(calls) == 1:
+            raise RuntimeError("the database went away")
+        return process(records, *args)
+
+    monkeypatch.setattr(runner.processor, "process", failing_once)
+    with running(runner) as errors:
+        deadline = time.monotonic() + 10
+        while effects() != [0, 1, 2, 3] and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert not errors
+    assert calls[:2] == [[0, 1], [0, 1, 2, 3]]
+    assert kafka.seeks[0] == (TopicPartition(TOPIC, 0), 0)
+    assert effects() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("ending", ["stopped", "failed"])
@@ -336,19 +400,28 @@ def test_marks_ahead_of_a_batch_never_handed_over_go_before_the_client_leaves(
     pipelined: list[bool | None], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The loop fails right after the batch in hand committed with the next one's marks,
-    before handing that one over: its last step has them withdrawn, so they are gone when
-    the client leaves its group (others may read those messages then), not only at the
-    connection's release after it."""
+    the next one queued but not started: it is dropped unhandled, and its marks are gone
+    when the client leaves its group (others may read those messages then), not only at
+    the connection's release after it."""
     kafka = ScriptedKafka(partitions=1)
     runner, _ = make_runner(database_url, kafka, monkeypatch)
-    kafka.batches = [[record(0, 0, 0), record(0, 1, 1)], [record(0, 2, 2), record(0, 3, 3)]]
+    second = [record(0, 2, 2), record(0, 3, 3)]
+    kafka.batches = [[record(0, 0, 0), record(0, 1, 1)], second]
     handled = runner.parking.handled
 
     def fail(retries: Any) -> None:
         handled(retries)
         raise RuntimeError("after the batch")
 
+    retract = runner.processor.retract_offer
+
+    def held_back(records: Any) -> None:
+        if records is second:  # the queued batch starts only once the loop is closing
+            assert runner._closing_loop.wait(10)
+        retract(records)
+
     monkeypatch.setattr(runner.parking, "handled", fail)
+    monkeypatch.setattr(runner.processor, "retract_offer", held_back)
     held_at_leave: list[int] = []
 
     def leave() -> None:
