@@ -95,6 +95,10 @@ def _no_commit(records: Sequence[Record]) -> None:
     pass
 
 
+_Offer = tuple[Sequence[Record], Decoding, object]  # records, decoding, the batch followed
+_ANY = 0  # the key of an offer to whichever commit comes next (no object's id is 0)
+
+
 @dataclass(frozen=True)
 class _Ahead:
     """The next batch's marks, inserted with the last batch's commit: its transaction is
@@ -135,12 +139,14 @@ class Processor:
         self._keep = keep_connection
         self._held: Connection | None = None  # see _batch_connection
         self._held_since = 0.0
-        # The batch the loop will hand over next, offered while this one is handled (see
-        # offer), and that batch once its marks went in with this one's commit. The offer is
-        # set by the loop's thread and taken by the handler thread's commit, under the lock;
-        # nothing else on the handler thread touches it (withdraw, a dropped connection).
-        self._offer: tuple[Sequence[Record], Decoding] | None = None
+        # The batches the loop will hand over next, each offered to the commit of the batch
+        # it follows (see offer), and the batch whose marks went in with this one's commit.
+        # Offers are made by the loop's thread and taken by the handler thread's commit,
+        # under the lock; nothing else on the handler thread touches them (withdraw, a
+        # dropped connection). Keyed by id() of the batch followed (_ANY: the next commit).
+        self._offers: dict[int, _Offer] = {}
         self._offer_lock = threading.Lock()
+        self._key: object = None  # the batch being processed, as offers name it
         self._ahead: _Ahead | None = None
 
     # --- the entry point -----------------------------------------------------------------
@@ -150,6 +156,8 @@ class Processor:
         retries: Collection[Position] = (),
         unsure: Sequence[Position] = (),
         decoded: Decoding | None = None,
+        *,
+        key: object = None,
     ) -> Progress:
         """Handle *records* in partition order; park failed ones instead of waiting for them.
 
@@ -159,13 +167,17 @@ class Processor:
         start, a rebalance, a rewind): those an earlier process parked (their failure row
         says ``retrying``) are retries too, so that handling them marks them ``recovered``.
         *decoded*: :func:`decode_many` of *records*, when the caller decoded them already
-        (the runner's loop does, while the batch before is in the database).
+        (the runner's loop does, while the batch before is in the database). *key*: the
+        batch as the offer of the one behind it names it (:meth:`offer`'s *after*).
         """
+        self._key = key
         try:
             return self._process(records, retries, unsure, decoded)
         except BaseException:
             self.withdraw()  # marks inserted ahead (with a commit of this call) go at once
             raise
+        finally:
+            self._key = None
 
     def _process(
         self,
@@ -341,40 +353,52 @@ class Processor:
         return self._batch_connection(), None
 
     # --- the next batch's marks with this one's commit ----------------------------------
-    def offer(self, records: Sequence[Record] | None, decoding: Decoding | None = None) -> None:
-        """The batch the loop polled behind the one in hand, decoded; None: no offer.
+    def offer(
+        self, records: Sequence[Record] | None, decoding: Decoding | None = None, *,
+        after: object = None,
+    ) -> None:
+        """A batch the loop polled behind one handed over, decoded; None: no offers at all.
 
-        Called on the loop's thread while the handler thread handles the batch before: if
-        that batch's commit comes after the offer, it inserts these marks in the same round
-        trip (``COMMIT; BEGIN; INSERT``), and the batch, handed over next as offered, is
-        handled in that transaction. The loop must hand it over as offered, or have
-        :meth:`withdraw` run on the handler thread, before anything else: its marks' row
-        locks would hold up whoever reads these messages next.
+        Called on the loop's thread while the handler thread handles the batches before: if
+        the commit of the batch it follows (*after*: its *key* in :meth:`process`; None:
+        whichever batch commits next) comes after the offer, that commit inserts these marks
+        in the same round trip (``COMMIT; BEGIN; INSERT``), and the batch, handed over next
+        as offered, is handled in that transaction. The loop must hand it over as offered,
+        or have :meth:`withdraw` run on the handler thread, before anything else: its marks'
+        row locks would hold up whoever reads these messages next.
         """
-        offer = None if records is None or decoding is None else (records, decoding)
         with self._offer_lock:
-            self._offer = offer
+            if records is None or decoding is None:
+                self._offers.clear()
+            else:
+                self._offers[_ANY if after is None else id(after)] = (records, decoding, after)
 
     def retract_offer(self, records: Sequence[Record]) -> None:
         """The offer of *records* withdrawn, if it still stands: that batch is being handed
         over, and no commit but that of the batch before it may take its marks."""
         with self._offer_lock:
-            if self._offer is not None and self._offer[0] is records:
-                self._offer = None
+            for slot, offer in list(self._offers.items()):
+                if offer[0] is records:
+                    del self._offers[slot]
 
     def _offered(self) -> tuple[Sequence[Record], Decoding] | None:
-        """The offered batch if its marks can go in with this commit (on the kept connection,
-        all decoded, no id twice: what the plain insert takes); taken, so that one offer
-        goes with one commit at most."""
+        """The batch offered to this commit if its marks can go in with it (on the kept
+        connection, all decoded, no id twice: what the plain insert takes); taken, so that
+        one offer goes with one commit at most."""
+        key = self._key
         with self._offer_lock:  # an offer made meanwhile is not cleared unseen
-            offer, self._offer = self._offer, None
+            offer = self._offers.get(id(key)) if key is not None else None
+            if offer is not None and offer[2] is key:
+                del self._offers[id(key)]
+            else:
+                offer = self._offers.pop(_ANY, None)
         if offer is None or not self._keep or self.settings.mode != "batch":
             return None
         decoded, malformed = offer[1]
         if malformed is not None or not decoded or (
                 len({d.message_id for d in decoded}) < len(decoded)):
             return None
-        return offer
+        return offer[0], offer[1]
 
     def _commit_marking(
         self, conn: Connection, tx: RootTransaction, following: tuple[Sequence[Record], Decoding]

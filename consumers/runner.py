@@ -165,8 +165,10 @@ class Runner:
         self.consumer: Any = None  # a KafkaConsumer once run() started
         self._handler_thread: ThreadPoolExecutor | None = None
         self.parking = ParkingLot()
-        # The batch being handled, and which of its records are retries of parked messages.
+        # The batch being handled, and which of its records are retries of parked messages;
+        # and the batch queued behind it on the handler thread (see _queue).
         self._in_hand: tuple[Future[Progress | None], list[Any], frozenset[Position]] | None = None
+        self._queued: tuple[Future[Progress | None], list[Any], frozenset[Position]] | None = None
         self._closing_loop = threading.Event()  # set as the loop ends: queued batches drop
         # The offset each assigned partition's next record has when it follows the last batch
         # (what was read before it is handled, parked, or rewound and read again).
@@ -320,9 +322,9 @@ class Runner:
                 try:
                     records = self.poll(self._poll_timeout_ms())
                 except UnreadableRecord as exc:
-                    # Skipping marks the record's offset done: only once the batch before it
-                    # is (if that failed, both are read again first).
-                    if not self._collect(()):
+                    # Skipping marks the record's offset done: only once the batches before
+                    # it are (if one failed, all are read again first).
+                    if not self._drain():
                         continue
                     skipped = skip_unreadable(self.consumer, self.engine,
                                               group=self.app.group_id, error=exc,
@@ -338,19 +340,32 @@ class Runner:
                 self._forget_revoked(assigned)
                 # Fetched before a partition parked earlier was paused: read again later.
                 records = self.parking.without_parked(records)
-                # Decoded here, while the handler thread waits on PostgreSQL for the batch
-                # in hand: a third of a batch's CPU moved off the handler thread's path.
+                # Decoded here, while the handler thread handles the batches before: a third
+                # of a batch's CPU moved off the handler thread's path.
                 decoded = self._decode_ahead(records)
-                queued = self._queue(records, decoded) if records else None
-                if not self._collect(records):
-                    continue  # the queued batch drops itself (_handle_next)
-                self._in_hand = queued
+                # Offered to the commit of the batch it follows (Processor.offer), as early
+                # as it can be: that commit may come before the batch in hand is collected.
+                last = self._queued or self._in_hand
+                if records and decoded is not None and last is not None:
+                    self.processor.offer(records, decoded, after=last[1])
+                behind = [*self._queued[1], *records] if self._queued else records
+                if not self._collect(behind):
+                    self._queued = None  # it drops itself (_handle_next); all read again
+                    continue
+                self._in_hand, self._queued = self._queued, None
+                # The batch collected may have parked partitions of this one.
+                kept = self.parking.without_parked(records)
+                if len(kept) < len(records):
+                    self.processor.retract_offer(records)
+                    records, decoded = kept, None
+                if records:
+                    self._queued = self._queue(records, decoded)
                 self._end_turn(assigned, polled=bool(records))
         finally:
-            # Stopping: what is queued behind the batch in hand is not started, and the
-            # batch in hand finishes (or gives up) first.
+            # Stopping: what is queued is not started, and the batch in hand finishes (or
+            # gives up) first.
             self._closing_loop.set()
-            self._collect(())
+            self._drain()
             # Marks inserted ahead for a batch not handled go now, not at the connection's
             # release (after the client left its group, when others may read the messages).
             self._handler_thread.submit(self.processor.withdraw)
@@ -360,7 +375,7 @@ class Runner:
         """A turn's end: offsets sent, the lag gauges and the watchdog."""
         self.offsets.commit_async(self.consumer)
         handled, self._progressed = self._progressed, False
-        busy = self._in_hand is not None and not self._in_hand[0].done()
+        busy = any(b is not None and not b[0].done() for b in (self._in_hand, self._queued))
         progressed = polled or handled or busy
         # The watchdog reads the lags only on a turn without progress; the gauges are
         # refreshed at least every LAG_EVERY_S (asking the client per partition on every
@@ -401,19 +416,17 @@ class Runner:
     def _queue(
         self, records: list[Any], decoded: Decoding | None
     ) -> tuple[Future[Progress | None], list[Any], frozenset[Position]]:
-        """Queue *records* behind the batch in hand, on the handler thread.
+        """Queue *records* on the handler thread, behind the batch in hand.
 
-        The handler thread then goes on from one batch to the next by itself. Handed over
-        after the batch in hand was collected, the next one waited for the loop's thread to
-        run, then for the interpreter's lock (up to the switch interval, 5 ms by default,
-        while the loop parses the next poll): 2.8 ms of an 11.4 ms batch with
-        confluent-kafka (issue 34). The batch in hand may commit with this one's marks
-        (Processor.offer): it is handed over as offered.
+        The handler thread goes on from one batch to the next by itself. Handed over after
+        the batch before was collected, the next one waited for the loop's thread to run,
+        then for the interpreter's lock (up to the switch interval, 5 ms by default, while
+        the loop parses the next poll): 2.8 ms of an 11.4 ms batch with confluent-kafka
+        (issue 34). The batch before may commit with this one's marks (offered by the
+        loop): it is handed over as offered.
         """
         assert self._handler_thread is not None
         before = self._in_hand[0] if self._in_hand is not None else None
-        if before is not None and decoded is not None:
-            self.processor.offer(records, decoded)
         retries = self.parking.retries_in(records)
         future = self._handler_thread.submit(
             self._handle_next, before, records, retries, self._unsure(records), decoded)
@@ -430,6 +443,7 @@ class Runner:
         closing. Records of partitions that *before* parked are left out: the loop seeks
         those partitions back to the parked message, so they are read again after it.
         """
+        queued = records  # the batch as the offer behind it names it
         self.processor.retract_offer(records)  # an offer not taken by *before*'s commit
         if before is not None:
             progress = None if before.exception() is not None else before.result()
@@ -444,17 +458,26 @@ class Runner:
         if self._closing_loop.is_set() or not records:
             self.processor.withdraw()
             return None if self._closing_loop.is_set() else Progress(0)
-        return self._handle(records, retries, unsure, decoded)
+        return self._handle(records, retries, unsure, decoded, key=queued)
 
     def _handle(
         self, records: list[Any], retries: frozenset[Position], unsure: list[Position],
-        decoded: Decoding | None = None,
+        decoded: Decoding | None = None, *, key: object = None,
     ) -> Progress:
         """Process one batch (on the handler thread)."""
         started = time.perf_counter()
-        progress = self.processor.process(records, retries, unsure, decoded)
+        progress = self.processor.process(records, retries, unsure, decoded, key=key)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         return progress
+
+    def _drain(self) -> bool:
+        """Wait for the batch in hand and the one queued behind it; False if one failed (then
+        both are read again)."""
+        queued, self._queued = self._queued, None
+        if not self._collect(queued[1] if queued is not None else ()):
+            return False
+        self._in_hand = queued
+        return self._collect(())
 
     def _collect(self, polled: Sequence[Any]) -> bool:
         """Wait for the batch in hand and park what it parked; False if it failed (then

@@ -122,8 +122,9 @@ class TestPipelinedLoop:
         kafka_bootstrap: str,
         kafka_topic: Callable[..., str],
     ) -> None:
-        """While batch N is handled, N+1 is already polled; if N fails (the database went
-        away, say), N+1 must not be handled before N's records: both are read again."""
+        """While batch N is handled, N+1 is already queued and N+2 polled; if N fails (the
+        database went away, say), neither may be handled before N's records: all are read
+        again."""
         topic = kafka_topic(partitions=1)
         create_effects(engine)
         produce(kafka_bootstrap, topic, [{"n": i} for i in range(120)], partition=0)
@@ -142,11 +143,11 @@ class TestPipelinedLoop:
         calls = [0]
 
         def failing_third_batch(records: Any, retries: Any = (), unsure: Any = (),
-                                decoded: Any = None) -> Progress:
+                                decoded: Any = None, **kwargs: Any) -> Progress:
             calls[0] += 1
             if calls[0] == 3:
                 raise OperationalError("SELECT 1", {}, Exception("the database went away"))
-            return real(records, retries, unsure, decoded)
+            return real(records, retries, unsure, decoded, **kwargs)
 
         processor.process = failing_third_batch  # type: ignore[method-assign]
         with running:

@@ -119,6 +119,31 @@ class TestAnOfferMadeMeanwhileStands:
         assert effects(bound) == [0, 2, 3]
 
 
+def test_an_offer_is_taken_by_the_commit_of_the_batch_it_follows(
+    bound: Engine, database_url: str
+) -> None:
+    """The loop offers a batch two behind the one being handled (the one between is queued):
+    that commit leaves it, and the commit of the batch it follows takes it."""
+    app = app_for(database_url, "batch")
+    app.register(TOPIC, write)
+    processor = kept(app, bound)
+    first = [record(0, {"n": 0})]
+    second = [record(1, {"n": 1})]
+    third = [record(i, {"n": i}) for i in range(2, 4)]
+    decoded = decode_many(third, app.registrations)
+    processor.offer(third, decoded, after=second)
+    try:
+        assert processor.process(first, key=first).handled == 1
+        assert count(bound, IDLE_IN_TRANSACTION) == 0  # not taken by the first's commit
+        assert processor.process(second, key=second).handled == 1
+        assert count(bound, IDLE_IN_TRANSACTION) == 1  # the third's marks, ahead
+        assert processor.process(third, decoded=decoded, key=third).handled == 2
+    finally:
+        processor.release()
+    assert marked(bound) == 4
+    assert effects(bound) == [0, 1, 2, 3]
+
+
 class TestBrokenInsideThePipeline:
     """The backend is terminated after a batch's statements, before its commit with the next
     batch's marks (COMMIT; BEGIN; INSERT in one round trip)."""

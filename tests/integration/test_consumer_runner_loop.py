@@ -43,7 +43,8 @@ def record(partition: int, offset: int, n: int) -> Record:
 
 class ScriptedKafka:
     """The runner's Kafka client: poll *k* runs ``hooks[k]`` (on the loop's thread), then
-    returns the next of ``batches``, or nothing once they are all taken."""
+    returns the next of ``batches``, or nothing once they are all taken; the first poll after
+    a seek returns ``again`` instead, if given (what was read again from there)."""
 
     def __init__(self, partitions: int = 2) -> None:
         self.assigned = {TopicPartition(TOPIC, p) for p in range(partitions)}
@@ -51,6 +52,8 @@ class ScriptedKafka:
         self.hooks: dict[int, Callable[[], None]] = {}
         self.polls = 0
         self.seeks: list[tuple[TopicPartition, int]] = []
+        self.again: list[Record] | None = None
+        self._sought = False
         self._paused: set[TopicPartition] = set()
 
     def poll(self, timeout_ms: int, max_records: int) -> list[Record]:
@@ -58,6 +61,9 @@ class ScriptedKafka:
         hook = self.hooks.get(self.polls)
         if hook is not None:
             hook()
+        if self._sought and self.again is not None:
+            again, self.again, self._sought = self.again, None, False
+            return again
         if self.batches:
             return self.batches.pop(0)
         time.sleep(0.01)
@@ -89,6 +95,7 @@ class ScriptedKafka:
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         self.seeks.append((partition, offset))
+        self._sought = True
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
@@ -156,8 +163,8 @@ def make_runner(
     runner._make_consumer = lambda: kafka  # type: ignore[method-assign]
     offer = runner.processor.offer
 
-    def offering(records: Any, decoding: Any = None) -> None:
-        offer(records, decoding)
+    def offering(records: Any, decoding: Any = None, **kwargs: Any) -> None:
+        offer(records, decoding, **kwargs)
         if records is not None:
             offered.set()
 
@@ -266,24 +273,26 @@ class TestMarksAheadNotHandedOver:
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """The batch in hand parks partition 1 while the next one, queued behind it, holds
-        that partition's next record: the handler thread leaves that record out (the park
-        seeks the partition back, so it is read again after the retry) and handles the
-        rest."""
+        that partition's next record, and the one after, polled but not queued yet, the
+        record after it: the handler thread leaves the first out, the loop the second (the
+        park seeks the partition back, so they are read again after the retry), and the
+        rest is handled."""
         kafka = ScriptedKafka()
         runner, _ = make_runner(database_url, kafka, monkeypatch, backoff_initial_seconds=60,
                                 backoff_max_seconds=60)
         kafka.batches = [[record(1, 0, FAILING), record(0, 0, 0)],
-                         [record(1, 1, 6), record(0, 1, 1)]]
+                         [record(1, 1, 6), record(0, 1, 1)],
+                         [record(1, 2, 7), record(0, 2, 2)]]
         seen: list[int] = []
         done = threading.Event()
-        kafka.hooks[3] = looking(engine, runner, seen, done)
+        kafka.hooks[4] = looking(engine, runner, seen, done)
         with running(runner) as errors:
             assert done.wait(10)
         assert not errors
-        assert effects() == [0, 1]  # 6 waits behind 5, parked
+        assert effects() == [0, 1, 2]  # 6 and 7 wait behind 5, parked
         assert (TopicPartition(TOPIC, 1), 0) in kafka.seeks
         assert seen == [0]
-        assert marked(engine) == 2
+        assert marked(engine) == 3
 
     def test_a_batch_dropped_because_the_one_before_failed_after_its_commit(
         self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
@@ -307,7 +316,8 @@ class TestMarksAheadNotHandedOver:
         runner.processor.committed = fail_once
         first = [record(0, 0, 0), record(0, 1, 1)]
         second = [record(0, 2, 2), record(0, 3, 3)]
-        kafka.batches = [first, second, first + second]  # read again from where it rewound
+        kafka.batches = [first, second]
+        kafka.again = first + second
         seen: list[int] = []
         done = threading.Event()
         kafka.hooks[3] = looking(engine, runner, seen, done)
@@ -336,15 +346,16 @@ def test_a_batch_queued_behind_one_that_failed_waits_for_it(
     runner, _ = make_runner(database_url, kafka, monkeypatch)
     first = [record(0, 0, 0), record(0, 1, 1)]
     second = [record(0, 2, 2), record(0, 3, 3)]
-    kafka.batches = [first, second, first + second]  # read again from where it rewound
+    kafka.batches = [first, second]
+    kafka.again = first + second
     process = runner.processor.process
     calls: list[list[int]] = []
 
-    def failing_once(records: Any, *args: Any) -> Any:
+    def failing_once(records: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append([r.offset for r in records])
         if len(calls) == 1:
             raise RuntimeError("the database went away")
-        return process(records, *args)
+        return process(records, *args, **kwargs)
 
     monkeypatch.setattr(runner.processor, "process", failing_once)
     with running(runner) as errors:
