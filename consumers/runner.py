@@ -351,6 +351,7 @@ class Runner:
                 behind = [*self._queued[1], *records] if self._queued else records
                 if not self._collect(behind):
                     self._queued = None  # it drops itself (_handle_next); all read again
+                    self.processor.retract_offer(records)
                     continue
                 self._in_hand, self._queued = self._queued, None
                 # The batch collected may have parked partitions of this one.

@@ -339,15 +339,16 @@ def test_a_batch_queued_behind_one_that_failed_waits_for_it(
     engine: Engine, database_url: str, effects: Callable[[], list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The batch in hand fails before its commit while the next one is queued behind it:
-    the queued one is dropped, not handled ahead of it, and both are read again in order
-    (a key's effects never commit out of order)."""
+    """The batch in hand fails before its commit while the next one is queued behind it and
+    a third polled: neither is handled ahead of it, all are read again in order (a key's
+    effects never commit out of order), and the third's offer is not left behind."""
     kafka = ScriptedKafka(partitions=1)
     runner, _ = make_runner(database_url, kafka, monkeypatch)
     first = [record(0, 0, 0), record(0, 1, 1)]
     second = [record(0, 2, 2), record(0, 3, 3)]
-    kafka.batches = [first, second]
-    kafka.again = first + second
+    third = [record(0, 4, 4)]
+    kafka.batches = [first, second, third]
+    kafka.again = first + second + third
     process = runner.processor.process
     calls: list[list[int]] = []
 
@@ -360,12 +361,14 @@ def test_a_batch_queued_behind_one_that_failed_waits_for_it(
     monkeypatch.setattr(runner.processor, "process", failing_once)
     with running(runner) as errors:
         deadline = time.monotonic() + 10
-        while effects() != [0, 1, 2, 3] and time.monotonic() < deadline:
+        while effects() != [0, 1, 2, 3, 4] and time.monotonic() < deadline:
             time.sleep(0.02)
+        offers_left = dict(runner.processor._offers)
     assert not errors
-    assert calls[:2] == [[0, 1], [0, 1, 2, 3]]
+    assert calls[:2] == [[0, 1], [0, 1, 2, 3, 4]]
     assert kafka.seeks[0] == (TopicPartition(TOPIC, 0), 0)
-    assert effects() == [0, 1, 2, 3]
+    assert effects() == [0, 1, 2, 3, 4]
+    assert offers_left == {}
 
 
 @pytest.mark.parametrize("ending", ["stopped", "failed"])
