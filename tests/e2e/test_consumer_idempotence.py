@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -156,6 +157,48 @@ class TestPipelinedLoop:
         assert handled == list(range(120)), "each record handled once, in offset order"
         assert set(effects(engine).values()) == {1}
         assert len(threads) == 1  # every handler on the one handler thread
+
+
+    def test_members_joining_and_leaving_while_batches_are_queued(
+        self,
+        engine: Engine,
+        database_url: str,
+        kafka_bootstrap: str,
+        kafka_topic: Callable[..., str],
+    ) -> None:
+        """A second member joins the group, then leaves, while the first has a batch in hand,
+        one queued behind it and one polled: every message has its effect once, and each
+        partition's handlers run in offset order across the two members (a partition's
+        records queued on the member that lost it wait on, or drop as, duplicates of the
+        new owner's)."""
+        topic = kafka_topic(partitions=4)
+        create_effects(engine)
+        ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(3000)])
+        calls: list[tuple[int, int]] = []
+        lock = threading.Lock()
+
+        def record(ctx: HandlerContext, item: Item) -> None:
+            with lock:
+                calls.append((ctx.partition, ctx.offset))
+            handle(ctx, item)
+            time.sleep(0.004)  # about 12 s of work: the rebalances come while it flows
+
+        first = make_app(database_url, kafka_bootstrap, topic, record, max_poll_records=50)
+        second = Consumer(group_id=first.group_id, settings=first.settings)
+        second.register(topic, record)
+        with InProcess(first):
+            wait_until(lambda: len(effects(engine)) >= 300, 60, "300 effects")
+            with InProcess(second) as joined:
+                wait_until(lambda: sample(joined.runner.metrics, "processed_total",
+                                          topic=topic) >= 100, 60, "the second member working")
+            wait_until(lambda: len(effects(engine)) >= 3000, 90, "3000 effects")
+        assert effects(engine) == dict.fromkeys(ids, 1)
+        by_partition: dict[int, list[int]] = {}
+        for partition, offset in calls:
+            by_partition.setdefault(partition, []).append(offset)
+        assert sorted(by_partition) == [0, 1, 2, 3]
+        for partition, offsets in by_partition.items():
+            assert offsets == sorted(set(offsets)), f"partition {partition} out of order"
 
 
 class TestRetryIsolation:
