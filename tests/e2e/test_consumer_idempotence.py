@@ -173,7 +173,7 @@ class TestPipelinedLoop:
         new owner's)."""
         topic = kafka_topic(partitions=4)
         create_effects(engine)
-        ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(3000)])
+        ids = produce(kafka_bootstrap, topic, [{"n": i} for i in range(1600)])
         calls: list[tuple[int, int]] = []
         lock = threading.Lock()
 
@@ -181,7 +181,7 @@ class TestPipelinedLoop:
             with lock:
                 calls.append((ctx.partition, ctx.offset))
             handle(ctx, item)
-            time.sleep(0.004)  # about 12 s of work: the rebalances come while it flows
+            time.sleep(0.004)  # about 6 s of work: the rebalances come while it flows
 
         first = make_app(database_url, kafka_bootstrap, topic, record, max_poll_records=50)
         second = Consumer(group_id=first.group_id, settings=first.settings)
@@ -191,7 +191,7 @@ class TestPipelinedLoop:
             with InProcess(second) as joined:
                 wait_until(lambda: sample(joined.runner.metrics, "processed_total",
                                           topic=topic) >= 100, 60, "the second member working")
-            wait_until(lambda: len(effects(engine)) >= 3000, 90, "3000 effects")
+            wait_until(lambda: len(effects(engine)) >= 1600, 90, "1600 effects")
         assert effects(engine) == dict.fromkeys(ids, 1)
         by_partition: dict[int, list[int]] = {}
         for partition, offset in calls:
