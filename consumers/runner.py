@@ -82,6 +82,10 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
+_Batch = tuple[Future[Progress | None], list[Any], frozenset[Position]]
+"""A batch given to the handler thread: its future (None: dropped unhandled), its records,
+and which of them are retries of parked messages."""
+
 OWN_PROCESS_SWITCH_INTERVAL_MS = 0.5
 """The thread switch interval of a consumer with kafka-python run as its own process."""
 
@@ -167,8 +171,8 @@ class Runner:
         self.parking = ParkingLot()
         # The batch being handled, and which of its records are retries of parked messages;
         # and the batch queued behind it on the handler thread (see _queue).
-        self._in_hand: tuple[Future[Progress | None], list[Any], frozenset[Position]] | None = None
-        self._queued: tuple[Future[Progress | None], list[Any], frozenset[Position]] | None = None
+        self._in_hand: _Batch | None = None
+        self._queued: _Batch | None = None
         self._closing_loop = threading.Event()  # set as the loop ends: queued batches drop
         # The offset each assigned partition's next record has when it follows the last batch
         # (what was read before it is handled, parked, or rewound and read again).
@@ -416,7 +420,7 @@ class Runner:
 
     def _queue(
         self, records: list[Any], decoded: Decoding | None
-    ) -> tuple[Future[Progress | None], list[Any], frozenset[Position]]:
+    ) -> _Batch:
         """Queue *records* on the handler thread, behind the batch in hand.
 
         The handler thread goes on from one batch to the next by itself. Handed over after
@@ -491,7 +495,7 @@ class Runner:
         try:
             progress = future.result()
             if progress is None:
-                return True  # dropped unstarted: the loop was closing
+                return True  # dropped unhandled: the loop closing, or the batch before failed
         except Exception as exc:
             self._rewind(self.parking.without_parked([*records, *polled]))
             reason = f"batch failed: {type(exc).__name__}: {exc}"

@@ -208,6 +208,19 @@ def looking(engine: Engine, runner: Runner, seen: list[int], done: threading.Eve
     return look
 
 
+def run_until_looked(engine: Engine, runner: Runner, kafka: ScriptedKafka, poll: int
+                     ) -> list[int]:
+    """Run the loop until its poll *poll* looked (see ``looking``), then stop it: the
+    sessions idle in a transaction that the look counted."""
+    seen: list[int] = []
+    done = threading.Event()
+    kafka.hooks[poll] = looking(engine, runner, seen, done)
+    with running(runner) as errors:
+        assert done.wait(10)
+    assert not errors
+    return seen
+
+
 def marked(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM outboxkit.consumer_inbox"))
@@ -233,13 +246,7 @@ class TestMarksAheadNotHandedOver:
             offered.set()
         runner.parking.park(kafka, Parked(TOPIC, 1, 0, time.monotonic() + 600))
         kafka.batches = [[record(0, 0, 0), record(0, 1, 1)], second]
-        seen: list[int] = []
-        done = threading.Event()
-        kafka.hooks[3] = looking(engine, runner, seen, done)
-        with running(runner) as errors:
-            assert done.wait(10)
-        assert not errors
-        return seen
+        return run_until_looked(engine, runner, kafka, 3)
 
     def test_a_batch_kept_back_whole_by_the_parking_lot(
         self, engine: Engine, database_url: str, effects: Callable[[], list[int]],
@@ -283,12 +290,7 @@ class TestMarksAheadNotHandedOver:
         kafka.batches = [[record(1, 0, FAILING), record(0, 0, 0)],
                          [record(1, 1, 6), record(0, 1, 1)],
                          [record(1, 2, 7), record(0, 2, 2)]]
-        seen: list[int] = []
-        done = threading.Event()
-        kafka.hooks[4] = looking(engine, runner, seen, done)
-        with running(runner) as errors:
-            assert done.wait(10)
-        assert not errors
+        seen = run_until_looked(engine, runner, kafka, 4)
         assert effects() == [0, 1, 2]  # 6 and 7 wait behind 5, parked
         assert (TopicPartition(TOPIC, 1), 0) in kafka.seeks
         assert seen == [0]
