@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, TableClause, insert
+from sqlalchemy import Connection, TableClause
 
 from consumers.deferred import DeferredInserts
 from dedup.ledger import Ledger, OnSettle, Operation, ReconcilePolicy, System
@@ -128,7 +128,7 @@ class HandlerContext:
         """
         deferred: DeferredInserts | None = self.__dict__.get("_deferred")
         if deferred is None:
-            self.conn.execute(insert(table), row)
+            DeferredInserts.insert_now(self.conn, table, row)
         else:
             deferred.add(table, row)
 

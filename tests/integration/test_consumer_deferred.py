@@ -271,6 +271,20 @@ class TestDeferred:
         assert rows(bound) == [0, 1]
         assert the_failure(bound, processor).offset == 2
 
+    @pytest.mark.parametrize("mode", ["batch", "per-message"])
+    def test_a_misspelt_column_fails_its_message_instead_of_dropping_the_value(
+        self, bound: Engine, database_url: str, mode: str
+    ) -> None:
+        def misspelt(ctx: HandlerContext, item: Item) -> None:
+            ctx.defer_insert(effects, {"n": item.n} if item.n != 2 else {"n": 2, "m": 0})
+
+        records = [record(i, {"n": i}) for i in range(4)]
+        processor = run(bound, database_url, misspelt, records, mode=mode)
+        assert rows(bound) == [0, 1]  # its partition waits behind the failed message
+        failure = the_failure(bound, processor)
+        assert failure.offset == 2
+        assert "has no column 'm'" in failure.last_error
+
     def test_an_error_writing_deferred_rows_names_the_table(self, bound: Engine) -> None:
         with bound.begin() as conn:
             conn.execute(text("CREATE UNIQUE INDEX ON public.effects (n)"))

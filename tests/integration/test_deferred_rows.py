@@ -1,0 +1,233 @@
+"""Deferred rows on real PostgreSQL: the array-literal statement writes what SQLAlchemy's would.
+
+``DeferredInserts.write`` sends a batch's rows of a table as one ``INSERT ... unnest`` of
+array literals where the column types and values allow it, else SQLAlchemy's multi-row
+``INSERT``. Each case here writes the same rows both ways into two tables of the same
+definition and compares what PostgreSQL holds, or the error each way raised; and checks
+which statement went, so that a fast path quietly turned off fails too.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Engine,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Table,
+    TableClause,
+    Text,
+    TypeDecorator,
+    column,
+    event,
+    insert,
+    table,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DBAPIError
+
+from consumers.deferred import DeferredInserts
+
+
+class Upper(TypeDecorator[str]):
+    """A type that changes the value on its way in: only SQLAlchemy's way applies it."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return None if value is None else value.upper()
+
+
+class Colour(enum.StrEnum):
+    RED = "red"
+
+
+def twins(*columns: tuple[str, Any], name: str = "rows") -> tuple[Table, Table]:
+    """The same table twice: one written the fast way, one SQLAlchemy's way."""
+    metadata = MetaData(schema="public")
+    fast, plain = (
+        Table(f"{name}_{way}", metadata, Column("seq", Integer, primary_key=True),
+              *(Column(n, t) for n, t in columns))
+        for way in ("deferred", "plain"))
+    return fast, plain
+
+
+WIDE = twins(
+    ("s", String(8)), ("t", Text), ("i", Integer), ("b", BigInteger), ("h", SmallInteger),
+    ("f", Boolean),
+)
+
+
+@pytest.fixture
+def statements(engine: Engine) -> Iterator[list[str]]:
+    sent: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT"):
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    yield sent
+    event.remove(engine, "before_cursor_execute", seen)
+
+
+def both_ways(engine: Engine, pair: tuple[Table, Table], rows: list[dict[str, Any]]) -> Any:
+    """Write *rows* both ways; (the fast table's rows, the plain one's) or the two errors."""
+    fast, plain = pair
+    with engine.begin() as conn:
+        pair[0].metadata.create_all(conn, tables=list(pair))
+    results: list[Any] = []
+    for target, write in ((fast, _deferred), (plain, _plain)):
+        try:
+            with engine.begin() as conn:
+                write(conn, target, rows)
+            with engine.connect() as conn:
+                names = [c.name for c in target.c if c.name != "seq"]
+                got = conn.execute(target.select().order_by(target.c.seq)).mappings()
+                results.append([{k: r[k] for k in names} for r in got])
+        except DBAPIError as exc:
+            results.append(type(exc.orig))
+    return results
+
+
+def _deferred(conn: Any, target: TableClause, rows: list[dict[str, Any]]) -> None:
+    deferred = DeferredInserts()
+    for row in rows:
+        deferred.add(target, row)
+    deferred.write(conn)
+
+
+def _plain(conn: Any, target: Table, rows: list[dict[str, Any]]) -> None:
+    conn.execute(insert(target), rows)
+
+
+def unnested(statements: list[str]) -> list[bool]:
+    return ["unnest(" in s for s in statements]
+
+
+AWKWARD = ['a,b', '{x}', '"q"', "back\\slash", "NULL", "null", " pad ", "", "été ☃", "a\"\\b"]
+
+
+def test_text_integers_and_booleans_of_every_shape_go_as_arrays_and_land_the_same(
+    engine: Engine, statements: list[str]
+) -> None:
+    rows = [
+        {"s": s[:8], "t": s * 3, "i": -i, "b": 2**62 + i, "h": i, "f": i % 2 == 0}
+        for i, s in enumerate(AWKWARD)
+    ]
+    rows.append({"s": None, "t": None, "i": None, "b": None, "h": None, "f": None})
+    fast, plain = both_ways(engine, WIDE, rows)
+    assert fast == plain
+    assert fast[0] == {"s": "a,b", "t": "a,ba,ba,b", "i": 0, "b": 2**62, "h": 0, "f": True}
+    assert unnested(statements) == [True, False]
+
+
+def test_rows_keep_the_order_they_were_deferred_in(engine: Engine, statements: list[str]) -> None:
+    rows = [{"s": str(n), "t": "x", "i": n, "b": n, "h": 1, "f": True}
+            for n in (5, 3, 9, 1, 7)]
+    fast, plain = both_ways(engine, WIDE, rows)
+    assert [r["i"] for r in fast] == [5, 3, 9, 1, 7] == [r["i"] for r in plain]
+    assert unnested(statements) == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("row", "error"),
+    [
+        ({"s": "nine chars"}, "StringDataRightTruncation"),  # String(8): refused, not cut
+        ({"i": 2**31}, "NumericValueOutOfRange"),  # Integer's cast, as SQLAlchemy sends it
+        ({"h": 2**15}, "NumericValueOutOfRange"),
+        ({"t": "nul\x00"}, "DataError"),
+    ],
+    ids=["too-long", "integer-range", "smallint-range", "nul"],
+)
+def test_a_bad_value_is_refused_both_ways_and_nothing_of_the_batch_lands(
+    engine: Engine, statements: list[str], row: dict[str, Any], error: str
+) -> None:
+    good = {"s": "ok", "t": "ok", "i": 1, "b": 1, "h": 1, "f": False}
+    fast, plain = both_ways(engine, WIDE, [good, {**good, **row}])
+    assert isinstance(fast, type), fast
+    assert fast is plain
+    assert error in [c.__name__ for c in fast.__mro__]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM public.rows_deferred")).scalar() == 0
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"i": 1}, {"i": "2"}],  # a str for an integer column: SQLAlchemy's cast takes it
+        [{"i": 1}, {"i": True}],  # a bool is an int in Python, not in PostgreSQL
+        [{"s": "a"}, {"s": Colour.RED}],  # a str subclass: psycopg dumps it its own way
+        [{"f": True}, {"f": 1}],
+    ],
+    ids=["str-for-int", "bool-for-int", "str-enum", "int-for-bool"],
+)
+def test_values_not_of_the_column_s_exact_type_go_sqlalchemy_s_way(
+    engine: Engine, statements: list[str], rows: list[dict[str, Any]]
+) -> None:
+    pair = twins(("s", String(8)), ("i", Integer), ("f", Boolean), name="odd")
+    full = [{"s": "x", "i": 0, "f": False, **r} for r in rows]
+    fast, plain = both_ways(engine, pair, full)
+    assert fast == plain
+    assert unnested(statements) == [False, False]
+
+
+def test_types_it_does_not_know_go_sqlalchemy_s_way(
+    engine: Engine, statements: list[str]
+) -> None:
+    pair = twins(("u", Upper), ("j", JSONB), name="typed")
+    fast, plain = both_ways(engine, pair, [{"u": "a", "j": {"k": [1]}}, {"u": "b", "j": None}])
+    assert fast == plain == [{"u": "A", "j": {"k": [1]}}, {"u": "B", "j": None}]
+    assert unnested(statements) == [False, False]
+
+
+def test_untyped_columns_go_sqlalchemy_s_way(engine: Engine, statements: list[str]) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.loose (d date, j jsonb)"))
+    loose = table("loose", column("d"), column("j"), schema="public")
+    with engine.begin() as conn:
+        _deferred(conn, loose, [{"d": "2026-12-06", "j": '{"a": 1}'}, {"d": None, "j": "[]"}])
+    with engine.connect() as conn:
+        got = conn.execute(text("SELECT d::text, j FROM public.loose")).all()
+    assert got == [("2026-12-06", {"a": 1}), (None, [])]
+    assert unnested(statements) == [False]
+
+
+def test_empty_rows_take_every_default(engine: Engine, statements: list[str]) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.defaults (n int DEFAULT 7)"))
+        _deferred(conn, table("defaults", column("n"), schema="public"), [{}, {}])
+        assert conn.execute(text("SELECT n FROM public.defaults")).scalars().all() == [7, 7]
+    assert unnested(statements) == [False]
+
+
+def test_names_with_colons_quotes_and_capitals(engine: Engine, statements: list[str]) -> None:
+    metadata = MetaData(schema="public")
+    odd = Table("we:ird \"T\"", metadata, Column("a:b", Text), Column("Sel ect", Integer))
+    with engine.begin() as conn:
+        metadata.create_all(conn)
+        _deferred(conn, odd, [{"a:b": ":x", "Sel ect": 1}, {"a:b": "y", "Sel ect": 2}])
+    with engine.connect() as conn:
+        assert conn.execute(odd.select()).all() == [(":x", 1), ("y", 2)]
+    assert unnested(statements) == [True]
+
+
+def test_a_key_that_is_not_a_column_is_named_in_the_error(engine: Engine) -> None:
+    (fast, _) = WIDE
+    with engine.begin() as conn:
+        WIDE[0].metadata.create_all(conn, tables=[fast])
+    with engine.begin() as conn, pytest.raises(Exception, match="nope") as raised:
+        _deferred(conn, fast, [{"i": 1, "nope": 2}])
+    assert raised.value.__notes__ == [
+        "raised writing 1 row(s) deferred with ctx.defer_insert into 'rows_deferred'"]
