@@ -108,7 +108,7 @@ def _deferred(conn: Any, target: TableClause, rows: list[dict[str, Any]]) -> Non
     deferred.write(conn)
 
 
-def _plain(conn: Any, target: Table, rows: list[dict[str, Any]]) -> None:
+def _plain(conn: Any, target: TableClause, rows: list[dict[str, Any]]) -> None:
     conn.execute(insert(target), rows)
 
 
@@ -192,16 +192,66 @@ def test_types_it_does_not_know_go_sqlalchemy_s_way(
     assert unnested(statements) == [False, False]
 
 
-def test_untyped_columns_go_sqlalchemy_s_way(engine: Engine, statements: list[str]) -> None:
+UNTYPED = ("d date, j jsonb, u uuid, v varchar(3), c char(2), n numeric(6,2), i int,"
+           " f boolean, e mood, a int[], b bit(3), t timestamptz")
+
+
+def untyped_twins(engine: Engine) -> tuple[TableClause, TableClause]:
+    """Two tables of every kind of column, seen through ``sqlalchemy.table`` untyped."""
     with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE public.loose (d date, j jsonb)"))
-    loose = table("loose", column("d"), column("j"), schema="public")
-    with engine.begin() as conn:
-        _deferred(conn, loose, [{"d": "2026-12-06", "j": '{"a": 1}'}, {"d": None, "j": "[]"}])
+        conn.execute(text("CREATE TYPE public.mood AS ENUM ('calm', 'busy')"))
+        for way in ("deferred", "plain"):
+            conn.execute(text(f"CREATE TABLE public.loose_{way} (seq serial, {UNTYPED})"))
+    names = [c.split()[0] for c in UNTYPED.split(", ")]
+    fast, plain = (table(f"loose_{way}", *map(column, names), schema="public")
+                   for way in ("deferred", "plain"))
+    return fast, plain
+
+
+def written(engine: Engine, target: TableClause, rows: list[dict[str, Any]]) -> Any:
+    """*rows* deferred into *target*, read back as text; or the error's class."""
+    try:
+        with engine.begin() as conn:
+            (_deferred if target.name.endswith("deferred") else _plain)(conn, target, rows)
+    except DBAPIError as exc:
+        return type(exc.orig)
     with engine.connect() as conn:
-        got = conn.execute(text("SELECT d::text, j FROM public.loose")).all()
-    assert got == [("2026-12-06", {"a": 1}), (None, [])]
-    assert unnested(statements) == [False]
+        return conn.execute(text(
+            f"SELECT {', '.join(c + '::text' for c in target.c.keys())}"  # noqa: SIM118
+            f" FROM public.{target.name} ORDER BY seq")).all()
+
+
+@pytest.mark.parametrize(
+    ("columns", "fast"),
+    [
+        ({"d": ["2026-12-06", None], "j": ['{"a": [1, "x,y"]}', "null"],
+          "u": ["0191f6a0-0000-7000-8000-000000000001", None], "v": ["abc", ""],
+          "c": ["a", "bb"], "n": ["12.345", "1e2"], "e": ["calm", "busy"],
+          "b": ["101", "000"], "t": ["2026-12-06 12:00:00+01", "infinity"]}, True),
+        ({"c": ["abc", "a"]}, True),  # too long for char(2) both ways
+        ({"b": ["1", "101"]}, True),  # not 3 bits: refused both ways
+        ({"n": [5, None], "i": [-7, 2**31 - 1], "f": [True, None]}, True),
+        ({"i": ["8", "09"], "f": ["yes", "off"]}, True),  # strings read by the column's type
+        ({"v": ["abcd", "ok"]}, True),  # too long for varchar(3): refused both ways
+        ({"i": [2**31, 1]}, True),  # out of range both ways
+        ({"e": ["calm", "sad"]}, True),  # not a label of the enum
+        ({"v": [1, 2]}, False),  # an int for a text column: SQLAlchemy's way
+        ({"i": [True, False]}, False),  # a bool for a numeric column
+        ({"f": [1, 0]}, False),  # an int for a boolean column
+        ({"a": ["{1,2}", "{}"]}, False),  # an array column
+        ({"i": [1, "2"]}, False),  # two kinds in one column
+    ],
+    ids=["strings", "char-too-long", "bits", "numbers", "strings-for-numbers", "too-long",
+         "range", "enum", "int-for-text", "bool-for-int", "int-for-bool", "array", "mixed"],
+)
+def test_untyped_columns_are_read_by_postgresql_s_own_types_as_sqlalchemy_s_way_is(
+    engine: Engine, statements: list[str], columns: dict[str, list[Any]], fast: bool
+) -> None:
+    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(),
+                                                                         strict=True)]
+    deferred, plain = untyped_twins(engine)
+    assert written(engine, deferred, rows) == written(engine, plain, rows)
+    assert unnested(statements) == [fast, False]
 
 
 def test_empty_rows_take_every_default(engine: Engine, statements: list[str]) -> None:
