@@ -450,6 +450,24 @@ def test_a_revoked_member_commits_first_and_the_next_owner_resumes_there(
     assert {who for who, _, _ in handled} == {"a", "b"}
     places_handled = [(p, o) for _, p, o in handled]
     assert len(places_handled) == len(set(places_handled)), "a record was handled twice"
+    # assignment() follows the rebalances (confluent's is kept by the callbacks): the two
+    # share the partitions out, then the first has them all once the second has left.
+    every = {TopicPartition(filled.topic, p) for p in range(PARTITIONS)}
+
+    def shared() -> bool:
+        mine, theirs = first.assignment(), second.assignment()
+        return not mine & theirs and mine | theirs == every and bool(mine and theirs)
+
+    deadline = time.monotonic() + 60
+    while not shared():
+        assert time.monotonic() < deadline, (first.assignment(), second.assignment())
+        first.poll(50, 2)
+        second.poll(50, 2)
+    second.close()
+    deadline = time.monotonic() + 60
+    while first.assignment() != every:
+        assert time.monotonic() < deadline, first.assignment()
+        first.poll(50, 2)
 
 
 def test_an_unreadable_record_is_reported_where_it_is_and_the_rest_reads_on(
