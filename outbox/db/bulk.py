@@ -15,7 +15,8 @@ the same errors:
   PostgreSQL reads it with the column's own type, as reading each element of an array of
   that type does; so strings for any column that is not an array, integers for a numeric
   column, booleans for a boolean one. The column types are read from the catalog once per
-  table and process.
+  table and process (a column whose type changes under a running process is seen after a
+  restart).
 Anything else (another type, a ``TypeDecorator``, a ``str`` subclass such as a ``StrEnum``,
 an ``int`` for a text column) goes SQLAlchemy's way.
 """
@@ -100,6 +101,8 @@ _plans: dict[tuple[Any, ...], _Unnested | None] = {}
 def _plan_for(conn: Connection, table: TableClause, columns: tuple[str, ...]) -> _Unnested | None:
     """The statement for *table*'s *columns*, made once per process and database."""
     check_columns(table, dict.fromkeys(columns))
+    if table.schema in (conn.get_execution_options().get("schema_translate_map") or {}):
+        return None  # the schema is renamed per execution: SQLAlchemy's way renames it
     key = (table, columns, conn.engine.url)
     if key not in _plans:
         if len(_plans) > 1000:  # tables made per call would grow it without end

@@ -273,6 +273,20 @@ def test_names_with_colons_quotes_and_capitals(engine: Engine, statements: list[
     assert unnested(statements) == [True]
 
 
+def test_a_schema_renamed_per_execution_is_renamed_for_deferred_rows_too(
+    engine: Engine, statements: list[str]
+) -> None:
+    aliased = Table("renamed", MetaData(schema="alias"), Column("n", Integer))
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE public.renamed (n int)"))
+    translated = engine.execution_options(schema_translate_map={"alias": "public"})
+    with translated.begin() as conn:
+        _deferred(conn, aliased, [{"n": 1}, {"n": 2}])
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT n FROM public.renamed")).scalars().all() == [1, 2]
+    assert unnested(statements) == [False]
+
+
 def test_a_key_that_is_not_a_column_is_named_in_the_error(engine: Engine) -> None:
     (fast, _) = WIDE
     with engine.begin() as conn:
