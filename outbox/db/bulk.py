@@ -6,30 +6,40 @@ integer, 11 µs of the client's CPU and 8 µs of PostgreSQL's per row, against 0
 with each column's values sent as one array literal (:mod:`outbox.db.arrays`, made by joins).
 
 Used only where PostgreSQL then stores what SQLAlchemy's statement would have stored, with
-the same errors:
-- a column whose type SQLAlchemy's psycopg dialect sends with a cast (``VARCHAR``,
-  ``INTEGER``, ``BIGINT``, ``SMALLINT``: the text and integer types), values exactly
-  ``str`` or ``int``: the array gets the same cast;
-- a plain ``Boolean``, values exactly ``bool``;
-- an untyped column (``sqlalchemy.column("name")``): SQLAlchemy sends a string untyped and
-  PostgreSQL reads it with the column's own type, as reading each element of an array of
-  that type does; so strings for any column that is not an array, integers for a numeric
-  column, booleans for a boolean one. The column types are read from the catalog once per
-  table and process (a column whose type changes under a running process is seen after a
-  restart).
-Anything else (another type, a ``TypeDecorator``, a ``str`` subclass such as a ``StrEnum``,
-an ``int`` for a text column) goes SQLAlchemy's way.
+the same errors. Each column's array is cast the way that statement's parameter would have
+been typed: first as psycopg sends a value of its Python type (``bool``, ``int``, ``float``,
+``Decimal``, ``datetime`` naive or aware, ``date``, ``UUID``; a ``str`` goes untyped), then
+with the cast SQLAlchemy's psycopg dialect writes for the column's type (``VARCHAR``,
+``INTEGER``, ``UUID``, ``TIMESTAMP WITH TIME ZONE``, ...), and the ``INSERT`` assigns the
+result to the column as it would have assigned the parameter. An untyped string for an
+untyped column (``sqlalchemy.column("name")``) is read by the column's own type, as
+PostgreSQL reads an untyped parameter there: that type is read from the catalog once per
+table and process (a column whose type changes under a running process is seen after a
+restart).
+
+The values of one column must all be of one such type, exactly (or None), and one the
+column's declared type takes: ``str`` for text types, ``int`` for integer types, ``str``
+or ``UUID`` for ``Uuid``, ``datetime``, ``date`` or ``str`` for ``DateTime`` and ``Date``,
+``bool`` for a plain ``Boolean``, ``int``, ``float`` or ``Decimal`` for ``Numeric`` and
+``Float``, and any of them for an untyped column that is not an array. Anything else (JSON,
+a ``TypeDecorator``, a ``str`` subclass such as a ``StrEnum``, a ``bool`` for an integer
+column, a NaN ``Decimal``) goes SQLAlchemy's way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BOOLEAN,
     Boolean,
     Connection,
+    Float,
+    Numeric,
     TableClause,
     TextClause,
     bindparam,
@@ -41,10 +51,17 @@ from sqlalchemy.sql.sqltypes import NullType
 from outbox.db.arrays import int_array, text_array
 
 _NONE = type(None)
-# Each type as SQLAlchemy's psycopg dialect casts its bind parameter, and the values it takes.
-_CASTS = {"VARCHAR": str, "INTEGER": int, "BIGINT": int, "SMALLINT": int}
-# An untyped column's PostgreSQL type category: the Python types its literal may hold.
-_CATEGORIES = {"N": frozenset((str, int)), "B": frozenset((str, bool))}
+_INT8 = 2**63
+# SQLAlchemy's casts of a bind parameter that this module repeats, and the values they take.
+_CASTS: dict[str, frozenset[type]] = {
+    "VARCHAR": frozenset((str,)),
+    "INTEGER": frozenset((int,)), "BIGINT": frozenset((int,)), "SMALLINT": frozenset((int,)),
+    "UUID": frozenset((str, uuid.UUID)),
+    "TIMESTAMP WITHOUT TIME ZONE": frozenset((datetime, date, str)),
+    "TIMESTAMP WITH TIME ZONE": frozenset((datetime, date, str)),
+    "DATE": frozenset((date, datetime, str)),
+}
+_ANY = frozenset((str, int, bool, float, Decimal, datetime, date, uuid.UUID))
 
 
 def insert_rows(conn: Connection, table: TableClause, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -55,9 +72,9 @@ def insert_rows(conn: Connection, table: TableClause, rows: Sequence[Mapping[str
     """
     columns = tuple(rows[0]) if rows else ()
     plan = _plan_for(conn, table, columns)
-    parameters = plan.parameters(rows) if plan else None
-    if plan and parameters is not None:
-        conn.execute(plan.statement, parameters)
+    bound = plan.bind(rows) if plan else None
+    if bound is not None:
+        conn.execute(*bound)
     else:
         conn.execute(insert(table), list(rows))
 
@@ -69,37 +86,91 @@ def check_columns(table: TableClause, row: Mapping[str, Any]) -> None:
             raise ValueError(f"table {table.name!r} has no column {key!r}")
 
 
+class _Column(NamedTuple):
+    name: str
+    cast: str | None  # SQLAlchemy's cast of the parameter, or None
+    own: str | None  # an untyped column's own type: how PostgreSQL reads an untyped string
+    allowed: frozenset[type]
+    null_as: str  # the array's type when every value is None
+
+
 class _Unnested:
-    __slots__ = ("_columns", "statement")
+    __slots__ = ("_columns", "_head", "_statements")
 
-    def __init__(self, statement: TextClause, columns: list[tuple[str, frozenset[type]]]):
-        self.statement = statement
-        self._columns = columns  # (name, the Python types its values may have)
+    def __init__(self, head: str, columns: list[_Column]):
+        self._head = head  # INSERT INTO table (columns)
+        self._columns = columns
+        self._statements: dict[tuple[str | None, ...], TextClause] = {}
 
-    def parameters(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, str] | None:
-        """Each column's values as one array literal; None if one does not fit its column."""
+    def bind(self, rows: Sequence[Mapping[str, Any]]) -> tuple[TextClause, dict[str, str]] | None:
+        """The statement for these *rows* and its parameters; None if a value does not fit."""
         out = {}
-        for i, (name, allowed) in enumerate(self._columns):
-            values = [row[name] for row in rows]
+        sent: list[str | None] = []
+        for i, column in enumerate(self._columns):
+            values = [row[column.name] for row in rows]
             kinds = set(map(type, values))
             kinds.discard(_NONE)
-            if len(kinds) > 1 or not kinds <= allowed:
+            if len(kinds) > 1 or not kinds <= column.allowed:
                 return None
-            out[f"c{i}"] = _LITERALS[kinds.pop() if kinds else str](values)
-        return out
+            kind = kinds.pop() if kinds else None
+            as_sent = _sent_as(kind, values, column)
+            if as_sent == "":
+                return None
+            sent.append(as_sent)
+            out[f"c{i}"] = (int_array(values) if kind is int else
+                            _bool_array(values) if kind is bool else
+                            text_array(values) if kind is str or kind is None else
+                            text_array([None if v is None else str(v) for v in values]))
+        shape = tuple(sent)
+        statement = self._statements.get(shape)
+        if statement is None:
+            statement = self._statements[shape] = self._statement(shape)
+        return statement, out
+
+    def _statement(self, shape: tuple[str | None, ...]) -> TextClause:
+        arrays = []
+        for i, (column, sent) in enumerate(zip(self._columns, shape, strict=True)):
+            if sent is None:  # untyped: read as the cast, or as the column's own type
+                arrays.append(f"CAST(:c{i} AS {_escaped(column.cast or column.own or '')}[])")
+            elif column.cast is None:
+                arrays.append(f"CAST(:c{i} AS {sent}[])")
+            else:
+                arrays.append(f"CAST(CAST(:c{i} AS {sent}[]) AS {column.cast}[])")
+        return text(f"{self._head} SELECT * FROM unnest({', '.join(arrays)})")
+
+
+def _sent_as(kind: type | None, values: list[Any], column: _Column) -> str | None:
+    """The type psycopg would send *values* as (None: untyped, read as the cast or the
+    column's own type); "" when they cannot go this way."""
+    if kind is None:  # every value None
+        return None if column.cast or column.own else column.null_as
+    if kind is str or (kind is int and column.cast):
+        return None  # (an integer: psycopg's, then the integer cast: read as that at once)
+    present = [v for v in values if v is not None]
+    sent = _SENT[kind]
+    if kind is int and not all(-_INT8 <= v < _INT8 for v in present):
+        sent = "numeric"
+    elif kind is datetime:
+        naive = {v.tzinfo is None for v in present}
+        sent = "" if len(naive) > 1 else "timestamp" if naive == {True} else "timestamptz"
+    elif kind is Decimal and not all(v.is_finite() for v in present):
+        sent = ""  # psycopg's way with NaN and infinities is its own
+    return sent
+
+
+_SENT: dict[type, str] = {int: "int8", bool: "boolean", float: "float8", Decimal: "numeric",
+                          datetime: "timestamptz", date: "date", uuid.UUID: "uuid"}
 
 
 def _bool_array(values: Sequence[bool | None]) -> str:
     return "{" + ",".join(["NULL" if v is None else "t" if v else "f" for v in values]) + "}"
 
 
-_LITERALS: dict[type, Callable[[Any], str]] = {str: text_array, int: int_array, bool: _bool_array}
-
 _plans: dict[tuple[Any, ...], _Unnested | None] = {}
 
 
 def _plan_for(conn: Connection, table: TableClause, columns: tuple[str, ...]) -> _Unnested | None:
-    """The statement for *table*'s *columns*, made once per process and database."""
+    """The statements for *table*'s *columns*, made once per process and database."""
     check_columns(table, dict.fromkeys(columns))
     if table.schema in (conn.get_execution_options().get("schema_translate_map") or {}):
         return None  # the schema is renamed per execution: SQLAlchemy's way renames it
@@ -118,34 +189,34 @@ def _plan(conn: Connection, table: TableClause, columns: tuple[str, ...]) -> _Un
     preparer = dialect.identifier_preparer
     target = preparer.format_table(table)
     catalog: dict[str, tuple[str, str]] | None = None
-    casts: list[str] = []
-    described: list[tuple[str, frozenset[type]]] = []
-    for i, key in enumerate(columns):
+    described: list[_Column] = []
+    for key in columns:
         column = table.c[key]
         if column.name != key:  # a Column(key=...): SQLAlchemy's way maps it
             return None
-        if isinstance(column.type, NullType):
+        type_ = column.type
+        if isinstance(type_, NullType):
             if catalog is None:
                 catalog = _column_types(conn, target)
             if key not in catalog or catalog[key][1] == "A":  # absent, or an array
                 return None
-            cast, category = catalog[key]
-            allowed = _CATEGORIES.get(category, frozenset((str,)))
-        elif type(column.type) in (Boolean, BOOLEAN):
-            cast, allowed = "BOOLEAN", frozenset((bool,))
+            described.append(_Column(key, None, catalog[key][0], _ANY, "text"))
+            continue
+        bound = str(bindparam("v", type_=type_).compile(dialect=dialect))
+        cast = bound.rpartition("::")[2] if "::" in bound else None
+        if type(type_) in (Boolean, BOOLEAN):  # its processor only refuses non-booleans
+            described.append(_Column(key, None, None, frozenset((bool,)), "boolean"))
+        elif type_.dialect_impl(dialect).bind_processor(dialect) is not None:
+            return None
+        elif cast in _CASTS:
+            described.append(_Column(key, cast, None, _CASTS[cast], cast))
+        elif cast is None and isinstance(type_, (Numeric, Float)):
+            described.append(_Column(key, None, None, frozenset((int, float, Decimal)),
+                                     "numeric"))
         else:
-            bound = str(bindparam("v", type_=column.type).compile(dialect=dialect))
-            cast = bound.rpartition("::")[2]
-            processor = column.type.dialect_impl(dialect).bind_processor(dialect)
-            if "::" not in bound or cast not in _CASTS or processor:
-                return None
-            allowed = frozenset((_CASTS[cast],))
-        casts.append(f"CAST(:c{i} AS {_escaped(cast)}[])")
-        described.append((key, allowed))
+            return None
     names = ", ".join(preparer.quote(c) for c in columns)
-    statement = text(f"INSERT INTO {_escaped(target)} ({_escaped(names)}) "
-                     f"SELECT * FROM unnest({', '.join(casts)})")
-    return _Unnested(statement, described)
+    return _Unnested(f"INSERT INTO {_escaped(target)} ({_escaped(names)})", described)
 
 
 def _escaped(sql: str) -> str:

@@ -10,7 +10,10 @@ which statement went, so that a fast path quietly turned off fails too.
 from __future__ import annotations
 
 import enum
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -18,15 +21,20 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Date,
+    DateTime,
     Engine,
+    Float,
     Integer,
     MetaData,
+    Numeric,
     SmallInteger,
     String,
     Table,
     TableClause,
     Text,
     TypeDecorator,
+    Uuid,
     column,
     event,
     insert,
@@ -67,6 +75,15 @@ WIDE = twins(
     ("s", String(8)), ("t", Text), ("i", Integer), ("b", BigInteger), ("h", SmallInteger),
     ("f", Boolean),
 )
+
+
+@pytest.fixture(autouse=True)
+def _zone(engine: Engine) -> None:
+    """Sessions in a time zone that is not UTC, where naive and aware datetimes differ."""
+    with engine.begin() as conn:
+        name = conn.execute(text("SELECT current_database()")).scalar()
+        conn.execute(text(f"ALTER DATABASE \"{name}\" SET TimeZone = 'Asia/Kolkata'"))
+    engine.dispose()
 
 
 @pytest.fixture
@@ -163,6 +180,43 @@ def test_a_bad_value_is_refused_both_ways_and_nothing_of_the_batch_lands(
         assert conn.execute(text("SELECT count(*) FROM public.rows_deferred")).scalar() == 0
 
 
+TYPED = twins(
+    ("u", Uuid), ("tz", DateTime(timezone=True)), ("ts", DateTime), ("d", Date),
+    ("n", Numeric(10, 2)), ("x", Float), name="typed_more",
+)
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"u": [uuid.UUID(int=5), None], "tz": [datetime(2026, 12, 6, 1, tzinfo=UTC), None],
+         "ts": [datetime(2026, 12, 6, 1, 2, 3, 4), None], "d": [date(2026, 12, 6), None],
+         "n": [Decimal("1.005"), None], "x": [0.1, None]},
+        {"u": ["00000000-0000-0000-0000-000000000009", None],  # strings, read by the casts
+         "tz": ["2026-12-06 01:00+02", None], "ts": ["2026-12-06", None], "d": ["today", None]},
+        {"tz": [datetime(2026, 12, 6, 1), None],  # naive for timestamptz: the session's zone
+         "ts": [datetime(2026, 12, 6, 1, tzinfo=timezone(timedelta(hours=3))), None],
+         "d": [datetime(2026, 12, 6, 23, 30, tzinfo=timezone(timedelta(hours=-3))), None]},
+        {"tz": [date(2026, 12, 6), None], "ts": [date(2026, 12, 6), None]},
+        {"n": [7, 2**70], "x": [2**70, None]},  # integers; 2**70 is too big for (10,2)
+        {"n": [7, None], "x": [Decimal("2.5"), 1.5]},  # two kinds: SQLAlchemy's way
+        {"n": [12345678901.0, None]},  # too big for (10,2)
+        {"u": ["not a uuid", None]},
+    ],
+    ids=["values", "strings", "zones", "dates-for-timestamps", "integers", "mixed", "overflow",
+         "bad-uuid"],
+)
+def test_uuid_time_and_number_columns_take_their_values_as_sqlalchemy_s_way_does(
+    engine: Engine, statements: list[str], columns: dict[str, list[Any]]
+) -> None:
+    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(),
+                                                                         strict=True)]
+    fast, plain = both_ways(engine, TYPED, rows)
+    assert fast == plain
+    mixed = any(len({type(v) for v in vs} - {type(None)}) > 1 for vs in columns.values())
+    assert unnested(statements) == [not mixed, False]
+
+
 @pytest.mark.parametrize(
     "rows",
     [
@@ -193,7 +247,7 @@ def test_types_it_does_not_know_go_sqlalchemy_s_way(
 
 
 UNTYPED = ("d date, j jsonb, u uuid, v varchar(3), c char(2), n numeric(6,2), i int,"
-           " f boolean, e mood, a int[], b bit(3), t timestamptz")
+           " f boolean, e mood, a int[], b bit(3), t timestamptz, x float8, s text")
 
 
 def untyped_twins(engine: Engine) -> tuple[TableClause, TableClause]:
@@ -235,14 +289,33 @@ def written(engine: Engine, target: TableClause, rows: list[dict[str, Any]]) -> 
         ({"v": ["abcd", "ok"]}, True),  # too long for varchar(3): refused both ways
         ({"i": [2**31, 1]}, True),  # out of range both ways
         ({"e": ["calm", "sad"]}, True),  # not a label of the enum
-        ({"v": [1, 2]}, False),  # an int for a text column: SQLAlchemy's way
-        ({"i": [True, False]}, False),  # a bool for a numeric column
-        ({"f": [1, 0]}, False),  # an int for a boolean column
+        ({"v": [1, 22]}, True),  # an int for a text column: assigned as psycopg's int
+        ({"i": [True, False]}, True),  # a bool for an integer column: refused both ways
+        ({"f": [1, 0]}, True),  # an int for a boolean column: refused both ways
+        ({"n": [2**70, 1]}, True),  # past int8: sent as numeric, too big for (6,2)
+        ({"s": [2**70, -(2**63)], "x": [2**64, 1]}, True),  # past int8, landing
+        ({"n": [1.25, float("nan")], "x": [float("-inf"), 1e300], "s": [0.1, None]}, True),
+        ({"n": [Decimal("12.345"), Decimal("-0")], "v": [Decimal("1E+2"), None]}, True),
+        ({"n": [Decimal("NaN"), Decimal(1)]}, False),  # psycopg's own way with NaN
+        ({"t": [datetime(2026, 12, 6, 12, 30, 1, 5, tzinfo=UTC), None],
+          "d": [datetime(2026, 12, 6, 23, 59, tzinfo=timezone(timedelta(hours=-5))), None]},
+         True),  # aware datetimes for timestamptz and date (the session's zone decides)
+        ({"t": [datetime(2026, 12, 6, 12, 30), datetime(1, 1, 1)],
+          "s": [datetime(2026, 1, 2), None]}, True),  # naive: timestamp, text
+        ({"t": [datetime(2026, 12, 6), datetime(2026, 12, 6, tzinfo=UTC)]}, False),  # mixed
+        ({"d": [date(2026, 12, 6), date(1, 1, 1)], "t": [date(2026, 12, 6), None]}, True),
+        ({"u": [uuid.UUID(int=7), None], "v": [uuid.UUID(int=1), None]}, True),  # too long
+        ({"u": [uuid.UUID(int=7), None], "s": [uuid.UUID(int=1), None]}, True),
+        ({"j": [uuid.UUID(int=1), None]}, True),  # uuid to jsonb: no cast, refused both ways
         ({"a": ["{1,2}", "{}"]}, False),  # an array column
         ({"i": [1, "2"]}, False),  # two kinds in one column
+        ({"j": [{"a": 1}, None]}, False),  # a dict: psycopg cannot send it untyped either
     ],
     ids=["strings", "char-too-long", "bits", "numbers", "strings-for-numbers", "too-long",
-         "range", "enum", "int-for-text", "bool-for-int", "int-for-bool", "array", "mixed"],
+         "range", "enum", "int-for-text", "bool-for-int", "int-for-bool", "past-int8",
+         "past-int8-landing", "floats", "decimals", "decimal-nan", "aware", "naive",
+         "mixed-zones", "dates", "uuid-for-text", "uuids", "uuid-for-json", "array", "mixed",
+         "dict"],
 )
 def test_untyped_columns_are_read_by_postgresql_s_own_types_as_sqlalchemy_s_way_is(
     engine: Engine, statements: list[str], columns: dict[str, list[Any]], fast: bool
