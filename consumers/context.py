@@ -112,10 +112,12 @@ class HandlerContext:
         """Insert *row* into *table* later, with the batch's other rows, before the commit.
 
         The fast way to write one row per message: in batch mode the batch's rows of a
-        table are sent in one multi-row ``INSERT`` after its handlers ran, instead of one
-        round trip per message. What you give up: no result or row count, a later
-        statement of this batch does not see the row, and an error in it (a unique
-        violation) is raised when the rows are written, not here. The consumer then rolls
+        table are sent in one ``INSERT`` after its handlers ran, instead of one round trip
+        per message (each column's values as one array literal where their types allow,
+        :mod:`outbox.db.bulk`; else SQLAlchemy's multi-row ``INSERT``). What you give
+        up: no result or row count, a later statement of this batch does not see the row,
+        and an error in it (a unique violation) is raised when the rows are written, not
+        here. The consumer then rolls
         the batch back and handles it again, each message in a savepoint with its own rows
         written at its end, so the error is charged to the right message and nothing of the
         failed attempt is committed. Outside batch mode (per-message mode, ``rehandle``)
@@ -124,7 +126,8 @@ class HandlerContext:
         Args:
             table: a SQLAlchemy ``Table`` (or ``sqlalchemy.table(...)``).
             row: column name to value; rows of one table with the same columns are
-                written in one statement, in the order deferred.
+                written in one statement, in the order deferred. A name that is not one
+                of *table*'s columns raises ValueError (when the rows are written).
         """
         deferred: DeferredInserts | None = self.__dict__.get("_deferred")
         if deferred is None:
