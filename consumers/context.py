@@ -117,11 +117,11 @@ class HandlerContext:
         :mod:`outbox.db.bulk`; else SQLAlchemy's multi-row ``INSERT``). What you give
         up: no result or row count, a later statement of this batch does not see the row,
         and an error in it (a unique violation) is raised when the rows are written, not
-        here. The consumer then rolls
-        the batch back and handles it again, each message in a savepoint with its own rows
-        written at its end, so the error is charged to the right message and nothing of the
-        failed attempt is committed. Outside batch mode (per-message mode, ``rehandle``)
-        the row is inserted now. Use ``ctx.conn.execute`` when you need the answer.
+        here. The consumer then rolls the batch back and handles it again, each message
+        in a savepoint with its own rows written at its end, so the error is charged to
+        the right message and nothing of the failed attempt is committed. Outside batch
+        mode (per-message mode, ``rehandle``) the row is inserted now. Use
+        ``ctx.conn.execute`` when you need the answer.
 
         Args:
             table: a SQLAlchemy ``Table`` (or ``sqlalchemy.table(...)``).
