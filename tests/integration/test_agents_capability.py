@@ -506,10 +506,12 @@ def test_an_agent_with_output_validators_lists_the_deferred_output_itself(
 
 
 def test_a_slow_model_call_keeps_the_lease_alive(database_url: str) -> None:
-    # A model call three times the lease: the heartbeat renews it, so no other worker can
-    # take the run over and ask the model again.
+    # A model call longer than the lease: the heartbeat renews it, so no other worker can
+    # take the run over and ask the model again. A lease of 1.5 s, renewed every 0.5 s,
+    # is lost only if a renewal is a second late: with 0.6 s (every 0.2 s), one 0.4 s
+    # late under CI's load let the thief in (2026-12-06).
     script = Script()
-    durable = support_agent(script, lease_seconds=0.6)
+    durable = support_agent(script, lease_seconds=1.5)
 
     async def scenario(engine: AsyncEngine) -> None:
         async with engine.begin() as conn:
@@ -517,7 +519,7 @@ def test_a_slow_model_call_keeps_the_lease_alive(database_url: str) -> None:
         hold = asyncio.Event()
         script.hold = hold
         first = asyncio.create_task(durable.work(engine, worker="slow"))
-        await asyncio.sleep(1.8)
+        await asyncio.sleep(2.5)  # past the lease: without renewals it has expired
         # A thief that claimed the run would block in the held model call: bounded.
         assert await asyncio.wait_for(durable.work(engine, worker="thief"), 5) is None
         hold.set()
