@@ -12,6 +12,7 @@ from sqlalchemy import Connection, TableClause
 from consumers.deferred import DeferredInserts
 from dedup.ledger import Ledger, OnSettle, Operation, ReconcilePolicy, System
 from dedup.ledger.reconcile import DEFAULT_POLICY
+from outbox.db.bulk import insert_rows
 from outbox.messages.emit import emit
 from outbox.messages.envelope import Envelope
 from outbox.runs.confirm import Outcome, apply_confirmation
@@ -131,7 +132,7 @@ class HandlerContext:
         """
         deferred: DeferredInserts | None = self.__dict__.get("_deferred")
         if deferred is None:
-            DeferredInserts.insert_now(self.conn, table, row)
+            insert_rows(self.conn, table, [row])
         else:
             deferred.add(table, row)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, TableClause, insert
+from sqlalchemy import Connection, TableClause
 
-from outbox.db.bulk import check_columns, insert_rows
+from outbox.db.bulk import insert_rows
 
 _Group = tuple[TableClause, tuple[str, ...]]
 
@@ -57,12 +57,6 @@ class DeferredInserts:
                     f"{table.name!r}"
                 )
                 raise
-
-    @staticmethod
-    def insert_now(conn: Connection, table: TableClause, row: Mapping[str, Any]) -> None:
-        """Insert *row* at once (no batch to defer it to), its keys checked the same way."""
-        check_columns(table, row)
-        conn.execute(insert(table), row)
 
     def discard(self) -> None:
         """Forget the rows kept so far (their transaction or savepoint rolls back)."""

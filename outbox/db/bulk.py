@@ -79,9 +79,9 @@ def insert_rows(conn: Connection, table: TableClause, rows: Sequence[Mapping[str
         conn.execute(insert(table), list(rows))
 
 
-def check_columns(table: TableClause, row: Mapping[str, Any]) -> None:
-    """Raise ValueError for a key of *row* that is not one of *table*'s columns."""
-    for key in row:
+def _check_columns(table: TableClause, columns: tuple[str, ...]) -> None:
+    """Raise ValueError for a name in *columns* that is not one of *table*'s columns."""
+    for key in columns:
         if table.c.get(key) is None:
             raise ValueError(f"table {table.name!r} has no column {key!r}")
 
@@ -171,7 +171,7 @@ _plans: dict[tuple[Any, ...], _Unnested | None] = {}
 
 def _plan_for(conn: Connection, table: TableClause, columns: tuple[str, ...]) -> _Unnested | None:
     """The statements for *table*'s *columns*, made once per process and database."""
-    check_columns(table, dict.fromkeys(columns))
+    _check_columns(table, columns)
     if table.schema in (conn.get_execution_options().get("schema_translate_map") or {}):
         return None  # the schema is renamed per execution: SQLAlchemy's way renames it
     key = (table, columns, conn.engine.url)

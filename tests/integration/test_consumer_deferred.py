@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Engine, Integer, MetaData, Table, event, text
+from sqlalchemy import Column, Engine, Integer, MetaData, Table, text
 
 from consumers import HandlerContext, SkipMessage
 from consumers.deferred import DeferredInserts
@@ -29,6 +29,7 @@ from tests.integration.test_dedup_processing import (
     count,
     record,
 )
+from tests.integration.test_deferred_rows import sent_statements
 
 effects = Table("effects", MetaData(schema="public"), Column("n", Integer, nullable=False))
 
@@ -54,15 +55,8 @@ def bound(engine: Engine) -> Engine:
 @pytest.fixture
 def inserts(engine: Engine) -> Iterator[list[str]]:
     """Every INSERT INTO public.effects statement sent to PostgreSQL, as sent."""
-    sent: list[str] = []
-
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT INTO PUBLIC.EFFECTS"):
-            sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", seen)
-    yield sent
-    event.remove(engine, "before_cursor_execute", seen)
+    with sent_statements(engine, "INSERT INTO PUBLIC.EFFECTS") as sent:
+        yield sent
 
 
 def run(

@@ -9,6 +9,7 @@ which statement went, so that a fast path quietly turned off fails too.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import uuid
 from collections.abc import Iterator
@@ -86,17 +87,26 @@ def _zone(engine: Engine) -> None:
     engine.dispose()
 
 
-@pytest.fixture
-def statements(engine: Engine) -> Iterator[list[str]]:
+@contextlib.contextmanager
+def sent_statements(engine: Engine, prefix: str) -> Iterator[list[str]]:
+    """Every statement sent on *engine* that starts with *prefix* (upper case), as sent."""
     sent: list[str] = []
 
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT"):
+        if statement.lstrip().upper().startswith(prefix):
             sent.append(statement)
 
     event.listen(engine, "before_cursor_execute", seen)
-    yield sent
-    event.remove(engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+
+
+@pytest.fixture
+def statements(engine: Engine) -> Iterator[list[str]]:
+    with sent_statements(engine, "INSERT") as sent:
+        yield sent
 
 
 def both_ways(engine: Engine, pair: tuple[Table, Table], rows: list[dict[str, Any]]) -> Any:
